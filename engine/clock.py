@@ -1,0 +1,34 @@
+"""Time for the engine: the ``Clock`` protocol and the system clock.
+
+The only engine module that reads the wall clock or sleeps; everything else is handed a ``Clock``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """The current instant, timezone-aware UTC."""
+        ...
+
+    async def sleep(self, delay: timedelta) -> None: ...
+
+
+class SystemClock:
+    """Wall-clock time for production."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    async def sleep(self, delay: timedelta) -> None:
+        await asyncio.sleep(max(0.0, delay.total_seconds()))
+
+
+def monotonic_seconds() -> float:
+    """A monotonic reading for measuring elapsed time (benchmarks, timeouts)."""
+    return time.monotonic()
