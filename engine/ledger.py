@@ -1,0 +1,1096 @@
+"""The DuckDB ledger: the one persistence boundary, and the only module that imports ``duckdb``.
+
+It owns recorded, transactional migrations; compare-and-swap writes of operation state (one at a
+time or group-committed); the single ``accept_terminal`` transaction, the only code path that
+writes a receipt or an outbox row; and typed read queries. It decides nothing about states: that
+is ``engine.machine``'s job. Uniqueness (one operation per call node and key, one receipt and one
+outbox entry per call node, one operation per server task id) is enforced by the database.
+
+An operation is stored in two tables: ``op_identity`` (written once) and ``op_state`` (the narrow,
+mutable part, so that group-committed updates stay cheap in a column store); the ``operations``
+view joins them for analysts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, is_dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Final
+
+import duckdb
+import pyarrow as pa
+
+from engine.errors import (
+    DuplicateOperation,
+    InvalidRecord,
+    LedgerCorrupt,
+    LedgerError,
+    LedgerUnavailable,
+    ReceiptConflict,
+    SchemaTooNew,
+    StaleWrite,
+)
+from engine.model import (
+    RECEIPT_STATES,
+    SCHEMA_VERSION,
+    AcceptTerminal,
+    CallNodeId,
+    Digest,
+    Epoch,
+    IdempotencyKey,
+    LocalState,
+    Operation,
+    OperationId,
+    Principal,
+    Protocol,
+    Receipt,
+    Role,
+    ServerStatus,
+    TaskId,
+    ToolRef,
+    Transition,
+    canonical_json,
+    digest_of,
+)
+
+Json = dict[str, object]
+
+# ------------------------------------------------------------------------------------ migrations
+# Each migration is applied once, in its own transaction, and recorded in schema_migrations.
+# Never edit a released migration: add a new one.
+
+MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
+    (
+        1,
+        "operations, transitions, receipts, outbox",
+        (
+            """CREATE TABLE op_identity (
+                operation_id VARCHAR PRIMARY KEY,
+                call_node_id VARCHAR NOT NULL UNIQUE,
+                role VARCHAR NOT NULL,
+                request_digest VARCHAR NOT NULL,
+                tool_name VARCHAR NOT NULL,
+                tool_version VARCHAR NOT NULL,
+                descriptor_version VARCHAR NOT NULL,
+                side_effects BOOLEAN NOT NULL,
+                principal VARCHAR NOT NULL,
+                protocol VARCHAR NOT NULL,
+                adapter_version VARCHAR NOT NULL,
+                server VARCHAR NOT NULL,
+                idempotency_key VARCHAR NOT NULL UNIQUE,
+                arguments VARCHAR NOT NULL,
+                schema_version VARCHAR NOT NULL,
+                created_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE op_state (
+                operation_id VARCHAR PRIMARY KEY,
+                state VARCHAR NOT NULL,
+                server_status VARCHAR,
+                task_id VARCHAR,
+                poll_cursor VARCHAR,
+                input_round INTEGER NOT NULL,
+                answered_round INTEGER NOT NULL,
+                input_request_key VARCHAR,
+                cancel_generation INTEGER NOT NULL,
+                cancel_requested_at TIMESTAMPTZ,
+                expires_at TIMESTAMPTZ,
+                result_digest VARCHAR,
+                result_held BOOLEAN NOT NULL,
+                effect_reconciliation_required BOOLEAN NOT NULL,
+                submit_attempts INTEGER NOT NULL,
+                epoch BIGINT NOT NULL,
+                row_version BIGINT NOT NULL,
+                updated_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE task_bindings (
+                server VARCHAR NOT NULL,
+                task_id VARCHAR NOT NULL,
+                operation_id VARCHAR NOT NULL,
+                bound_at TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (server, task_id)
+            )""",
+            "CREATE SEQUENCE transition_seq START 1",
+            """CREATE TABLE transitions (
+                seq BIGINT NOT NULL,
+                operation_id VARCHAR NOT NULL,
+                call_node_id VARCHAR NOT NULL,
+                from_state VARCHAR,
+                to_state VARCHAR NOT NULL,
+                event VARCHAR NOT NULL,
+                detail VARCHAR NOT NULL,
+                cause VARCHAR NOT NULL,
+                accepted BOOLEAN NOT NULL,
+                epoch BIGINT NOT NULL,
+                row_version BIGINT NOT NULL,
+                recorded_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE receipts (
+                call_node_id VARCHAR PRIMARY KEY,
+                operation_id VARCHAR NOT NULL UNIQUE,
+                request_digest VARCHAR NOT NULL,
+                task_id VARCHAR,
+                tool_version VARCHAR NOT NULL,
+                epoch BIGINT NOT NULL,
+                cancel_generation INTEGER NOT NULL,
+                status VARCHAR NOT NULL,
+                result_digest VARCHAR,
+                cancel_evidence VARCHAR,
+                role VARCHAR NOT NULL,
+                accepted_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE outbox (
+                call_node_id VARCHAR PRIMARY KEY REFERENCES receipts (call_node_id),
+                operation_id VARCHAR NOT NULL,
+                status VARCHAR NOT NULL,
+                terminal_status VARCHAR NOT NULL,
+                result_digest VARCHAR,
+                payload VARCHAR,
+                created_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE results (
+                operation_id VARCHAR PRIMARY KEY,
+                digest VARCHAR NOT NULL,
+                status VARCHAR NOT NULL,
+                payload VARCHAR NOT NULL,
+                stored_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE receipt_audit (
+                call_node_id VARCHAR NOT NULL,
+                operation_id VARCHAR NOT NULL,
+                kind VARCHAR NOT NULL,
+                digest VARCHAR,
+                payload VARCHAR,
+                recorded_at TIMESTAMPTZ NOT NULL
+            )""",
+        ),
+    ),
+    (
+        2,
+        "polls, approvals, reconciliation",
+        (
+            """CREATE TABLE polls (
+                operation_id VARCHAR NOT NULL,
+                server VARCHAR NOT NULL,
+                method VARCHAR NOT NULL,
+                epoch BIGINT NOT NULL,
+                sent_at TIMESTAMPTZ NOT NULL,
+                received_at TIMESTAMPTZ,
+                outcome VARCHAR NOT NULL
+            )""",
+            """CREATE TABLE approvals (
+                operation_id VARCHAR NOT NULL,
+                input_round INTEGER NOT NULL,
+                request_key VARCHAR,
+                message VARCHAR NOT NULL,
+                requested_schema VARCHAR NOT NULL,
+                schema_digest VARCHAR NOT NULL,
+                deadline TIMESTAMPTZ,
+                status VARCHAR NOT NULL,
+                answer VARCHAR,
+                actor VARCHAR,
+                opened_at TIMESTAMPTZ NOT NULL,
+                answered_at TIMESTAMPTZ,
+                PRIMARY KEY (operation_id, input_round)
+            )""",
+            "CREATE SEQUENCE reconciliation_seq START 1",
+            """CREATE TABLE reconciliation (
+                entry_id BIGINT PRIMARY KEY,
+                operation_id VARCHAR NOT NULL,
+                kind VARCHAR NOT NULL,
+                reason VARCHAR NOT NULL,
+                idempotency_key VARCHAR NOT NULL,
+                task_id VARCHAR,
+                request_digest VARCHAR NOT NULL,
+                window_start TIMESTAMPTZ NOT NULL,
+                window_end TIMESTAMPTZ NOT NULL,
+                candidates VARCHAR NOT NULL,
+                status VARCHAR NOT NULL,
+                opened_at TIMESTAMPTZ NOT NULL,
+                resolved_at TIMESTAMPTZ,
+                actor VARCHAR,
+                resolution VARCHAR
+            )""",
+            """CREATE VIEW operations AS
+                SELECT i.operation_id, i.call_node_id, i.role, i.request_digest, i.tool_name, i.tool_version,
+                       i.descriptor_version, i.side_effects, i.principal, i.protocol, i.adapter_version, i.server,
+                       i.idempotency_key, s.task_id, s.poll_cursor, s.server_status, s.input_round,
+                       s.answered_round, s.input_request_key, s.cancel_generation, s.cancel_requested_at,
+                       s.expires_at, s.result_digest, s.result_held, s.effect_reconciliation_required,
+                       s.submit_attempts, s.state, s.epoch, s.row_version, i.schema_version, i.created_at,
+                       s.updated_at
+                FROM op_identity i JOIN op_state s USING (operation_id)""",
+        ),
+    ),
+)
+SUPPORTED_SCHEMA: Final[int] = MIGRATIONS[-1][0]
+
+_STATE_COLUMNS: Final[tuple[str, ...]] = (
+    "operation_id",
+    "state",
+    "server_status",
+    "task_id",
+    "poll_cursor",
+    "input_round",
+    "answered_round",
+    "input_request_key",
+    "cancel_generation",
+    "cancel_requested_at",
+    "expires_at",
+    "result_digest",
+    "result_held",
+    "effect_reconciliation_required",
+    "submit_attempts",
+    "epoch",
+    "row_version",
+    "updated_at",
+)
+_TS = pa.timestamp("us", tz="UTC")
+_STATE_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("state", pa.string()),
+        ("server_status", pa.string()),
+        ("task_id", pa.string()),
+        ("poll_cursor", pa.string()),
+        ("input_round", pa.int32()),
+        ("answered_round", pa.int32()),
+        ("input_request_key", pa.string()),
+        ("cancel_generation", pa.int32()),
+        ("cancel_requested_at", _TS),
+        ("expires_at", _TS),
+        ("result_digest", pa.string()),
+        ("result_held", pa.bool_()),
+        ("effect_reconciliation_required", pa.bool_()),
+        ("submit_attempts", pa.int32()),
+        ("epoch", pa.int64()),
+        ("row_version", pa.int64()),
+        ("updated_at", _TS),
+        ("expected_version", pa.int64()),
+        ("expected_cancel_generation", pa.int32()),
+    ]
+)
+_TRANSITION_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("call_node_id", pa.string()),
+        ("from_state", pa.string()),
+        ("to_state", pa.string()),
+        ("event", pa.string()),
+        ("detail", pa.string()),
+        ("cause", pa.string()),
+        ("accepted", pa.bool_()),
+        ("epoch", pa.int64()),
+        ("row_version", pa.int64()),
+        ("recorded_at", _TS),
+    ]
+)
+_OPERATION_SELECT: Final = "SELECT * FROM operations"
+_DUCKDB_MAGIC: Final = b"DUCK"
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _jsonable(v) for k, v in asdict(value).items()}
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def event_detail(transition: Transition) -> str:
+    """The event's fields as canonical JSON, for the append-only log."""
+    return canonical_json(_jsonable(transition.event))
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """Per-transition result of a group commit: the stored operation, or why it was refused."""
+
+    operation: Operation | None
+    error: LedgerError | None
+
+
+# --------------------------------------------------------------------------------- conversions
+
+
+def operation_to_record(op: Operation) -> dict[str, object]:
+    """The flat ``toolOperation.v1`` record (the shape the ``operations`` view has)."""
+    return {
+        "operation_id": op.operation_id,
+        "call_node_id": op.call_node_id,
+        "role": op.role.value,
+        "request_digest": op.request_digest,
+        "tool_name": op.tool.name,
+        "tool_version": op.tool.version,
+        "descriptor_version": op.tool.descriptor_version,
+        "side_effects": op.tool.side_effects,
+        "principal": op.principal,
+        "protocol": op.protocol.value,
+        "adapter_version": op.adapter_version,
+        "server": op.server,
+        "idempotency_key": op.idempotency_key,
+        "task_id": op.task_id,
+        "poll_cursor": op.poll_cursor,
+        "server_status": op.server_status.value if op.server_status else None,
+        "input_round": op.input_round,
+        "answered_round": op.answered_round,
+        "input_request_key": op.input_request_key,
+        "cancel_generation": op.cancel_generation,
+        "cancel_requested_at": op.cancel_requested_at,
+        "expires_at": op.expires_at,
+        "result_digest": op.result_digest,
+        "result_held": op.result_held,
+        "effect_reconciliation_required": op.effect_reconciliation_required,
+        "submit_attempts": op.submit_attempts,
+        "state": op.state.value,
+        "epoch": op.epoch,
+        "row_version": op.row_version,
+        "schema_version": op.schema_version,
+        "created_at": op.created_at,
+        "updated_at": op.updated_at,
+    }
+
+
+REQUIRED_RECORD_FIELDS: Final[tuple[str, ...]] = (
+    "operation_id",
+    "call_node_id",
+    "role",
+    "request_digest",
+    "tool_name",
+    "tool_version",
+    "descriptor_version",
+    "side_effects",
+    "principal",
+    "protocol",
+    "adapter_version",
+    "server",
+    "idempotency_key",
+    "state",
+    "epoch",
+    "created_at",
+    "updated_at",
+    "row_version",
+    "schema_version",
+)
+"""Fields a ``toolOperation.v1`` record cannot lack; the others default (counters 0, ids absent)."""
+
+
+def _as_dt(value: object, name: str) -> datetime | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value)
+        except ValueError as exc:
+            raise InvalidRecord(f"field {name!r} is not an ISO 8601 instant: {value!r}") from exc
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    raise InvalidRecord(f"field {name!r} is not an instant: {value!r}")
+
+
+def operation_from_record(record: dict[str, object]) -> Operation:
+    """Rebuild an ``Operation`` from its flat record.
+
+    Raises:
+        InvalidRecord: a required field is missing or malformed (all missing fields are named),
+            or the record is of another schema version.
+    """
+    missing = [n for n in REQUIRED_RECORD_FIELDS if record.get(n) is None]
+    if missing:
+        raise InvalidRecord(f"operation record is missing required fields: {', '.join(missing)}")
+    if record["schema_version"] != SCHEMA_VERSION:
+        raise InvalidRecord(
+            f"operation record has schema {record['schema_version']!r}, expected {SCHEMA_VERSION!r}"
+        )
+    try:
+        created_at = _as_dt(record["created_at"], "created_at")
+        updated_at = _as_dt(record["updated_at"], "updated_at")
+        assert created_at is not None
+        assert updated_at is not None
+        server_status = record.get("server_status")
+        return Operation(
+            operation_id=OperationId(str(record["operation_id"])),
+            call_node_id=CallNodeId(str(record["call_node_id"])),
+            request_digest=Digest(str(record["request_digest"])),
+            tool=ToolRef(
+                name=str(record["tool_name"]),
+                version=str(record["tool_version"]),
+                descriptor_version=str(record["descriptor_version"]),
+                side_effects=bool(record["side_effects"]),
+            ),
+            principal=Principal(str(record["principal"])),
+            protocol=Protocol(str(record["protocol"])),
+            adapter_version=str(record["adapter_version"]),
+            server=str(record["server"]),
+            idempotency_key=IdempotencyKey(str(record["idempotency_key"])),
+            state=LocalState(str(record["state"])),
+            epoch=Epoch(int(str(record["epoch"]))),
+            created_at=created_at,
+            updated_at=updated_at,
+            role=Role(str(record["role"])),
+            task_id=TaskId(str(record["task_id"])) if record.get("task_id") is not None else None,
+            poll_cursor=str(record["poll_cursor"]) if record.get("poll_cursor") is not None else None,
+            server_status=ServerStatus(str(server_status)) if server_status is not None else None,
+            input_round=int(str(record.get("input_round") or 0)),
+            answered_round=int(str(record.get("answered_round") or 0)),
+            input_request_key=(
+                str(record["input_request_key"]) if record.get("input_request_key") is not None else None
+            ),
+            cancel_generation=int(str(record.get("cancel_generation") or 0)),
+            cancel_requested_at=_as_dt(record.get("cancel_requested_at"), "cancel_requested_at"),
+            expires_at=_as_dt(record.get("expires_at"), "expires_at"),
+            result_digest=Digest(str(record["result_digest"]))
+            if record.get("result_digest") is not None
+            else None,
+            result_held=bool(record.get("result_held") or False),
+            effect_reconciliation_required=bool(record.get("effect_reconciliation_required") or False),
+            submit_attempts=int(str(record.get("submit_attempts") or 0)),
+            row_version=int(str(record["row_version"])),
+            schema_version=str(record["schema_version"]),
+        )
+    except ValueError as exc:
+        raise InvalidRecord(f"operation record has a malformed field: {exc}") from exc
+
+
+def _state_row(op: Operation, expected_version: int, expected_cancel: int) -> list[object]:
+    return [
+        op.operation_id,
+        op.state.value,
+        op.server_status.value if op.server_status else None,
+        op.task_id,
+        op.poll_cursor,
+        op.input_round,
+        op.answered_round,
+        op.input_request_key,
+        op.cancel_generation,
+        op.cancel_requested_at,
+        op.expires_at,
+        op.result_digest,
+        op.result_held,
+        op.effect_reconciliation_required,
+        op.submit_attempts,
+        op.epoch,
+        op.row_version,
+        op.updated_at,
+        expected_version,
+        expected_cancel,
+    ]
+
+
+def _transition_row(t: Transition) -> list[object]:
+    return [
+        t.after.operation_id,
+        t.after.call_node_id,
+        t.before.state.value,
+        t.after.state.value,
+        type(t.event).__name__,
+        event_detail(t),
+        t.reason,
+        t.accepted,
+        t.after.epoch,
+        t.after.row_version,
+        t.at,
+    ]
+
+
+def _columns(rows: Sequence[Sequence[object]], schema: pa.Schema) -> pa.Table:
+    cols: list[Sequence[object]] = list(zip(*rows, strict=True)) if rows else [[] for _ in schema.names]
+    return pa.Table.from_arrays(
+        [pa.array(list(c), type=f.type) for c, f in zip(cols, schema, strict=True)], schema=schema
+    )
+
+
+def _is_constraint_error(exc: Exception) -> bool:
+    return isinstance(exc, duckdb.ConstraintException | duckdb.TransactionException)
+
+
+# ------------------------------------------------------------------------------------- the ledger
+
+
+class Ledger:
+    """A ledger file (or ``:memory:``). One process writes a file; readers may open it read-only.
+
+    Thread-safe: each thread gets its own cursor on the shared database, so concurrent writers
+    race on the database's own constraints and transaction conflicts, never on Python state.
+    """
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, path: str, read_only: bool) -> None:
+        self._root = con
+        self.path = path
+        self.read_only = read_only
+        self._local = threading.local()
+
+    # ---------------------------------------------------------------------------- open / close
+
+    @classmethod
+    def open(cls, path: str | Path, *, read_only: bool = False) -> Ledger:
+        """Open (and migrate) a ledger.
+
+        Raises:
+            LedgerUnavailable: the file or its folder cannot be read or written.
+            LedgerCorrupt: the file is not a DuckDB ledger, or is damaged.
+            SchemaTooNew: a newer Finality wrote it.
+        """
+        spath = str(path)
+        if spath != ":memory:":
+            _check_file(Path(spath), read_only)
+        try:
+            con = duckdb.connect(spath, read_only=read_only)
+        except duckdb.Error as exc:
+            raise LedgerCorrupt(f"cannot open ledger {spath}: {exc}") from exc
+        ledger = cls(con, spath, read_only)
+        try:
+            ledger._migrate()
+        except LedgerError:
+            con.close()
+            raise
+        except duckdb.Error as exc:
+            con.close()
+            raise LedgerCorrupt(f"ledger {spath} is damaged: {exc}") from exc
+        return ledger
+
+    def close(self) -> None:
+        self._root.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def _con(self) -> duckdb.DuckDBPyConnection:
+        cur: duckdb.DuckDBPyConnection | None = getattr(self._local, "cur", None)
+        if cur is None:
+            cur = self._root.cursor()
+            self._local.cur = cur
+        return cur
+
+    @contextmanager
+    def _tx(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        con = self._con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            yield con
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        try:
+            con.execute("COMMIT")
+        except duckdb.Error:
+            # A commit-time conflict leaves the transaction aborted; clear it before re-raising.
+            with suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            raise
+
+    def schema_version(self) -> int:
+        row = self._con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+        return int(row[0]) if row else 0
+
+    def _migrate(self) -> None:
+        con = self._con
+        exists = con.execute(
+            "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'"
+        ).fetchone()
+        if not exists or exists[0] == 0:
+            if self.read_only:
+                raise LedgerCorrupt(f"{self.path} is not a Finality ledger (no schema_migrations table)")
+            con.execute(
+                "CREATE TABLE schema_migrations (version INTEGER PRIMARY KEY, name VARCHAR NOT NULL, "
+                "applied_at TIMESTAMPTZ NOT NULL)"
+            )
+        current = self.schema_version()
+        if current > SUPPORTED_SCHEMA:
+            raise SchemaTooNew(current, SUPPORTED_SCHEMA)
+        for version, name, statements in MIGRATIONS:
+            if version <= current:
+                continue
+            if self.read_only:
+                raise LedgerUnavailable(f"{self.path} needs migration {version} but was opened read-only")
+            with self._tx() as tx:
+                for sql in statements:
+                    tx.execute(sql)
+                tx.execute(
+                    "INSERT INTO schema_migrations VALUES (?, ?, ?)", [version, name, datetime.now(UTC)]
+                )
+
+    # ---------------------------------------------------------------------------------- writes
+
+    def create_operation(self, op: Operation, arguments: Json) -> tuple[Operation, bool]:
+        """Record a new operation in SUBMITTING, or return the call node's existing one.
+
+        Returns:
+            ``(operation, created)``; ``created`` is False when the call node already had one.
+
+        Raises:
+            DuplicateOperation: the call node (or key) exists for a different request.
+        """
+        if op.state is not LocalState.SUBMITTING or op.row_version != 0:
+            raise InvalidRecord("a new operation starts in SUBMITTING at row version 0")
+        try:
+            with self._tx() as tx:
+                tx.execute(
+                    "INSERT INTO op_identity VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                    [
+                        op.operation_id,
+                        op.call_node_id,
+                        op.role.value,
+                        op.request_digest,
+                        op.tool.name,
+                        op.tool.version,
+                        op.tool.descriptor_version,
+                        op.tool.side_effects,
+                        op.principal,
+                        op.protocol.value,
+                        op.adapter_version,
+                        op.server,
+                        op.idempotency_key,
+                        canonical_json(arguments),
+                        op.schema_version,
+                        op.created_at,
+                    ],
+                )
+                self._insert_state(tx, op)
+                tx.execute(
+                    "INSERT INTO transitions VALUES (nextval('transition_seq'), ?,?,?,?,?,?,?,?,?,?,?)",
+                    [
+                        op.operation_id,
+                        op.call_node_id,
+                        None,
+                        op.state.value,
+                        "Created",
+                        canonical_json({"idempotency_key": op.idempotency_key}),
+                        "operation recorded before submission",
+                        True,
+                        op.epoch,
+                        op.row_version,
+                        op.created_at,
+                    ],
+                )
+        except duckdb.Error as exc:
+            if not _is_constraint_error(exc):
+                raise
+            existing = self.by_call_node(op.call_node_id)
+            if existing is None:
+                raise DuplicateOperation("submission key", op.idempotency_key) from exc
+            if existing.request_digest != op.request_digest:
+                raise DuplicateOperation(
+                    "call node (for a different request)", f"{op.call_node_id} ({existing.request_digest})"
+                ) from exc
+            return existing, False
+        return op, True
+
+    def _insert_state(self, tx: duckdb.DuckDBPyConnection, op: Operation) -> None:
+        row = _state_row(op, op.row_version, op.cancel_generation)[: len(_STATE_COLUMNS)]
+        tx.execute(f"INSERT INTO op_state VALUES ({', '.join('?' * len(_STATE_COLUMNS))})", row)
+
+    def apply(self, transition: Transition) -> Operation:
+        """Compare-and-swap one transition into the ledger.
+
+        Raises:
+            StaleWrite: the row moved since ``transition.before`` was read.
+            DuplicateOperation: the new server task id is already bound to another operation.
+        """
+        outcome = self.apply_many([transition])[0]
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.operation is not None
+        return outcome.operation
+
+    def apply_many(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
+        """Group commit: many transitions, one transaction, each compare-and-swapped on its own.
+
+        Transitions of the same operation must chain (each ``before`` is the previous ``after``).
+        A stale one is refused (``StaleWrite``) without touching the others. Rejected transitions
+        (``accepted=False``) are only appended to the log.
+        """
+        for t in transitions:
+            if any(isinstance(e, AcceptTerminal) for e in t.effects) or (
+                t.after.state in RECEIPT_STATES and t.before.state not in RECEIPT_STATES
+            ):
+                raise LedgerError("a transition to a receipt state goes through accept_terminal, never apply")
+        if not transitions:
+            return []
+        try:
+            return self._apply_batch(transitions)
+        except duckdb.Error as exc:
+            if not _is_constraint_error(exc) or len(transitions) == 1:
+                if _is_constraint_error(exc):
+                    t = transitions[0]
+                    return [
+                        BatchOutcome(
+                            None, DuplicateOperation("server task id", f"{t.after.server} {t.after.task_id}")
+                        )
+                    ]
+                raise
+            # One transition broke a constraint: fall back to one transaction each, so the
+            # others still commit and the offender is named.
+            out: list[BatchOutcome] = []
+            for t in transitions:
+                out.extend(self.apply_many([t]))
+            return out
+
+    def _apply_batch(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
+        # Collapse chains: per operation, the first 'before' is what the ledger must hold, the
+        # last 'after' is what it will hold.
+        first: dict[str, Transition] = {}
+        last: dict[str, Transition] = {}
+        chain_errors: dict[int, LedgerError] = {}
+        for i, t in enumerate(transitions):
+            key = t.after.operation_id
+            if t.before.operation_id != key:
+                chain_errors[i] = LedgerError("transition changes operation id")
+                continue
+            if key in last:
+                prev = last[key].after
+                if t.before.row_version != prev.row_version:
+                    chain_errors[i] = StaleWrite(key, t.before.row_version, "does not chain within the batch")
+                    continue
+            else:
+                first[key] = t
+            last[key] = t
+        state_rows = [
+            _state_row(last[k].after, first[k].before.row_version, first[k].before.cancel_generation)
+            for k in last
+            if last[k].after.row_version != first[k].before.row_version or last[k].after != first[k].before
+        ]
+        bindings = []
+        for k, t in last.items():
+            before_task = first[k].before.task_id
+            if t.after.task_id is not None and t.after.task_id != before_task:
+                bindings.append((t.after.server, t.after.task_id, k, t.at))
+        new_state = _columns(state_rows, _STATE_SCHEMA)
+        with self._tx() as tx:
+            stale_ids: set[str] = set()
+            if state_rows:
+                tx.register("new_state", new_state)
+                try:
+                    stale = tx.execute(
+                        "SELECT n.operation_id, s.row_version FROM new_state n LEFT JOIN op_state s "
+                        "ON s.operation_id = n.operation_id "
+                        "WHERE s.operation_id IS NULL OR s.row_version <> n.expected_version "
+                        "OR s.cancel_generation <> n.expected_cancel_generation"
+                    ).fetchall()
+                    stale_ids = {str(r[0]) for r in stale}
+                    assignments = ", ".join(f"{c} = n.{c}" for c in _STATE_COLUMNS[1:])
+                    updated = tx.execute(
+                        f"UPDATE op_state SET {assignments} FROM new_state n "
+                        "WHERE op_state.operation_id = n.operation_id AND op_state.row_version = n.expected_version "
+                        "AND op_state.cancel_generation = n.expected_cancel_generation"
+                    ).fetchone()
+                finally:
+                    tx.unregister("new_state")
+                expected = len(state_rows) - len(stale_ids)
+                if updated is None or int(updated[0]) != expected:
+                    raise duckdb.TransactionException("concurrent writer moved rows during group commit")
+            for server, task_id, op_id, at in bindings:
+                if op_id in stale_ids:
+                    continue
+                tx.execute("INSERT INTO task_bindings VALUES (?, ?, ?, ?)", [server, task_id, op_id, at])
+            log_rows = [
+                _transition_row(t)
+                for i, t in enumerate(transitions)
+                if i not in chain_errors and t.after.operation_id not in stale_ids
+            ]
+            if log_rows:
+                log = _columns(log_rows, _TRANSITION_SCHEMA)
+                tx.register("new_log", log)
+                try:
+                    tx.execute("INSERT INTO transitions SELECT nextval('transition_seq'), * FROM new_log")
+                finally:
+                    tx.unregister("new_log")
+        out: list[BatchOutcome] = []
+        for i, t in enumerate(transitions):
+            if i in chain_errors:
+                out.append(BatchOutcome(None, chain_errors[i]))
+            elif t.after.operation_id in stale_ids:
+                out.append(BatchOutcome(None, StaleWrite(t.after.operation_id, t.before.row_version)))
+            else:
+                out.append(BatchOutcome(t.after, None))
+        return out
+
+    def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt:
+        """The single acceptance point: one transaction writes the receipt and the outbox entry.
+
+        It matches call node, request digest, operation id, task id, tool version, execution
+        epoch, cancel generation, terminal status and result digest against the ledger's row
+        (and the result digest against ``payload``), then writes the operation's new state, the
+        transition, the receipt, the stored result and (for a primary operation) exactly one ready
+        outbox entry. A shadow operation's receipt never reaches the outbox.
+
+        Raises:
+            ReceiptConflict: a field does not match; names the field; nothing is written.
+            StaleWrite: the row moved since it was read; nothing is written.
+        """
+        accepts = [e for e in transition.effects if isinstance(e, AcceptTerminal)]
+        if len(accepts) != 1 or not transition.accepted:
+            raise LedgerError("accept_terminal needs a transition carrying exactly one AcceptTerminal effect")
+        receipt = accepts[0].receipt
+        after = transition.after
+        if after.state not in RECEIPT_STATES:
+            raise LedgerError(f"accept_terminal cannot move an operation to {after.state}")
+        with self._tx() as tx:
+            row = tx.execute(f"{_OPERATION_SELECT} WHERE operation_id = ?", [receipt.operation_id]).fetchone()
+            if row is None:
+                raise ReceiptConflict(receipt.call_node_id, "operation_id", None, receipt.operation_id)
+            cols = [d[0] for d in tx.description or ()]
+            current = operation_from_record(dict(zip(cols, row, strict=True)))
+            if current.row_version != transition.before.row_version:
+                raise StaleWrite(current.operation_id, transition.before.row_version)
+            expected_status = (
+                ServerStatus.CANCELLED
+                if after.state is LocalState.CANCELLED_ACCEPTED
+                else current.server_status
+            )
+            checks: list[tuple[str, object, object]] = [
+                ("call_node_id", current.call_node_id, receipt.call_node_id),
+                ("request_digest", current.request_digest, receipt.request_digest),
+                ("operation_id", current.operation_id, receipt.operation_id),
+                ("task_id", current.task_id, receipt.task_id),
+                ("tool_version", current.tool.version, receipt.tool_version),
+                ("epoch", current.epoch, receipt.epoch),
+                ("cancel_generation", current.cancel_generation, receipt.cancel_generation),
+                ("status", expected_status, receipt.status),
+            ]
+            if after.state is LocalState.ACCEPTED:
+                if current.state is not LocalState.FETCHING_RESULT:
+                    raise ReceiptConflict(receipt.call_node_id, "state", current.state, "FETCHING_RESULT")
+                payload_digest = digest_of(payload) if payload is not None else None
+                checks.append(("result_digest", payload_digest, receipt.result_digest))
+            else:
+                if current.state not in (LocalState.CANCEL_REQUESTED, LocalState.UNKNOWN):
+                    raise ReceiptConflict(receipt.call_node_id, "state", current.state, "CANCEL_REQUESTED")
+            for name, have, got in checks:
+                if have != got:
+                    raise ReceiptConflict(receipt.call_node_id, name, have, got)
+            state_row = _state_row(after, current.row_version, current.cancel_generation)[
+                : len(_STATE_COLUMNS)
+            ]
+            assignments = ", ".join(f"{c} = ?" for c in _STATE_COLUMNS[1:])
+            updated = tx.execute(
+                f"UPDATE op_state SET {assignments} WHERE operation_id = ? AND row_version = ? AND cancel_generation = ?",
+                [*state_row[1:], current.operation_id, current.row_version, current.cancel_generation],
+            ).fetchone()
+            if not updated or updated[0] != 1:
+                raise StaleWrite(current.operation_id, current.row_version)
+            tx.execute(
+                "INSERT INTO transitions VALUES (nextval('transition_seq'), ?,?,?,?,?,?,?,?,?,?,?)",
+                _transition_row(transition),
+            )
+            tx.execute(
+                "INSERT INTO receipts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    receipt.call_node_id,
+                    receipt.operation_id,
+                    receipt.request_digest,
+                    receipt.task_id,
+                    receipt.tool_version,
+                    receipt.epoch,
+                    receipt.cancel_generation,
+                    receipt.status.value,
+                    receipt.result_digest,
+                    receipt.cancel_evidence,
+                    current.role.value,
+                    receipt.accepted_at,
+                ],
+            )
+            body = canonical_json(payload) if payload is not None else None
+            if payload is not None and after.state is LocalState.ACCEPTED:
+                tx.execute(
+                    "INSERT INTO results VALUES (?,?,?,?,?)",
+                    [
+                        current.operation_id,
+                        receipt.result_digest,
+                        receipt.status.value,
+                        body,
+                        receipt.accepted_at,
+                    ],
+                )
+            if current.role is Role.PRIMARY:
+                tx.execute(
+                    "INSERT INTO outbox VALUES (?,?,?,?,?,?,?)",
+                    [
+                        receipt.call_node_id,
+                        receipt.operation_id,
+                        "ready",
+                        receipt.status.value,
+                        receipt.result_digest,
+                        body if after.state is LocalState.ACCEPTED else None,
+                        receipt.accepted_at,
+                    ],
+                )
+        return receipt
+
+    def attach_audit_result(self, op: Operation, kind: str, payload: Json | None, at: datetime) -> None:
+        """Attach something read after the terminal (e.g. a result read after cancel) to the audit trail.
+
+        Never a success payload: it is written beside the receipt, not into it or the outbox.
+        """
+        with self._tx() as tx:
+            tx.execute(
+                "INSERT INTO receipt_audit VALUES (?,?,?,?,?,?)",
+                [
+                    op.call_node_id,
+                    op.operation_id,
+                    kind,
+                    digest_of(payload) if payload is not None else None,
+                    canonical_json(payload) if payload is not None else None,
+                    at,
+                ],
+            )
+
+    # ----------------------------------------------------------------------------------- reads
+
+    def _one(self, where: str, params: list[object]) -> Operation | None:
+        cur = self._con.execute(f"{_OPERATION_SELECT} WHERE {where}", params)
+        row = cur.fetchone()
+        if row is None:
+            return None
+        cols = [d[0] for d in cur.description or ()]
+        return operation_from_record(dict(zip(cols, row, strict=True)))
+
+    def get(self, operation_id: str) -> Operation | None:
+        return self._one("operation_id = ?", [operation_id])
+
+    def by_call_node(self, call_node_id: str) -> Operation | None:
+        return self._one("call_node_id = ?", [call_node_id])
+
+    def by_task(self, server: str, task_id: str) -> Operation | None:
+        return self._one("server = ? AND task_id = ?", [server, task_id])
+
+    def by_key(self, key: str) -> Operation | None:
+        return self._one("idempotency_key = ?", [key])
+
+    def arguments(self, operation_id: str) -> Json:
+        row = self._con.execute(
+            "SELECT arguments FROM op_identity WHERE operation_id = ?", [operation_id]
+        ).fetchone()
+        if row is None:
+            raise InvalidRecord(f"no operation {operation_id}")
+        value = json.loads(str(row[0]))
+        if not isinstance(value, dict):
+            raise InvalidRecord(f"arguments of {operation_id} are not an object")
+        return value
+
+    def operations(
+        self, *, states: Sequence[LocalState] | None = None, limit: int | None = None
+    ) -> list[Operation]:
+        sql = _OPERATION_SELECT
+        params: list[object] = []
+        if states:
+            sql += f" WHERE state IN ({', '.join('?' * len(states))})"
+            params.extend(s.value for s in states)
+        sql += " ORDER BY created_at, operation_id"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        cur = self._con.execute(sql, params)
+        cols = [d[0] for d in cur.description or ()]
+        return [operation_from_record(dict(zip(cols, r, strict=True))) for r in cur.fetchall()]
+
+    def receipt(self, call_node_id: str) -> Receipt | None:
+        row = self._con.execute(
+            "SELECT call_node_id, operation_id, request_digest, task_id, tool_version, epoch, cancel_generation, "
+            "status, result_digest, accepted_at, cancel_evidence FROM receipts WHERE call_node_id = ?",
+            [call_node_id],
+        ).fetchone()
+        if row is None:
+            return None
+        return Receipt(
+            call_node_id=CallNodeId(row[0]),
+            operation_id=OperationId(row[1]),
+            request_digest=Digest(row[2]),
+            task_id=TaskId(row[3]) if row[3] is not None else None,
+            tool_version=str(row[4]),
+            epoch=Epoch(int(row[5])),
+            cancel_generation=int(row[6]),
+            status=ServerStatus(row[7]),
+            result_digest=Digest(row[8]) if row[8] is not None else None,
+            accepted_at=_as_dt(row[9], "accepted_at") or datetime.min.replace(tzinfo=UTC),
+            cancel_evidence=row[10],
+        )
+
+    def result_payload(self, operation_id: str) -> Json | None:
+        row = self._con.execute(
+            "SELECT payload FROM results WHERE operation_id = ?", [operation_id]
+        ).fetchone()
+        if row is None:
+            return None
+        value = json.loads(str(row[0]))
+        return value if isinstance(value, dict) else None
+
+    def transitions(self, operation_id: str) -> list[dict[str, object]]:
+        cur = self._con.execute(
+            "SELECT seq, from_state, to_state, event, cause, accepted, epoch, row_version, recorded_at FROM transitions "
+            "WHERE operation_id = ? ORDER BY seq",
+            [operation_id],
+        )
+        cols = [d[0] for d in cur.description or ()]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
+    def count(self, table: str) -> int:
+        if table not in _TABLES:
+            raise LedgerError(f"unknown ledger table {table!r}")
+        row = self._con.execute(f"SELECT count(*) FROM {table}").fetchone()
+        return int(row[0]) if row else 0
+
+    def table_columns(self) -> dict[str, list[str]]:
+        """Every table and view of the ledger with its columns, in order (for the documentation check)."""
+        rows = self._con.execute(
+            "SELECT table_name, column_name FROM information_schema.columns "
+            "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position"
+        ).fetchall()
+        out: dict[str, list[str]] = {}
+        for table, column in rows:
+            out.setdefault(str(table), []).append(str(column))
+        return out
+
+
+_TABLES: Final = frozenset(
+    {
+        "op_identity",
+        "op_state",
+        "operations",
+        "task_bindings",
+        "transitions",
+        "receipts",
+        "outbox",
+        "results",
+        "receipt_audit",
+        "polls",
+        "approvals",
+        "reconciliation",
+    }
+)
+
+
+def _check_file(path: Path, read_only: bool) -> None:
+    if path.exists():
+        if path.is_dir():
+            raise LedgerUnavailable(f"ledger path {path} is a directory")
+        if not os.access(path, os.R_OK) or (not read_only and not os.access(path, os.W_OK)):
+            raise LedgerUnavailable(f"ledger file {path} is not {'readable' if read_only else 'writable'}")
+        size = path.stat().st_size
+        if size:
+            with path.open("rb") as fh:
+                head = fh.read(16)
+            if len(head) < 12 or head[8:12] != _DUCKDB_MAGIC:
+                raise LedgerCorrupt(f"{path} is not a DuckDB ledger file (bad header)")
+        return
+    if read_only:
+        raise LedgerUnavailable(f"ledger file {path} does not exist")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.exists():
+        raise LedgerUnavailable(f"folder {parent} for ledger {path.name} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise LedgerUnavailable(f"folder {parent} is not writable; cannot create ledger {path.name}")
