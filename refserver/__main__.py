@@ -1,0 +1,5 @@
+"""``python -m refserver``: see ``refserver.cli``."""
+
+from refserver.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,255 @@
+"""``RefServer``: start a reference server as a subprocess for an integration test, and stop it after.
+
+Example::
+
+    from refserver.testing import RefServer
+
+    with RefServer("mcp-2025-11-25", time_scale=0.01) as server:
+        ...  # talk to server.endpoint ("http://127.0.0.1:PORT/mcp") with your client
+        assert server.stats()["operations_created"]["total"] == 1
+
+Use ``async with`` inside async tests (start and stop then run in a worker thread). Admin calls
+(``stats``, ``set_faults``, ``reset``) are short blocking requests to loopback and are fine in async
+tests too. Every wait here is bounded; a server that does not print ``READY`` in time is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import selectors
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any, Self
+
+PROTOCOLS = ("mcp-2025-11-25", "mcp-2026-07-28", "aip-151")
+_PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+class RefServerError(RuntimeError):
+    """The server did not start, or an admin call failed."""
+
+
+class RefServer:
+    """A reference server subprocess on a free loopback port.
+
+    Args:
+        protocol: ``"mcp-2025-11-25"``, ``"mcp-2026-07-28"`` or ``"aip-151"``.
+        time_scale: multiplier for every ``_sim`` duration (0.01 makes the 2 s default take 20 ms).
+        seed: seed for fault plans and interval jitter.
+        idempotency: MCP only: advertise and honour ``idempotencyKey``.
+        tokens: bearer token -> principal; when given, every request needs a token.
+        fault_plan: initial plan, ``{"seed": 1, "rules": [...]}``; also restored by ``reset()``.
+        page_size: page size of task/operation listings.
+        startup_timeout: how long to wait for the ``READY`` line.
+        stop_timeout: how long ``stop`` waits after SIGTERM before SIGKILL.
+    """
+
+    def __init__(
+        self,
+        protocol: str,
+        *,
+        time_scale: float = 1.0,
+        seed: int = 0,
+        idempotency: bool = False,
+        tokens: Mapping[str, str] | None = None,
+        fault_plan: Mapping[str, Any] | None = None,
+        page_size: int | None = None,
+        startup_timeout: timedelta = timedelta(seconds=20),
+        stop_timeout: timedelta = timedelta(seconds=5),
+    ) -> None:
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}; got {protocol!r}")
+        self.protocol = protocol
+        self._args = [
+            "--protocol",
+            protocol,
+            "--port",
+            "0",
+            "--time-scale",
+            repr(time_scale),
+            "--seed",
+            str(seed),
+        ]
+        if idempotency:
+            self._args.append("--idempotency")
+        for token, principal in (tokens or {}).items():
+            self._args += ["--token", f"{token}={principal}"]
+        if page_size is not None:
+            self._args += ["--page-size", str(page_size)]
+        self._fault_plan = dict(fault_plan) if fault_plan is not None else None
+        self._startup_timeout = startup_timeout
+        self._stop_timeout = stop_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+        self._plan_path: Path | None = None
+        self._url: str | None = None
+
+    # -- addresses ---------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:41234``."""
+        if self._url is None:
+            raise RefServerError("the server is not running; use it as a context manager or call start()")
+        return self._url
+
+    @property
+    def endpoint(self) -> str:
+        """Where the protocol lives: ``{url}/mcp`` for MCP, ``{url}/v1`` for AIP-151."""
+        return f"{self.url}/v1" if self.protocol == "aip-151" else f"{self.url}/mcp"
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the subprocess and wait for its READY line.
+
+        Raises:
+            RefServerError: it exited or stayed silent past ``startup_timeout`` (stderr is quoted).
+        """
+        if self._process is not None:
+            raise RefServerError("already started")
+        args = list(self._args)
+        if self._fault_plan is not None:
+            handle, name = tempfile.mkstemp(prefix="refserver-plan-", suffix=".json")
+            with os.fdopen(handle, "w", encoding="utf-8") as plan_file:
+                json.dump(self._fault_plan, plan_file)
+            self._plan_path = Path(name)
+            args += ["--fault-plan", name]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        # Lives as long as the subprocess; closed in stop().
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "refserver", *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+        )
+        try:
+            self._url = self._read_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _read_ready(self) -> str:
+        if self._process is None or self._process.stdout is None:
+            raise RefServerError("not started")
+        deadline = time.monotonic() + self._startup_timeout.total_seconds()
+        buffer = b""
+        fd = self._process.stdout.fileno()
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while b"\n" not in buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RefServerError(
+                        f"no READY line within {self._startup_timeout}; stderr:\n{self._stderr_tail()}"
+                    )
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    raise RefServerError(f"the server exited before READY; stderr:\n{self._stderr_tail()}")
+                buffer += chunk
+        line = buffer.split(b"\n", 1)[0].decode().strip()
+        if not line.startswith("READY "):
+            raise RefServerError(f"unexpected first line {line!r}; stderr:\n{self._stderr_tail()}")
+        return line.removeprefix("READY ").strip()
+
+    def _stderr_tail(self, limit: int = 4000) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-limit:]
+
+    def stop(self) -> None:
+        """Terminate the subprocess (SIGKILL after ``stop_timeout``) and clean up; safe to call twice."""
+        process, self._process = self._process, None
+        if process is not None:
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=self._stop_timeout.total_seconds())
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait(timeout=self._stop_timeout.total_seconds())
+            if process.stdout is not None:
+                process.stdout.close()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+        if self._plan_path is not None:
+            self._plan_path.unlink(missing_ok=True)
+            self._plan_path = None
+        self._url = None
+
+    def stderr(self) -> str:
+        """What the server logged so far (for failure messages)."""
+        return self._stderr_tail(limit=100_000)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        await asyncio.to_thread(self.start)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await asyncio.to_thread(self.stop)
+
+    # -- admin -------------------------------------------------------------------------------------
+
+    def _admin(self, method: str, path: str, body: object = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"content-type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")
+            raise RefServerError(f"{method} {path} answered {exc.code}: {detail}") from exc
+        except OSError as exc:
+            raise RefServerError(f"{method} {path} failed: {exc}") from exc
+
+    def stats(self) -> dict[str, Any]:
+        """Server-side counters: ``operations_created``, ``tasks``, ``requests``, ``executions``,
+        ``faults_fired``, ``stale_answers`` and ``fault_plan``."""
+        result: dict[str, Any] = self._admin("GET", "/admin/stats")
+        return result
+
+    def set_faults(self, rules: Sequence[Mapping[str, Any]], *, seed: int | None = None) -> None:
+        """Replace the fault plan; each rule is ``{"fault", "tool", "rate" | "count", "params"}``.
+
+        Raises:
+            RefServerError: the server refused the plan (the message says why).
+        """
+        plan: dict[str, Any] = {"rules": [dict(rule) for rule in rules]}
+        if seed is not None:
+            plan["seed"] = seed
+        self._admin("POST", "/admin/faults", plan)
+
+    def reset(self) -> None:
+        """Forget all tasks, executions and counters; restore the initial fault plan."""
+        self._admin("POST", "/admin/reset", {})
