@@ -292,6 +292,7 @@ _TRANSITION_SCHEMA: Final = pa.schema(
 )
 _OPERATION_SELECT: Final = "SELECT * FROM operations"
 _DUCKDB_MAGIC: Final = b"DUCK"
+_HEADER_BYTES: Final = 3 * 4096
 
 
 def _jsonable(value: object) -> object:
@@ -550,6 +551,8 @@ class Ledger:
             raise LedgerCorrupt(f"cannot open ledger {spath}: {exc}") from exc
         ledger = cls(con, spath, read_only)
         try:
+            if spath != ":memory:":
+                ledger._check_size(Path(spath))
             ledger._migrate()
         except LedgerError:
             con.close()
@@ -592,6 +595,17 @@ class Ledger:
             with suppress(duckdb.Error):
                 con.execute("ROLLBACK")
             raise
+
+    def _check_size(self, path: Path) -> None:
+        # A truncated file opens fine and fails only when a missing block is read; the block
+        # count in the header tells how long the file must be.
+        row = self._con.execute("PRAGMA database_size").fetchone()
+        if row is None:
+            return
+        block_size, total_blocks = int(row[2]), int(row[3])
+        needed = _HEADER_BYTES + block_size * total_blocks
+        if path.stat().st_size < needed:
+            raise LedgerCorrupt(f"{path} is truncated: {path.stat().st_size} bytes, the ledger needs {needed}")
 
     def schema_version(self) -> int:
         row = self._con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
@@ -680,7 +694,7 @@ class Ledger:
         except duckdb.Error as exc:
             if not _is_constraint_error(exc):
                 raise
-            existing = self.by_call_node(op.call_node_id)
+            existing = self._await_committed(op)
             if existing is None:
                 raise DuplicateOperation("submission key", op.idempotency_key) from exc
             if existing.request_digest != op.request_digest:
@@ -689,6 +703,17 @@ class Ledger:
                 ) from exc
             return existing, False
         return op, True
+
+    def _await_committed(self, op: Operation) -> Operation | None:
+        # The conflicting row may belong to a creator whose transaction has not committed yet;
+        # give it a bounded moment to land so that the caller gets the one operation back.
+        pause = threading.Event()
+        for _ in range(200):
+            existing = self.by_call_node(op.call_node_id) or self.by_key(op.idempotency_key)
+            if existing is not None:
+                return existing
+            pause.wait(0.005)
+        return None
 
     def _insert_state(self, tx: duckdb.DuckDBPyConnection, op: Operation) -> None:
         row = _state_row(op, op.row_version, op.cancel_generation)[: len(_STATE_COLUMNS)]

@@ -1,0 +1,34 @@
+# Two commands a fresh machine runs: `make demo` and `make test`. Both create .venv if missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck unit bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check engine rollout refserver tests bench app.py pages
+	$(VENV)/bin/ruff format --check engine rollout refserver
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy --strict engine rollout
+
+unit: $(STAMP)
+	$(PY) -m pytest -q
+
+test: lint typecheck unit
+
+demo: $(STAMP)
+	$(PY) -m engine.demo
+
+bench: $(STAMP)
+	$(PY) bench/ledger_commit.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,345 @@
+"""The Google AIP-151 long-running operations adapter (HTTP/JSON), with AIP-155 request ids.
+
+A submission is a POST that returns an ``Operation``; ``done`` plus ``response`` or ``error`` is its
+terminal state, ``error.code == 1`` a cancellation. AIP-193 errors become engine errors. Paths come
+from ``AipPaths`` and are never hard-coded; this module never treats an MCP-looking URL as AIP.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Self
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from engine.adapters.base import (
+    CancelResult,
+    Capabilities,
+    Created,
+    Json,
+    Outcome,
+    ServerView,
+    SubmitRequest,
+    SubmitResult,
+)
+from engine.adapters.config import AdapterOptions
+from engine.adapters.mcp_2025_11_25 import parse_wire, task_id_of
+from engine.adapters.transport import (
+    bearer,
+    guarded,
+    httpx_timeout,
+    media_type,
+    parse_json,
+    read_capped,
+    unavailable_for_status,
+)
+from engine.adapters.verify import Expectation, PayloadKind, RpcStatus, summarize, verify_outcome
+from engine.errors import (
+    BackendRejected,
+    BackendUnavailable,
+    NegotiationError,
+    NotFoundOnServer,
+    ProtocolViolation,
+)
+from engine.model import Operation, Principal, Protocol, ServerStatus, TaskId
+
+ADAPTER_VERSION = "aip-151/1"
+CODE_CANCELLED = 1
+# Canonical codes that mean "the exchange did not go through; try again" (AIP-194 retries UNAVAILABLE;
+# the gateway ones lose the answer, not the request).
+_RETRYABLE_STATUSES = frozenset({"UNAVAILABLE", "RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"})
+ERROR_INFO_TYPE = "type.googleapis.com/google.rpc.ErrorInfo"
+
+
+class AipOperation(BaseModel):
+    """``google.longrunning.Operation`` as JSON. proto3 JSON leaves ``done: false`` out.
+
+    ``error`` stays the raw object the server sent (its digest is taken over exactly that); it is
+    checked against ``google.rpc.Status`` on the way in.
+    """
+
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(min_length=1)
+    metadata: dict[str, object] | None = None
+    done: bool = False
+    error: dict[str, object] | None = None
+    response: dict[str, object] | None = None
+
+    @model_validator(mode="after")
+    def _result_matches_done(self) -> Self:
+        if self.done and (self.error is None) == (self.response is None):
+            raise ValueError("a done operation carries exactly one of error and response")
+        if not self.done and (self.error is not None or self.response is not None):
+            raise ValueError("an operation that is not done carries neither error nor response")
+        if self.error is not None and RpcStatus.model_validate(self.error).code == 0:
+            raise ValueError("error.code 0 (OK) is not an error")
+        return self
+
+    @property
+    def status(self) -> RpcStatus | None:
+        return RpcStatus.model_validate(self.error) if self.error is not None else None
+
+
+class _ListPage(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    operations: list[AipOperation] = Field(default_factory=list)
+    next_page_token: str | None = Field(default=None, alias="nextPageToken")
+
+
+class _ErrorBody(BaseModel):
+    class _Error(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        code: int = 0
+        message: str = ""
+        status: str | None = None
+
+    error: _Error
+
+
+def _epoch_echo(operation: AipOperation) -> int | None:
+    """The executor epoch the server echoed: in ``response.epoch``, or in ``ErrorInfo.metadata.epoch``."""
+    if operation.response is not None:
+        echo = operation.response.get("epoch")
+        return echo if isinstance(echo, int) and not isinstance(echo, bool) else None
+    if operation.status is not None:
+        for detail in operation.status.details:
+            meta = detail.get("metadata")
+            if detail.get("@type") == ERROR_INFO_TYPE and isinstance(meta, dict):
+                raw = meta.get("epoch")
+                if isinstance(raw, str) and raw.lstrip("-").isdigit():
+                    return int(raw)
+    return None
+
+
+def _request_id_of(operation: AipOperation) -> str | None:
+    meta = operation.metadata or {}
+    for key in ("requestId", "request_id"):
+        value = meta.get(key)
+        if isinstance(value, str):
+            return value
+    return None
+
+
+class Aip151Backend:
+    """``Backend`` for a service that runs tool calls as AIP-151 operations."""
+
+    protocol = Protocol.AIP_151
+    adapter_version = ADAPTER_VERSION
+
+    def __init__(
+        self, url: str, *, client: httpx.AsyncClient, token: str | None, options: AdapterOptions
+    ) -> None:
+        self._client = client
+        self._base = url.rstrip("/")
+        self._token = token
+        self._options = options
+        self._paths = options.aip_paths
+
+    # ------------------------------------------------------------------------------- HTTP
+
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        *,
+        what: str,
+        body: Json | None = None,
+        params: dict[str, str] | None = None,
+        limit: timedelta | None = None,
+    ) -> Json:
+        """One request; the JSON object it answered, or the engine error its failure means."""
+        limit = limit or self._options.timeouts.request
+        headers = {"Accept": "application/json", **bearer(self._token)}
+        async with (
+            guarded(what, limit),
+            self._client.stream(
+                method,
+                self._base + path,
+                json=body,
+                params=params,
+                headers=headers,
+                timeout=httpx_timeout(self._options, limit),
+            ) as response,
+        ):
+            raw = await read_capped(response, self._options.max_body_bytes, what)
+        if response.status_code >= 400:
+            raise self._failure(response, raw, what)
+        if response.status_code != 200:
+            raise ProtocolViolation(f"{what}: unexpected HTTP {response.status_code}")
+        if media_type(response) != "application/json":
+            raise ProtocolViolation(f"{what}: unexpected content type {media_type(response) or '(none)'!r}")
+        data = parse_json(raw, what)
+        if not isinstance(data, dict):
+            raise ProtocolViolation(f"{what}: body is not a JSON object")
+        return data
+
+    def _failure(self, response: httpx.Response, raw: bytes, what: str) -> Exception:
+        """An AIP-193 error (or a bare HTTP status) as the engine error it means."""
+        busy = unavailable_for_status(response, what, self._options.clock.now())
+        if busy is not None:
+            return busy
+        status_name: str | None = None
+        message = ""
+        try:
+            parsed = _ErrorBody.model_validate(parse_json(raw, what))
+            status_name, message = parsed.error.status, parsed.error.message
+        except (ValidationError, ProtocolViolation, BackendUnavailable):
+            pass
+        detail = f"{what}: HTTP {response.status_code} {status_name or ''} {message}".rstrip()
+        if response.status_code == 404 or status_name == "NOT_FOUND":
+            return NotFoundOnServer(detail)
+        if status_name in _RETRYABLE_STATUSES or (response.status_code >= 500 and status_name is None):
+            # A 5xx without an AIP-193 body is a proxy's page, not the service's verdict.
+            return BackendUnavailable(detail)
+        return BackendRejected(detail, code=status_name or response.status_code)
+
+    def _operation_path(self, template: str, name: str) -> str:
+        # Operation names keep their slashes ("operations/123"); anything else is escaped.
+        return template.format(name=quote(name, safe="/"))
+
+    # ---------------------------------------------------------------------------- values
+
+    def _view(self, operation: AipOperation, expected_task: TaskId | None) -> ServerView:
+        """The operation as a ``ServerView``; a done operation carries its verified outcome.
+
+        An outcome that fails verification is left off (the status still counts); ``fetch_result``
+        re-reads it and reports the violation at the fetch stage.
+        """
+        task_id = TaskId(operation.name)
+        if expected_task is not None and task_id != expected_task:
+            raise ProtocolViolation(f"asked about {expected_task!r}, the server answered about {task_id!r}")
+        if not operation.done:
+            return ServerView(task_id=task_id, status=ServerStatus.WORKING)
+        try:
+            outcome = self._outcome(operation)
+        except ProtocolViolation:
+            outcome = None
+        status = self._status(operation)
+        message = operation.status.message if operation.status is not None else None
+        return ServerView(task_id=task_id, status=status, status_message=message or None, outcome=outcome)
+
+    @staticmethod
+    def _status(operation: AipOperation) -> ServerStatus:
+        if not operation.done:
+            return ServerStatus.WORKING
+        if operation.response is not None:
+            return ServerStatus.COMPLETED
+        if operation.status is not None and operation.status.code == CODE_CANCELLED:
+            return ServerStatus.CANCELLED
+        return ServerStatus.FAILED
+
+    def _outcome(self, operation: AipOperation) -> Outcome:
+        expected = Expectation(
+            task_id=TaskId(operation.name), max_result_bytes=self._options.max_result_bytes
+        )
+        status = self._status(operation)
+        if operation.response is not None:
+            payload, kind = operation.response, PayloadKind.AIP_RESPONSE
+        elif operation.error is not None:
+            payload, kind = operation.error, PayloadKind.AIP_STATUS
+        else:
+            raise ProtocolViolation(f"operation {operation.name!r} is not done; it has no outcome")
+        return verify_outcome(
+            status,
+            payload,
+            kind,
+            expected,
+            reported_task_id=operation.name,
+            epoch_echo=_epoch_echo(operation),
+        )
+
+    # ---------------------------------------------------------------------------- Backend
+
+    async def negotiate(self, principal: Principal) -> Capabilities:
+        """No exchange: AIP-151 fixes the contract. Every call is an operation; AIP-155 ``request_id``
+        finds it again by key; ``CancelOperation`` and ``ListOperations`` are part of the service."""
+        return Capabilities(protocol=self.protocol, tasks=True, cancel=True, list=True, lookup_by_key=True)
+
+    async def _run(self, op: Operation, arguments: Json) -> AipOperation:
+        path = self._paths.submit.format(tool=quote(op.tool.name, safe=""))
+        body: Json = {"request_id": op.idempotency_key, "arguments": arguments, "epoch": int(op.epoch)}
+        data = await self._exchange("POST", path, what=f"run {op.tool.name}", body=body)
+        return parse_wire(AipOperation, data, f"run {op.tool.name}")
+
+    async def submit(self, request: SubmitRequest) -> SubmitResult:
+        """POST the submit template with ``request_id`` = the submission key.
+
+        Always ``Created``: a done operation's view carries its outcome. ``request.ttl`` has no
+        place in AIP-151 (the service decides retention) and is not sent.
+        """
+        operation = await self._run(request.operation, request.arguments)
+        return Created(self._view(operation, None))
+
+    async def _get(self, op: Operation) -> AipOperation:
+        name = task_id_of(op)
+        data = await self._exchange("GET", self._operation_path(self._paths.get, name), what=f"get {name}")
+        return parse_wire(AipOperation, data, f"get {name}")
+
+    async def get(self, op: Operation) -> ServerView:
+        """GetOperation. Raises ``NotFoundOnServer`` for 404 / ``NOT_FOUND``."""
+        return self._view(await self._get(op), task_id_of(op))
+
+    async def fetch_result(self, op: Operation) -> Outcome:
+        """GetOperation again, and the done operation's ``response`` or ``error``, verified."""
+        operation = await self._get(op)
+        if operation.name != op.task_id:
+            raise ProtocolViolation(
+                f"asked about {op.task_id!r}, the server answered about {operation.name!r}"
+            )
+        return self._outcome(operation)
+
+    async def cancel(self, op: Operation) -> CancelResult:
+        """CancelOperation: best effort and asynchronous, so only ever ``ACKNOWLEDGED``."""
+        name = task_id_of(op)
+        await self._exchange(
+            "POST", self._operation_path(self._paths.cancel, name), what=f"cancel {name}", body={}
+        )
+        return CancelResult.ACKNOWLEDGED
+
+    async def look_up(self, op: Operation, arguments: Json) -> ServerView | None:
+        """Repeat the submission with the same ``request_id`` (AIP-155).
+
+        The service MUST treat the repeat as the same request: if the first POST created the
+        operation, this returns it; if it never arrived, this creates it now, and that is still the
+        one operation for this key. Absence is therefore never proven, and ``None`` never returned.
+        That needs the original arguments, which is why they are passed in.
+        """
+        return self._view(await self._run(op, arguments), None)
+
+    async def candidates(self, op: Operation) -> list[TaskId]:
+        """ListOperations filtered by ``request_id``; without filter support, all operations whose
+        metadata names this key, or (if they name none) all of them."""
+        key = op.idempotency_key
+        try:
+            found = await self._list({"filter": self._paths.request_id_filter.format(key=key)})
+        except BackendRejected:
+            # The service rejects the filter (INVALID_ARGUMENT/UNIMPLEMENTED): filter here instead.
+            found = await self._list({})
+        return [TaskId(o.name) for o in found if _request_id_of(o) in (None, key)]
+
+    async def _list(self, query: dict[str, str]) -> list[AipOperation]:
+        out: list[AipOperation] = []
+        token: str | None = None
+        for _ in range(self._options.max_pages):
+            params = {**query, "page_size": "100"}
+            if token:
+                params["page_token"] = token
+            data = await self._exchange("GET", self._paths.list, what="list operations", params=params)
+            try:
+                page = _ListPage.model_validate(data)
+            except ValidationError as exc:
+                raise ProtocolViolation(f"list operations: {summarize(exc)}") from exc
+            out.extend(page.operations)
+            token = page.next_page_token
+            if not token:
+                break
+        return out
+
+    async def answer_input(self, op: Operation, request_key: str, response: Json) -> None:
+        """AIP-151 has no mid-operation input."""
+        raise NegotiationError("AIP-151 operations cannot ask for input")
+
+    async def aclose(self) -> None:
+        """Nothing to end; the HTTP client belongs to the caller."""

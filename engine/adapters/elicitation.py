@@ -1,0 +1,73 @@
+"""Server requests for input (elicitation, sampling, roots) turned into ``InputRequest`` values. Pure.
+
+Parses with the wire models of the protocol version that carried the request and checks a person's
+answer before it is sent. It never answers on a person's behalf.
+"""
+
+from __future__ import annotations
+
+from mcp_types import _v2025_11_25 as v2025
+from mcp_types import _v2026_07_28 as v2026
+from pydantic import BaseModel, ValidationError
+
+from engine.adapters.base import InputRequest, Json
+from engine.adapters.verify import summarize
+from engine.errors import ConfigError, ProtocolViolation
+from engine.model import digest_of
+
+ELICIT = "elicitation/create"
+INPUT_METHODS = frozenset({ELICIT, "sampling/createMessage", "roots/list"})
+
+
+def input_request_of(key: str, method: str, params: Json, *, version: str) -> InputRequest:
+    """The person-facing form of one server request.
+
+    Args:
+        key: the id the answer must be bound to (JSON-RPC id, or the 2026-07-28 input key).
+        method: the server's request method.
+        params: its params.
+        version: ``"2025-11-25"`` or ``"2026-07-28"``: which wire models parse it.
+
+    Raises:
+        ProtocolViolation: an unknown method or malformed params.
+    """
+    if method not in INPUT_METHODS:
+        raise ProtocolViolation(f"server asked for input with unknown method {method!r}")
+    if method != ELICIT:
+        # Sampling and roots have no form; the person sees the request itself and answers with the
+        # method's result object.
+        return InputRequest(
+            key=key,
+            message=f"the server asks the client for {method}",
+            requested_schema=params,
+            schema_digest=digest_of(params),
+        )
+    url_mode = params.get("mode") == "url"
+    models: dict[tuple[str, bool], type[BaseModel]] = {
+        ("2025-11-25", False): v2025.ElicitRequestFormParams,
+        ("2025-11-25", True): v2025.ElicitRequestURLParams,
+        ("2026-07-28", False): v2026.ElicitRequestFormParams,
+        ("2026-07-28", True): v2026.ElicitRequestURLParams,
+    }
+    try:
+        models[(version, url_mode)].model_validate(params)
+    except ValidationError as exc:
+        raise ProtocolViolation(f"malformed elicitation request: {summarize(exc)}") from exc
+    message = str(params.get("message", ""))
+    if url_mode:
+        schema: Json = {}
+        message = f"{message} ({params.get('url')})"
+    else:
+        raw = params.get("requestedSchema")
+        schema = raw if isinstance(raw, dict) else {}
+    return InputRequest(key=key, message=message, requested_schema=schema, schema_digest=digest_of(schema))
+
+
+def check_answer(method: str | None, response: Json) -> None:
+    """Refuse an answer that is not the result type of the request it answers (when known)."""
+    if method != ELICIT:
+        return
+    try:
+        v2025.ElicitResult.model_validate(response)
+    except ValidationError as exc:
+        raise ConfigError("input response", f"not an elicitation result: {summarize(exc)}") from exc
