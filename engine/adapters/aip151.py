@@ -343,3 +343,16 @@ class Aip151Backend:
 
     async def aclose(self) -> None:
         """Nothing to end; the HTTP client belongs to the caller."""
+
+
+async def probe(url: str, *, client: httpx.AsyncClient, token: str | None, options: AdapterOptions) -> bool:
+    """``GET {list}?page_size=1`` answering a JSON object shaped like a ``ListOperationsResponse``."""
+    backend = Aip151Backend(url, client=client, token=token, options=options)
+    data = await backend._exchange(
+        "GET", options.aip_paths.list, what="list operations", params={"page_size": "1"}
+    )
+    try:
+        _ListPage.model_validate(data)
+    except ValidationError:
+        return False
+    return True

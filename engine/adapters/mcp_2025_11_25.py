@@ -370,8 +370,13 @@ class Mcp2025Backend:
         expected = replace(self._expect(op, caps), task_id=None)
         if reply.error is not None:
             # Refused before any work: -32601/-32600/-32602 for taskSupport misuse land here too.
+            payload = reply.error.payload()
             outcome = verify_outcome(
-                ServerStatus.FAILED, reply.error.payload(), PayloadKind.JSONRPC_ERROR, expected
+                ServerStatus.FAILED,
+                payload,
+                PayloadKind.JSONRPC_ERROR,
+                expected,
+                epoch_echo=epoch_echo_of(payload),
             )
             return Inline(self._inline.keep(op, outcome))
         result = require_result(reply, "tools/call")
@@ -470,7 +475,15 @@ class Mcp2025Backend:
         cancelled = op.server_status is ServerStatus.CANCELLED
         if reply.error is not None:
             status = ServerStatus.CANCELLED if cancelled else await self._error_status(op, reply.error)
-            return verify_outcome(status, reply.error.payload(), PayloadKind.JSONRPC_ERROR, expected)
+            payload = reply.error.payload()
+            return verify_outcome(
+                status,
+                payload,
+                PayloadKind.JSONRPC_ERROR,
+                expected,
+                related_task_id=related_task_of(payload),
+                epoch_echo=epoch_echo_of(payload),
+            )
         result = require_result(reply, "tasks/result")
         if cancelled:
             status = ServerStatus.CANCELLED
@@ -598,3 +611,18 @@ def _id_from_key(key: str) -> RequestId:
     """Best guess at a request id from its string key: integers were sent as integers."""
     body = key.removeprefix("-")
     return int(key) if body.isdigit() else key
+
+
+async def probe(
+    url: str, *, client: httpx.AsyncClient, token: str | None, options: AdapterOptions
+) -> Handshake:
+    """``initialize`` with any handshake version, then end the session again.
+
+    Raises:
+        NegotiationError: the server refused the handshake or speaks another version.
+    """
+    session = Session(client, url, token=token, options=options, versions=HANDSHAKE_VERSIONS)
+    try:
+        return await session.ensure()
+    finally:
+        await session.close()

@@ -101,7 +101,8 @@ class DetailedTask(ExtTask):
     """``tasks/get``'s answer: the task plus ``result`` / ``error`` / ``inputRequests`` by status."""
 
     result: dict[str, object] | None = None
-    error: ExtError | None = None
+    error: dict[str, object] | None = None
+    """Kept as sent (the outcome digest is over it); checked as a JSON-RPC error object."""
     input_requests: dict[str, ExtInputRequest] | None = Field(default=None, alias="inputRequests")
 
     @model_validator(mode="after")
@@ -110,6 +111,8 @@ class DetailedTask(ExtTask):
             raise ValueError("a completed DetailedTask must carry result")
         if self.status == "failed" and self.error is None:
             raise ValueError("a failed DetailedTask must carry error")
+        if self.error is not None:
+            ExtError.model_validate(self.error)
         if self.status == "input_required" and not self.input_requests:
             raise ValueError("an input_required DetailedTask must carry inputRequests")
         return self
@@ -302,8 +305,13 @@ class Mcp2026Backend:
         reply = await self._call(op, request.arguments, caps)
         expected = Expectation(task_id=None, max_result_bytes=self._options.max_result_bytes)
         if reply.error is not None:
+            payload = reply.error.payload()
             outcome = verify_outcome(
-                ServerStatus.FAILED, reply.error.payload(), PayloadKind.JSONRPC_ERROR, expected
+                ServerStatus.FAILED,
+                payload,
+                PayloadKind.JSONRPC_ERROR,
+                expected,
+                epoch_echo=epoch_echo_of(payload),
             )
             return Inline(self._inline.keep(op, outcome))
         result = require_result(reply, "tools/call")
@@ -359,14 +367,14 @@ class Mcp2026Backend:
                 epoch_echo=epoch_echo_of(result) if epoch_echo_of(result) is not None else echo,
             )
         if task.status == "failed" and task.error is not None:
-            payload = task.error.model_dump(exclude_none=True)
+            error_echo = epoch_echo_of(task.error)
             return verify_outcome(
                 status,
-                payload,
+                task.error,
                 PayloadKind.JSONRPC_ERROR,
                 expected,
                 reported_task_id=task.task_id,
-                epoch_echo=echo,
+                epoch_echo=error_echo if error_echo is not None else echo,
             )
         if task.status == "cancelled":
             # A cancelled task carries no result: its own (terminal, immutable) record is the outcome.
@@ -499,3 +507,22 @@ class Mcp2026Backend:
 
     async def aclose(self) -> None:
         """Nothing to end: the extension is sessionless, and the HTTP client belongs to the caller."""
+
+
+async def probe(
+    url: str, *, client: httpx.AsyncClient, token: str | None, options: AdapterOptions
+) -> bool | None:
+    """``server/discover`` alone: ``True`` with the tasks extension, ``False`` without it, ``None`` when
+    the server does not speak 2026-07-28. Transport failures propagate (``BackendUnavailable``)."""
+    backend = Mcp2026Backend(url, client=client, token=token, options=options)
+    reply = await backend._rpc("server/discover", {})
+    if reply.result is None:
+        return None
+    discovered = parse_wire(
+        v2026.DiscoverResult,
+        {"cacheScope": "private", "ttlMs": 0, **_complete(reply.result)},
+        "server/discover",
+    )
+    if PROTOCOL_VERSION not in discovered.supported_versions:
+        return None
+    return TASKS_EXTENSION in (discovered.capabilities.extensions or {})

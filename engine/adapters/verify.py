@@ -93,9 +93,8 @@ def _meta_of(payload: Json) -> dict[str, object] | None:
     if isinstance(meta, dict):
         return meta
     data = payload.get("data")
-    if isinstance(data, dict) and isinstance(data.get("_meta"), dict):
-        return data["_meta"]
-    return None
+    inner = data.get("_meta") if isinstance(data, dict) else None
+    return inner if isinstance(inner, dict) else None
 
 
 def related_task_of(payload: Json) -> str | None:
