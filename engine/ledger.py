@@ -18,12 +18,13 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
 import duckdb
+import orjson
 import pyarrow as pa
 
 from engine.errors import (
@@ -290,26 +291,41 @@ _TRANSITION_SCHEMA: Final = pa.schema(
         ("recorded_at", _TS),
     ]
 )
+_BINDING_SCHEMA: Final = pa.schema(
+    [("server", pa.string()), ("task_id", pa.string()), ("operation_id", pa.string()), ("bound_at", _TS)]
+)
+_IDENTITY_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("call_node_id", pa.string()),
+        ("role", pa.string()),
+        ("request_digest", pa.string()),
+        ("tool_name", pa.string()),
+        ("tool_version", pa.string()),
+        ("descriptor_version", pa.string()),
+        ("side_effects", pa.bool_()),
+        ("principal", pa.string()),
+        ("protocol", pa.string()),
+        ("adapter_version", pa.string()),
+        ("server", pa.string()),
+        ("idempotency_key", pa.string()),
+        ("arguments", pa.string()),
+        ("schema_version", pa.string()),
+        ("created_at", _TS),
+    ]
+)
 _OPERATION_SELECT: Final = "SELECT * FROM operations"
 _DUCKDB_MAGIC: Final = b"DUCK"
 _HEADER_BYTES: Final = 3 * 4096
 
 
-def _jsonable(value: object) -> object:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if is_dataclass(value) and not isinstance(value, type):
-        return {k: _jsonable(v) for k, v in asdict(value).items()}
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    return value
-
-
 def event_detail(transition: Transition) -> str:
-    """The event's fields as canonical JSON, for the append-only log."""
-    return canonical_json(_jsonable(transition.event))
+    """The event's fields as canonical JSON (sorted keys), for the append-only log.
+
+    orjson serialises the slotted event dataclasses directly; on the group-commit hot path this
+    is an order of magnitude cheaper than ``json`` plus ``asdict``.
+    """
+    return orjson.dumps(transition.event, option=orjson.OPT_SORT_KEYS).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -605,7 +621,9 @@ class Ledger:
         block_size, total_blocks = int(row[2]), int(row[3])
         needed = _HEADER_BYTES + block_size * total_blocks
         if path.stat().st_size < needed:
-            raise LedgerCorrupt(f"{path} is truncated: {path.stat().st_size} bytes, the ledger needs {needed}")
+            raise LedgerCorrupt(
+                f"{path} is truncated: {path.stat().st_size} bytes, the ledger needs {needed}"
+            )
 
     def schema_version(self) -> int:
         row = self._con.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
@@ -653,44 +671,7 @@ class Ledger:
             raise InvalidRecord("a new operation starts in SUBMITTING at row version 0")
         try:
             with self._tx() as tx:
-                tx.execute(
-                    "INSERT INTO op_identity VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                    [
-                        op.operation_id,
-                        op.call_node_id,
-                        op.role.value,
-                        op.request_digest,
-                        op.tool.name,
-                        op.tool.version,
-                        op.tool.descriptor_version,
-                        op.tool.side_effects,
-                        op.principal,
-                        op.protocol.value,
-                        op.adapter_version,
-                        op.server,
-                        op.idempotency_key,
-                        canonical_json(arguments),
-                        op.schema_version,
-                        op.created_at,
-                    ],
-                )
-                self._insert_state(tx, op)
-                tx.execute(
-                    "INSERT INTO transitions VALUES (nextval('transition_seq'), ?,?,?,?,?,?,?,?,?,?,?)",
-                    [
-                        op.operation_id,
-                        op.call_node_id,
-                        None,
-                        op.state.value,
-                        "Created",
-                        canonical_json({"idempotency_key": op.idempotency_key}),
-                        "operation recorded before submission",
-                        True,
-                        op.epoch,
-                        op.row_version,
-                        op.created_at,
-                    ],
-                )
+                self._bulk_insert_new(tx, [(op, arguments)])
         except duckdb.Error as exc:
             if not _is_constraint_error(exc):
                 raise
@@ -704,6 +685,106 @@ class Ledger:
             return existing, False
         return op, True
 
+    def create_many(self, items: Sequence[tuple[Operation, Json]]) -> list[tuple[Operation, bool]]:
+        """Group-committed ``create_operation``: one transaction for many new operations.
+
+        Call nodes that already have an operation get it back (``created`` False). If any item
+        conflicts otherwise, every item is retried on its own so that the offender is named.
+        """
+        if not items:
+            return []
+        nodes = [op.call_node_id for op, _ in items]
+        if len(set(nodes)) != len(nodes):
+            return [self.create_operation(op, args) for op, args in items]
+        existing = self._existing_by_call_node(nodes)
+        fresh = [(op, args) for op, args in items if op.call_node_id not in existing]
+        for op, _ in fresh:
+            if op.state is not LocalState.SUBMITTING or op.row_version != 0:
+                raise InvalidRecord("a new operation starts in SUBMITTING at row version 0")
+        try:
+            with self._tx() as tx:
+                if fresh:
+                    self._bulk_insert_new(tx, fresh)
+        except duckdb.Error as exc:
+            if not _is_constraint_error(exc):
+                raise
+            return [self.create_operation(op, args) for op, args in items]
+        out: list[tuple[Operation, bool]] = []
+        for op, args in items:
+            have = existing.get(op.call_node_id)
+            if have is None:
+                out.append((op, True))
+            elif have.request_digest != op.request_digest:
+                out.append(self.create_operation(op, args))
+            else:
+                out.append((have, False))
+        return out
+
+    def _existing_by_call_node(self, nodes: Sequence[str]) -> dict[str, Operation]:
+        con = self._con
+        con.register("wanted_nodes", pa.table({"call_node_id": pa.array(list(nodes), pa.string())}))
+        try:
+            cur = con.execute(
+                f"{_OPERATION_SELECT} WHERE call_node_id IN (SELECT call_node_id FROM wanted_nodes)"
+            )
+            cols = [d[0] for d in cur.description or ()]
+            found = [operation_from_record(dict(zip(cols, r, strict=True))) for r in cur.fetchall()]
+        finally:
+            con.unregister("wanted_nodes")
+        return {op.call_node_id: op for op in found}
+
+    def _bulk_insert_new(
+        self, tx: duckdb.DuckDBPyConnection, fresh: Sequence[tuple[Operation, Json]]
+    ) -> None:
+        identity = [
+            [
+                op.operation_id,
+                op.call_node_id,
+                op.role.value,
+                op.request_digest,
+                op.tool.name,
+                op.tool.version,
+                op.tool.descriptor_version,
+                op.tool.side_effects,
+                op.principal,
+                op.protocol.value,
+                op.adapter_version,
+                op.server,
+                op.idempotency_key,
+                canonical_json(args),
+                op.schema_version,
+                op.created_at,
+            ]
+            for op, args in fresh
+        ]
+        states = [_state_row(op, 0, 0) for op, _ in fresh]
+        log = [
+            [
+                op.operation_id,
+                op.call_node_id,
+                None,
+                op.state.value,
+                "Created",
+                canonical_json({"idempotency_key": op.idempotency_key}),
+                "operation recorded before submission",
+                True,
+                op.epoch,
+                op.row_version,
+                op.created_at,
+            ]
+            for op, _ in fresh
+        ]
+        tx.register("new_identity", _columns(identity, _IDENTITY_SCHEMA))
+        tx.register("new_state", _columns(states, _STATE_SCHEMA))
+        tx.register("new_log", _columns(log, _TRANSITION_SCHEMA))
+        try:
+            tx.execute("INSERT INTO op_identity SELECT * FROM new_identity")
+            tx.execute(f"INSERT INTO op_state SELECT {', '.join(_STATE_COLUMNS)} FROM new_state")
+            tx.execute("INSERT INTO transitions SELECT nextval('transition_seq'), * FROM new_log")
+        finally:
+            for name in ("new_identity", "new_state", "new_log"):
+                tx.unregister(name)
+
     def _await_committed(self, op: Operation) -> Operation | None:
         # The conflicting row may belong to a creator whose transaction has not committed yet;
         # give it a bounded moment to land so that the caller gets the one operation back.
@@ -714,10 +795,6 @@ class Ledger:
                 return existing
             pause.wait(0.005)
         return None
-
-    def _insert_state(self, tx: duckdb.DuckDBPyConnection, op: Operation) -> None:
-        row = _state_row(op, op.row_version, op.cancel_generation)[: len(_STATE_COLUMNS)]
-        tx.execute(f"INSERT INTO op_state VALUES ({', '.join('?' * len(_STATE_COLUMNS))})", row)
 
     def apply(self, transition: Transition) -> Operation:
         """Compare-and-swap one transition into the ledger.
@@ -747,6 +824,8 @@ class Ledger:
         if not transitions:
             return []
         try:
+            if len(transitions) == 1:
+                return [self._apply_one(transitions[0])]
             return self._apply_batch(transitions)
         except duckdb.Error as exc:
             if not _is_constraint_error(exc) or len(transitions) == 1:
@@ -764,6 +843,31 @@ class Ledger:
             for t in transitions:
                 out.extend(self.apply_many([t]))
             return out
+
+    def _apply_one(self, t: Transition) -> BatchOutcome:
+        # The common single write: plain parameterised statements beat registering Arrow tables.
+        before, after = t.before, t.after
+        with self._tx() as tx:
+            if after != before:
+                assignments = ", ".join(f"{c} = ?" for c in _STATE_COLUMNS[1:])
+                row = _state_row(after, before.row_version, before.cancel_generation)[: len(_STATE_COLUMNS)]
+                updated = tx.execute(
+                    f"UPDATE op_state SET {assignments} "
+                    "WHERE operation_id = ? AND row_version = ? AND cancel_generation = ?",
+                    [*row[1:], before.operation_id, before.row_version, before.cancel_generation],
+                ).fetchone()
+                if not updated or updated[0] != 1:
+                    return BatchOutcome(None, StaleWrite(before.operation_id, before.row_version))
+                if after.task_id is not None and after.task_id != before.task_id:
+                    tx.execute(
+                        "INSERT INTO task_bindings VALUES (?, ?, ?, ?)",
+                        [after.server, after.task_id, after.operation_id, t.at],
+                    )
+            tx.execute(
+                "INSERT INTO transitions VALUES (nextval('transition_seq'), ?,?,?,?,?,?,?,?,?,?,?)",
+                _transition_row(t),
+            )
+        return BatchOutcome(after, None)
 
     def _apply_batch(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
         # Collapse chains: per operation, the first 'before' is what the ledger must hold, the
@@ -818,10 +922,13 @@ class Ledger:
                 expected = len(state_rows) - len(stale_ids)
                 if updated is None or int(updated[0]) != expected:
                     raise duckdb.TransactionException("concurrent writer moved rows during group commit")
-            for server, task_id, op_id, at in bindings:
-                if op_id in stale_ids:
-                    continue
-                tx.execute("INSERT INTO task_bindings VALUES (?, ?, ?, ?)", [server, task_id, op_id, at])
+            fresh = [b for b in bindings if b[2] not in stale_ids]
+            if fresh:
+                tx.register("new_bindings", _columns(fresh, _BINDING_SCHEMA))
+                try:
+                    tx.execute("INSERT INTO task_bindings SELECT * FROM new_bindings")
+                finally:
+                    tx.unregister("new_bindings")
             log_rows = [
                 _transition_row(t)
                 for i, t in enumerate(transitions)

@@ -300,7 +300,10 @@ def test_group_commit_chains_transitions_of_one_operation(ledger: Ledger) -> Non
     t3 = step(t2.after, StatusObserved(TaskId("t"), ServerStatus.COMPLETED, E), NOW)
     assert all(o.error is None for o in ledger.apply_many([t1, t2, t3]))
     assert ledger.get(op.operation_id) == t3.after
-    assert [r["to_state"] for r in ledger.transitions(op.operation_id)][-2:] == ["WORKING", "TERMINAL_OBSERVED"]
+    assert [r["to_state"] for r in ledger.transitions(op.operation_id)][-2:] == [
+        "WORKING",
+        "TERMINAL_OBSERVED",
+    ]
 
 
 def test_apply_refuses_to_write_a_receipt_state(ledger: Ledger) -> None:

@@ -1,0 +1,105 @@
+"""Durable transitions per second on a file ledger: one commit per transition vs group commit.
+
+Both are measured in the same run on the same machine, each the median of --runs runs (min and max
+shown). Every transition is a real compare-and-swap write of a real ``step`` result.
+
+    python bench/ledger_commit.py [--runs 5] [--ops 20000] [--batch 5000] [--single 600] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.ledger import Ledger  # noqa: E402
+from engine.machine import step  # noqa: E402
+from engine.model import Epoch, Operation, ServerStatus, StatusObserved, Submitted, TaskId  # noqa: E402
+from engine.testing import EPOCH_START, make_operation  # noqa: E402
+
+
+def prepare(ledger: Ledger, n: int, prefix: str) -> list[Operation]:
+    ops = [make_operation(f"{prefix}-{i}") for i in range(n)]
+    created = ledger.create_many([(op, {"report": op.call_node_id}) for op in ops])
+    live = [op for op, _ in created]
+    ts = [step(op, Submitted(TaskId(f"t-{op.call_node_id}"), Epoch(1)), EPOCH_START) for op in live]
+    for i in range(0, len(ts), 5000):
+        ledger.apply_many(ts[i : i + 5000])
+    return [t.after for t in ts]
+
+
+def poll_transitions(ops: list[Operation], round_: int) -> list:  # type: ignore[type-arg]
+    at = EPOCH_START + timedelta(seconds=round_)
+    return [
+        step(op, StatusObserved(op.task_id, ServerStatus.WORKING, Epoch(1), poll_cursor=f"c{round_}"), at)  # type: ignore[arg-type]
+        for op in ops
+    ]
+
+
+def per_transition(path: Path, n: int) -> float:
+    with Ledger.open(path) as ledger:
+        ops = prepare(ledger, n, "single")
+        ts = poll_transitions(ops, 1)
+        start = time.perf_counter()
+        for t in ts:
+            ledger.apply(t)
+        return n / (time.perf_counter() - start)
+
+
+def group(path: Path, n: int, batch: int) -> float:
+    with Ledger.open(path) as ledger:
+        ops = prepare(ledger, n, "group")
+        ts = poll_transitions(ops, 1)
+        start = time.perf_counter()
+        for i in range(0, len(ts), batch):
+            outcomes = ledger.apply_many(ts[i : i + batch])
+            assert all(o.error is None for o in outcomes)
+        return n / (time.perf_counter() - start)
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--ops", type=int, default=20000)
+    parser.add_argument("--batch", type=int, default=5000)
+    parser.add_argument("--single", type=int, default=600)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    singles: list[float] = []
+    groups: list[float] = []
+    for run in range(args.runs):
+        with tempfile.TemporaryDirectory() as tmp:
+            singles.append(per_transition(Path(tmp) / f"single{run}.duckdb", args.single))
+        with tempfile.TemporaryDirectory() as tmp:
+            groups.append(group(Path(tmp) / f"group{run}.duckdb", args.ops, args.batch))
+    result = {
+        "per_transition_commit_per_s": summary(singles),
+        "group_commit_per_s": summary(groups),
+        "batch": args.batch,
+        "ratio_median": statistics.median(groups) / statistics.median(singles),
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        s, g = result["per_transition_commit_per_s"], result["group_commit_per_s"]
+        print(f"per-transition commit: median {s['median']:.0f}/s (min {s['min']:.0f}, max {s['max']:.0f})")
+        print(
+            f"group commit (batch {args.batch}): median {g['median']:.0f}/s (min {g['min']:.0f}, max {g['max']:.0f})"
+        )
+        print(f"ratio: {result['ratio_median']:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
