@@ -398,6 +398,9 @@ class StreamableHttp:
         if busy is not None:
             raise busy
         status = response.status_code
+        if status in (401, 403):
+            # Credentials, not the call: whatever JSON-RPC error rides along, this is a refusal.
+            raise BackendRejected(f"{method}: HTTP {status} (not authorized)", code=status)
         if status == 404 and self.session_id is not None and method != "initialize":
             raise SessionExpired(f"{method}: HTTP 404 for session {self.session_id}; the session expired")
         if media_type(response) == "application/json":

@@ -199,6 +199,14 @@ async def test_unauthorized_without_a_json_rpc_body_is_rejected_with_the_status(
     assert caught.value.code == 401
 
 
+async def test_unauthorized_with_a_json_rpc_error_body_is_still_a_refusal():
+    """401 is about credentials even when a JSON-RPC error rides along; never a protocol answer."""
+    fake = FakeMcp().on("initialize", error(-32000, "bearer token required", status=401))
+    with pytest.raises(BackendRejected) as caught:
+        await transport(fake).call("initialize", {}, limit=LIMIT)
+    assert caught.value.code == 401
+
+
 async def test_the_session_id_from_initialize_is_sent_on_later_requests():
     """``Mcp-Session-Id`` from the initialize response is echoed on every later request."""
     fake = FakeMcp().on("initialize", result({}, headers={"mcp-session-id": "abc"})).on("ping", result({}))
