@@ -27,6 +27,9 @@ from engine.errors import (
 )
 from engine.model import Protocol
 
+# A refused credential, as HTTP status (MCP) or canonical code name (AIP-193).
+_REFUSALS = frozenset({401, 403, "UNAUTHENTICATED", "PERMISSION_DENIED"})
+
 __all__ = [
     "AdapterOptions",
     "AipPaths",
@@ -97,7 +100,7 @@ async def discover(
         nonlocal unreachable, refused
         if isinstance(exc, BackendUnavailable):
             unreachable = unreachable or exc
-        elif isinstance(exc, BackendRejected) and exc.code in (401, 403):
+        elif isinstance(exc, BackendRejected) and exc.code in _REFUSALS:
             refused = refused or exc
 
     plain_2026 = False

@@ -60,7 +60,8 @@ class AipOperation(BaseModel):
     checked against ``google.rpc.Status`` on the way in.
     """
 
-    model_config = ConfigDict(extra="allow")
+    # Strict: "done": "yes" or "code": "13" are not what a proto3 JSON encoder writes.
+    model_config = ConfigDict(extra="allow", strict=True)
     name: str = Field(min_length=1)
     metadata: dict[str, object] | None = None
     done: bool = False

@@ -568,7 +568,9 @@ class Mcp2025Backend:
         found: list[TaskId] = []
         cursor: str | None = None
         for _ in range(self._options.max_pages):
-            params: Json = {"cursor": cursor} if cursor is not None else {}
+            params: Json = {"_meta": _epoch_meta(op)}
+            if cursor is not None:
+                params["cursor"] = cursor
             raw = require_result(
                 await self._session.call("tasks/list", params, limit=self._options.timeouts.request),
                 "tasks/list",

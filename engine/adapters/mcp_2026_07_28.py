@@ -70,9 +70,12 @@ TaskStatus = Literal["working", "input_required", "completed", "failed", "cancel
 
 
 class ExtTask(BaseModel):
-    """The extension's flat ``Task`` (also the creating response, with ``resultType: "task"``)."""
+    """The extension's flat ``Task`` (also the creating response, with ``resultType: "task"``).
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    Strict, like the extension's own zod schemas: ``"ttlMs": "60000"`` is not an integer.
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
     task_id: str = Field(alias="taskId")
     status: TaskStatus
     status_message: str | None = Field(default=None, alias="statusMessage")
@@ -85,7 +88,7 @@ class ExtTask(BaseModel):
 
 
 class ExtError(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     code: int
     message: str
     data: object | None = None

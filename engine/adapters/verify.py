@@ -40,7 +40,7 @@ class PayloadKind(StrEnum):
 class RpcStatus(BaseModel):
     """``google.rpc.Status`` as JSON (AIP-193)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
     code: int = 0
     message: str = ""
     details: list[dict[str, object]] = Field(default_factory=list)

@@ -183,6 +183,14 @@ async def test_2025_an_unknown_task_id_is_not_found(mcp25, client):
         await backend.get(operation(task_id="no-such-task"))
 
 
+async def test_2025_a_task_past_its_ttl_is_not_found(mcp25, client):
+    """After the retention the server deletes the task; tasks/get answers -32602."""
+    backend = await opened(mcp25, client, Protocol.MCP_2025_11_25)
+    op = await start(backend, "generate_report", sim(duration_ms=10, ttl_ms=1000))
+    with pytest.raises(NotFoundOnServer):
+        await poll(backend, op, lambda v: False)
+
+
 async def test_2025_a_forbidden_tool_gets_no_task_and_runs_through_the_legacy_adapter(mcp25, client):
     """quick_lookup forbids tasks: the task adapter refuses, the legacy adapter answers inline."""
     backend = await opened(mcp25, client, Protocol.MCP_2025_11_25)
@@ -380,6 +388,14 @@ async def test_aip_a_lost_creating_response_is_found_again_by_request_id(aip, cl
     assert view is not None
     assert aip.stats()["operations_created"]["total"] == 1
     assert await backend.candidates(op) == [view.task_id]
+
+
+async def test_aip_an_operation_past_its_retention_is_not_found(aip, client):
+    """AIP-151 retention counts from completion; afterwards GetOperation is 404."""
+    backend = await opened(aip, client, Protocol.AIP_151)
+    op = await start(backend, "generate_report", sim(duration_ms=10, ttl_ms=1000))
+    with pytest.raises(NotFoundOnServer):
+        await poll(backend, op, lambda v: False)
 
 
 async def test_aip_unknown_operations_and_rate_limits_map_to_engine_errors(aip, client):

@@ -159,6 +159,8 @@ async def test_aip_193_errors_become_engine_errors(status, body, headers, error_
         op_json(done=True, error={"code": 0}),
         {"done": False},
         {**op_json(), "name": "operations/other"},
+        {**op_json(response=RESPONSE), "done": "yes"},
+        op_json(done=True, error={"code": "13", "message": "m"}),
     ],
 )
 async def test_inconsistent_or_foreign_operations_are_violations(body):

@@ -79,6 +79,20 @@ async def test_a_server_refusing_the_token_is_rejected():
         await discover("http://x", client, "bad")
 
 
+async def test_an_aip_service_refusing_the_token_is_rejected():
+    """AIP-193 UNAUTHENTICATED counts as a refused credential too."""
+
+    def refuse(request: httpx.Request) -> httpx.Response:
+        if request.method == "GET":
+            body = {"error": {"code": 401, "status": "UNAUTHENTICATED", "message": "token"}}
+            return httpx.Response(401, json=body)
+        return httpx.Response(404, text="no")
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+    with pytest.raises(BackendRejected):
+        await discover("http://x", client, "bad")
+
+
 async def test_a_server_speaking_none_of_the_contracts_is_a_negotiation_error():
     """Answers that fit no contract end in NegotiationError."""
     with pytest.raises(NegotiationError, match="speaks none"):

@@ -235,6 +235,7 @@ async def test_an_unknown_task_id_is_not_found_on_server(method):
         detailed("failed"),
         detailed("input_required"),
         {**detailed("working"), "taskId": "t-9"},
+        {**detailed("working"), "ttlMs": "60000"},
     ],
 )
 async def test_malformed_or_foreign_detailed_tasks_are_violations(body):

@@ -21,6 +21,8 @@ from adapter_fakes import (
     result,
     sse,
 )
+from hypothesis import given
+from hypothesis import strategies as st
 
 from engine.adapters.transport import SessionExpired, SseParser, StreamableHttp, retry_after
 from engine.errors import BackendRejected, BackendUnavailable, ConfigError, ProtocolViolation
@@ -241,6 +243,25 @@ async def test_an_unsupported_url_scheme_is_a_configuration_error():
         http = StreamableHttp(client, "ftp://example.invalid/mcp", token=None, options=options())
         with pytest.raises(ConfigError):
             await http.call("ping", {}, limit=LIMIT)
+
+
+@given(
+    messages=st.lists(
+        st.dictionaries(st.text(max_size=5), st.integers(), max_size=3), min_size=1, max_size=5
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=8),
+)
+def test_the_sse_parser_yields_the_same_events_however_the_bytes_are_split(messages, cuts):
+    """Property: chunk boundaries never change the decoded events."""
+    stream = b"".join(b"event: message\r\ndata: " + _dump(m) + b"\r\n\r\n" for m in messages)
+    points = sorted({min(c, len(stream)) for c in cuts})
+    parser = SseParser()
+    events: list[str] = []
+    start = 0
+    for point in [*points, len(stream)]:
+        events += parser.feed(stream[start:point])
+        start = point
+    assert [json.loads(e) for e in events] == messages
 
 
 def test_the_sse_parser_joins_data_lines_and_drops_unfinished_events():
