@@ -21,7 +21,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final
+from typing import Final, NamedTuple
 
 import duckdb
 import orjson
@@ -228,6 +228,21 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
                 FROM op_identity i JOIN op_state s USING (operation_id)""",
         ),
     ),
+    (
+        3,
+        "held outcomes",
+        (
+            """CREATE TABLE held_outcomes (
+                operation_id VARCHAR PRIMARY KEY,
+                status VARCHAR NOT NULL,
+                digest VARCHAR NOT NULL,
+                payload VARCHAR NOT NULL,
+                task_id VARCHAR,
+                epoch_echo BIGINT,
+                held_at TIMESTAMPTZ NOT NULL
+            )""",
+        ),
+    ),
 )
 SUPPORTED_SCHEMA: Final[int] = MIGRATIONS[-1][0]
 
@@ -294,6 +309,17 @@ _TRANSITION_SCHEMA: Final = pa.schema(
 _BINDING_SCHEMA: Final = pa.schema(
     [("server", pa.string()), ("task_id", pa.string()), ("operation_id", pa.string()), ("bound_at", _TS)]
 )
+_POLL_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("server", pa.string()),
+        ("method", pa.string()),
+        ("epoch", pa.int64()),
+        ("sent_at", _TS),
+        ("received_at", _TS),
+        ("outcome", pa.string()),
+    ]
+)
 _IDENTITY_SCHEMA: Final = pa.schema(
     [
         ("operation_id", pa.string()),
@@ -326,6 +352,30 @@ def event_detail(transition: Transition) -> str:
     is an order of magnitude cheaper than ``json`` plus ``asdict``.
     """
     return orjson.dumps(transition.event, option=orjson.OPT_SORT_KEYS).decode()
+
+
+class PollRecord(NamedTuple):
+    """One protocol request as the polls table records it."""
+
+    operation_id: str
+    server: str
+    method: str
+    epoch: int
+    sent_at: datetime
+    received_at: datetime | None
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOutcome:
+    """A terminal outcome kept by the ledger before acceptance (inline results, done operations)."""
+
+    status: str
+    digest: str
+    payload: Json
+    task_id: str | None
+    epoch_echo: int | None
+    held_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -1081,6 +1131,181 @@ class Ledger:
                 ],
             )
 
+    # ------------------------------------------------------- polls, approvals and reconciliation
+
+    def record_polls(self, rows: Sequence[PollRecord]) -> None:
+        """Append protocol requests to the polls table (group-committed by the caller)."""
+        if not rows:
+            return
+        table = _columns([list(r) for r in rows], _POLL_SCHEMA)
+        with self._tx() as tx:
+            tx.register("new_polls", table)
+            try:
+                tx.execute("INSERT INTO polls SELECT * FROM new_polls")
+            finally:
+                tx.unregister("new_polls")
+
+    def open_approval(
+        self,
+        op: Operation,
+        *,
+        message: str,
+        requested_schema: Json,
+        schema_digest: str,
+        deadline: datetime | None,
+        at: datetime,
+    ) -> bool:
+        """Open the approval for the operation's current input round. False if it was already open."""
+        try:
+            with self._tx() as tx:
+                tx.execute(
+                    "INSERT INTO approvals VALUES (?,?,?,?,?,?,?,'pending',NULL,NULL,?,NULL)",
+                    [
+                        op.operation_id,
+                        op.input_round,
+                        op.input_request_key,
+                        message,
+                        canonical_json(requested_schema),
+                        schema_digest,
+                        deadline,
+                        at,
+                    ],
+                )
+        except duckdb.ConstraintException:
+            return False
+        return True
+
+    def record_answer(
+        self, operation_id: str, input_round: int, answer: Json, actor: str, at: datetime
+    ) -> bool:
+        """Store the answer of a pending round. False if that round is not pending (stale or answered)."""
+        with self._tx() as tx:
+            row = tx.execute(
+                "UPDATE approvals SET status = 'answered', answer = ?, actor = ?, answered_at = ? "
+                "WHERE operation_id = ? AND input_round = ? AND status = 'pending'",
+                [canonical_json(answer), actor, at, operation_id, input_round],
+            ).fetchone()
+        return bool(row and row[0] == 1)
+
+    def answer_of(self, operation_id: str, input_round: int) -> Json | None:
+        row = self._con.execute(
+            "SELECT answer FROM approvals WHERE operation_id = ? AND input_round = ? AND status = 'answered'",
+            [operation_id, input_round],
+        ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        value = json.loads(str(row[0]))
+        return value if isinstance(value, dict) else {"value": value}
+
+    def approvals(self, *, pending_only: bool = True) -> list[dict[str, object]]:
+        sql = "SELECT * FROM approvals"
+        if pending_only:
+            sql += " WHERE status = 'pending'"
+        return self._rows(sql + " ORDER BY opened_at, operation_id", [])
+
+    def open_reconciliation(
+        self,
+        op: Operation,
+        *,
+        kind: str,
+        reason: str,
+        window_end: datetime,
+        candidates: Sequence[str] = (),
+        at: datetime,
+    ) -> int:
+        """Open a reconciliation entry with everything a person needs to find the operation.
+
+        Idempotent per (operation, kind) while an entry is open: returns the open entry's id.
+        """
+        with self._tx() as tx:
+            open_row = tx.execute(
+                "SELECT entry_id FROM reconciliation WHERE operation_id = ? AND kind = ? AND status = 'open'",
+                [op.operation_id, kind],
+            ).fetchone()
+            if open_row is not None:
+                return int(open_row[0])
+            row = tx.execute(
+                "INSERT INTO reconciliation VALUES (nextval('reconciliation_seq'),?,?,?,?,?,?,?,?,?,'open',?,NULL,NULL,NULL) "
+                "RETURNING entry_id",
+                [
+                    op.operation_id,
+                    kind,
+                    reason,
+                    op.idempotency_key,
+                    op.task_id,
+                    op.request_digest,
+                    op.created_at,
+                    window_end,
+                    canonical_json(list(candidates)),
+                    at,
+                ],
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def resolve_reconciliation(self, entry_id: int, *, actor: str, resolution: str, at: datetime) -> bool:
+        """Close an open entry. False if it is not open."""
+        if not actor.strip() or not resolution.strip():
+            raise InvalidRecord("resolving a reconciliation entry needs an actor and a reason")
+        with self._tx() as tx:
+            row = tx.execute(
+                "UPDATE reconciliation SET status = 'resolved', resolved_at = ?, actor = ?, resolution = ? "
+                "WHERE entry_id = ? AND status = 'open'",
+                [at, actor, resolution, entry_id],
+            ).fetchone()
+        return bool(row and row[0] == 1)
+
+    def reconciliation(self, *, open_only: bool = True) -> list[dict[str, object]]:
+        sql = "SELECT * FROM reconciliation"
+        if open_only:
+            sql += " WHERE status = 'open'"
+        return self._rows(sql + " ORDER BY opened_at, entry_id", [])
+
+    def polls(self, operation_id: str | None = None) -> list[dict[str, object]]:
+        if operation_id is None:
+            return self._rows("SELECT * FROM polls ORDER BY sent_at", [])
+        return self._rows("SELECT * FROM polls WHERE operation_id = ? ORDER BY sent_at", [operation_id])
+
+    def hold_outcome(self, operation_id: str, held: HeldOutcome) -> None:
+        """Keep a terminal outcome that arrived inline, so it survives a restart or the server's expiry."""
+        with self._tx() as tx:
+            tx.execute(
+                "INSERT OR REPLACE INTO held_outcomes VALUES (?,?,?,?,?,?,?)",
+                [
+                    operation_id,
+                    held.status,
+                    held.digest,
+                    canonical_json(held.payload),
+                    held.task_id,
+                    held.epoch_echo,
+                    held.held_at,
+                ],
+            )
+
+    def held_outcome(self, operation_id: str) -> HeldOutcome | None:
+        row = self._con.execute(
+            "SELECT status, digest, payload, task_id, epoch_echo, held_at FROM held_outcomes WHERE operation_id = ?",
+            [operation_id],
+        ).fetchone()
+        if row is None:
+            return None
+        payload = json.loads(str(row[2]))
+        if not isinstance(payload, dict):
+            raise LedgerCorrupt(f"held outcome of {operation_id} is not a JSON object")
+        return HeldOutcome(
+            status=str(row[0]),
+            digest=str(row[1]),
+            payload=payload,
+            task_id=row[3],
+            epoch_echo=int(row[4]) if row[4] is not None else None,
+            held_at=_as_dt(row[5], "held_at") or datetime.min.replace(tzinfo=UTC),
+        )
+
+    def _rows(self, sql: str, params: list[object]) -> list[dict[str, object]]:
+        cur = self._con.execute(sql, params)
+        cols = [d[0] for d in cur.description or ()]
+        return [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+
     # ----------------------------------------------------------------------------------- reads
 
     def _one(self, where: str, params: list[object]) -> Operation | None:
@@ -1202,6 +1427,7 @@ _TABLES: Final = frozenset(
         "polls",
         "approvals",
         "reconciliation",
+        "held_outcomes",
     }
 )
 

@@ -323,20 +323,26 @@ def test_not_found_before_expiry_goes_to_reconciliation() -> None:
 
 # ----------------------------------------------------------------------------------- properties
 
-event_strategy = st.sampled_from(list(EVENTS.values())) | st.builds(
-    StatusObserved,
-    task_id=st.sampled_from([T, TaskId("other")]),
-    status=st.sampled_from(list(ServerStatus)),
-    epoch=st.sampled_from([Epoch(1), Epoch(2)]),
-    input_request_key=st.sampled_from([None, "k1", "k2", "k3"]),
-    result_held=st.booleans(),
-) | st.builds(CancelRequested, generation=st.integers(1, 4), actor=st.just("a"), reason=st.just("r")) | st.builds(
-    ResultVerified,
-    task_id=st.sampled_from([T, None]),
-    status=st.sampled_from(list(ServerStatus)),
-    result_digest=st.just(D),
-    epoch=st.just(E),
-) | st.builds(InputAnswered, input_round=st.integers(1, 4), actor=st.just("a"))
+event_strategy = (
+    st.sampled_from(list(EVENTS.values()))
+    | st.builds(
+        StatusObserved,
+        task_id=st.sampled_from([T, TaskId("other")]),
+        status=st.sampled_from(list(ServerStatus)),
+        epoch=st.sampled_from([Epoch(1), Epoch(2)]),
+        input_request_key=st.sampled_from([None, "k1", "k2", "k3"]),
+        result_held=st.booleans(),
+    )
+    | st.builds(CancelRequested, generation=st.integers(1, 4), actor=st.just("a"), reason=st.just("r"))
+    | st.builds(
+        ResultVerified,
+        task_id=st.sampled_from([T, None]),
+        status=st.sampled_from(list(ServerStatus)),
+        result_digest=st.just(D),
+        epoch=st.just(E),
+    )
+    | st.builds(InputAnswered, input_round=st.integers(1, 4), actor=st.just("a"))
+)
 
 
 @settings(max_examples=400, deadline=None)

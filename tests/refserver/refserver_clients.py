@@ -6,6 +6,7 @@ status codes and headers as well as bodies. Every wait is bounded by a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -86,6 +87,16 @@ class Mcp2025Client:
         body = response.json()
         assert "error" in body, body
         return body["error"]  # type: ignore[no-any-return]
+
+    def stream(self, method: str, params: dict[str, Any]) -> contextlib.AbstractContextManager[httpx.Response]:
+        message = {"jsonrpc": "2.0", "id": self._id(), "method": method, "params": params}
+        return self.http.stream("POST", "/mcp", content=json.dumps(message), headers=self.headers)
+
+    def answer(self, request_id: str | int, action: str = "accept") -> httpx.Response:
+        result: dict[str, Any] = {"action": action}
+        if action == "accept":
+            result["content"] = {"approve": True}
+        return self.post({"jsonrpc": "2.0", "id": request_id, "result": result})
 
     def start(self, tool: str, arguments: dict[str, Any] | None = None, **extra: Any) -> str:
         params = {"name": tool, "arguments": arguments or {}, "task": {}, **extra}

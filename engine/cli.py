@@ -1,0 +1,178 @@
+"""The ``finality`` command line: parse, call the engine, print, and exit with a meaningful code.
+
+Exit codes: 0 done (a terminal receipt exists), 2 usage or configuration error (or a call the
+server/tool cannot run within the given limits), 3 the call ended without a receipt (reconciliation,
+approval pending, wait budget spent). Presentation only: no rule lives here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+
+from engine.clock import SystemClock
+from engine.errors import BackendError, ConfigError, EngineError, LedgerError, NegotiationError
+from engine.ledger import Ledger
+from engine.model import RECEIPT_STATES, ToolRef
+from engine.runtime.call import CallSpec, run_call
+from engine.runtime.report import operation_report
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_NO_RECEIPT = 3
+
+
+def _seconds(text: str) -> timedelta:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError("seconds must not be negative")
+    return timedelta(seconds=value)
+
+
+def _json_object(text: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="finality", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    call = sub.add_parser("call", help="drive one long-running tool call to its end")
+    call.add_argument("--server", required=True, help="MCP endpoint URL, or AIP-151 service root")
+    call.add_argument(
+        "--protocol",
+        default="auto",
+        choices=["auto", "mcp-2025-11-25", "mcp-2026-07-28", "aip-151", "legacy-sync"],
+    )
+    call.add_argument("--tool", required=True)
+    call.add_argument("--tool-version", default="unversioned")
+    call.add_argument("--descriptor-version", default="1")
+    call.add_argument("--side-effect-free", action="store_true", help="declare the tool free of side effects")
+    call.add_argument("--args", type=_json_object, default={}, help="tool arguments, a JSON object")
+    call.add_argument("--call-node", required=True)
+    call.add_argument("--ledger", required=True)
+    call.add_argument("--principal", default="anonymous")
+    call.add_argument("--token")
+    call.add_argument("--cancel-after", type=_seconds, metavar="SECONDS")
+    call.add_argument("--wait-budget", type=_seconds, default=timedelta(minutes=15), metavar="SECONDS")
+    call.add_argument(
+        "--sync-limit", type=_seconds, metavar="SECONDS", help="the tool's published synchronous limit"
+    )
+    call.add_argument("--answer", type=_json_object, help="answer every input round with this JSON object")
+    call.add_argument("--json", action="store_true")
+
+    show = sub.add_parser("show", help="print a call node's operation from the ledger")
+    show.add_argument("--call-node", required=True)
+    show.add_argument("--ledger", required=True)
+    show.add_argument("--json", action="store_true")
+
+    ref = sub.add_parser("refserver", help="run a reference task server", add_help=False)
+    ref.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _print_report(report: dict[str, object], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(report, default=str))
+        return
+    receipt = report["receipt"]
+    print(f"call node   {report['call_node']}")
+    print(f"operation   {report['operation_id']} ({report['protocol']}, task {report['task_id']})")
+    print(f"state       {report['state']}   server status {report['server_status']}")
+    print(f"receipt     {json.dumps(receipt) if receipt else 'none'}")
+    if report["effect_reconciliation_required"]:
+        print("EFFECT_RECONCILIATION_REQUIRED: the cancelled work may have had effects")
+    transitions = report["transitions"]
+    assert isinstance(transitions, list)
+    for row in transitions:
+        mark = "" if row["accepted"] else "  (rejected)"
+        print(f"  {row['at']}  {row['from']} -> {row['to']}  {row['event']}  {row['cause']}{mark}")
+
+
+def _open(path: str, *, read_only: bool = False) -> Ledger:
+    return Ledger.open(path, read_only=read_only)
+
+
+def cmd_call(args: argparse.Namespace) -> int:
+    tool = ToolRef(
+        name=args.tool,
+        version=args.tool_version,
+        descriptor_version=args.descriptor_version,
+        side_effects=not args.side_effect_free,
+    )
+    spec = CallSpec(
+        server=args.server,
+        protocol=args.protocol,
+        tool=tool,
+        arguments=args.args,
+        call_node=args.call_node,
+        principal=args.principal,
+        token=args.token,
+        wait_budget=args.wait_budget,
+        cancel_after=args.cancel_after,
+        sync_limit=args.sync_limit,
+        answer=args.answer,
+    )
+    with _open(args.ledger) as ledger:
+        op = asyncio.run(run_call(spec, ledger, SystemClock()))
+        report = operation_report(ledger, op.call_node_id)
+    assert report is not None
+    _print_report(report, args.json)
+    return EXIT_OK if op.state in RECEIPT_STATES else EXIT_NO_RECEIPT
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with _open(args.ledger, read_only=True) as ledger:
+        report = operation_report(ledger, args.call_node)
+    if report is None:
+        print(f"finality: no operation for call node {args.call_node!r}", file=sys.stderr)
+        return EXIT_USAGE
+    _print_report(report, args.json)
+    return EXIT_OK if report["terminal"] else EXIT_NO_RECEIPT
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["refserver"]:
+        from refserver.cli import main as refserver_main
+
+        return refserver_main(argv[1:])
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        match args.command:
+            case "call":
+                return cmd_call(args)
+            case "show":
+                return cmd_show(args)
+    except (ConfigError, LedgerError, NegotiationError) as exc:
+        print(f"finality: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BackendError as exc:
+        print(f"finality: server: {exc}", file=sys.stderr)
+        return EXIT_NO_RECEIPT
+    except EngineError as exc:
+        print(f"finality: {exc}", file=sys.stderr)
+        return EXIT_NO_RECEIPT
+    except KeyboardInterrupt:
+        print("finality: stopped waiting (the operation goes on; this is not a cancel)", file=sys.stderr)
+        return EXIT_NO_RECEIPT
+    parser.error(f"unknown command {args.command}")
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

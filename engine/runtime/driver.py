@@ -1,0 +1,537 @@
+"""The async shell around the pure core: load an operation, talk to its server, ``step``, record.
+
+A ``Driver`` advances one operation by one action at a time (``advance``) and says when it wants to
+be woken next; ``finality call`` loops over one operation, the service's scheduler over thousands.
+What to do is read from the operation's local state, so a restarted driver resumes any operation
+from the ledger alone and never submits twice. It decides no state itself: every change goes
+through ``engine.machine.step`` and then through the ledger (``accept_terminal`` for receipts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from engine.adapters.base import (
+    Backend,
+    CancelResult,
+    Created,
+    InputRequest,
+    Json,
+    Outcome,
+    ServerView,
+    SubmitRequest,
+)
+from engine.clock import Clock
+from engine.errors import (
+    BackendError,
+    BackendRejected,
+    BackendUnavailable,
+    DuplicateOperation,
+    EngineError,
+    NegotiationError,
+    NotFoundOnServer,
+    ProtocolViolation,
+    StaleWrite,
+)
+from engine.ledger import HeldOutcome, Ledger, PollRecord
+from engine.machine import step
+from engine.model import (
+    RECEIPT_STATES,
+    AcceptTerminal,
+    AwaitApproval,
+    CancelAcknowledged,
+    CancelConfirmed,
+    CancelRefusedTerminal,
+    CancelRequested,
+    Digest,
+    Epoch,
+    Event,
+    FetchStarted,
+    FlagEffectReconciliation,
+    InlineResultReturned,
+    InputAnswered,
+    LocalState,
+    LookupFound,
+    LookupProvedAbsent,
+    LookupUnavailable,
+    NotFound,
+    OpenReconciliation,
+    Operation,
+    Resubmitted,
+    ResultRejected,
+    ResultVerified,
+    ServerStatus,
+    StatusObserved,
+    SubmissionLost,
+    Submitted,
+    TaskId,
+    Transition,
+)
+from engine.runtime.limiter import Limiter
+from engine.schedule import PollPolicy, poll_delay, retry_delay
+
+logger = logging.getLogger(__name__)
+S = LocalState
+T = TypeVar("T")
+
+MAX_FETCH_ATTEMPTS = 4
+"""Fetches of one terminal result before a persistent failure goes to reconciliation."""
+UNKNOWN_PROBE_INTERVAL = timedelta(seconds=30)
+
+
+@dataclass
+class _Memory:
+    """What the driver remembers about one operation between actions (lost on restart, by design)."""
+
+    fresh_submit: bool = False
+    cancel_sent: int = 0
+    failures: int = 0
+    fetch_attempts: int = 0
+    input_resends: int = 0
+    resend_input: bool = False
+    candidates: list[TaskId] = field(default_factory=list)
+    advised: timedelta | None = None
+    pending_input: InputRequest | None = None
+
+
+@dataclass
+class Wake:
+    """The driver's answer to ``advance``: the operation now, and when to call again (None: parked)."""
+
+    operation: Operation
+    at: datetime | None
+
+
+@dataclass
+class Driver:
+    """Drives operations of one server through one adapter."""
+
+    ledger: Ledger
+    backend: Backend
+    clock: Clock
+    rng: random.Random
+    server: str
+    epoch: Epoch
+    policy: PollPolicy = field(default_factory=PollPolicy)
+    limiter: Limiter | None = None
+    ttl: timedelta | None = None
+    on_change: Callable[[Operation], None] | None = None
+    _memory: dict[str, _Memory] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------------------ bookkeeping
+
+    def _mem(self, op: Operation) -> _Memory:
+        return self._memory.setdefault(op.operation_id, _Memory())
+
+    def forget(self, op: Operation) -> None:
+        self._memory.pop(op.operation_id, None)
+
+    def mark_fresh(self, op: Operation) -> None:
+        """This process just recorded ``op`` in SUBMITTING and has not sent it yet."""
+        self._mem(op).fresh_submit = True
+
+    async def _request(self, op: Operation, method: str, call: Callable[[], Awaitable[T]]) -> T:
+        """One protocol request: within the QPS budget, and recorded in the polls table."""
+        if self.limiter is not None:
+            await self.limiter.acquire(self.server)
+        sent = self.clock.now()
+        outcome = "ok"
+        try:
+            return await call()
+        except BackendUnavailable:
+            outcome = "unavailable"
+            raise
+        except NotFoundOnServer:
+            outcome = "not_found"
+            raise
+        except ProtocolViolation:
+            outcome = "violation"
+            raise
+        except (BackendRejected, NegotiationError):
+            outcome = "rejected"
+            raise
+        finally:
+            self.ledger.record_polls(
+                [PollRecord(op.operation_id, self.server, method, op.epoch, sent, self.clock.now(), outcome)]
+            )
+
+    # ------------------------------------------------------------------------------- recording
+
+    def commit(self, op: Operation, event: Event, *, payload: Json | None = None) -> Operation:
+        """``step`` the event and record it; on a lost compare-and-swap, reload and step again.
+
+        Rejected events are recorded too (with their reason) and leave the operation unchanged.
+        """
+        for _ in range(5):
+            t = step(op, event, self.clock.now())
+            try:
+                self._record(t, payload)
+            except StaleWrite:
+                reloaded = self.ledger.get(op.operation_id)
+                if reloaded is None:
+                    raise
+                op = reloaded
+                continue
+            self._effects(t)
+            if t.after != t.before and self.on_change is not None:
+                self.on_change(t.after)
+            return t.after
+        raise StaleWrite(op.operation_id, op.row_version, "kept losing the race")
+
+    def _record(self, t: Transition, payload: Json | None) -> None:
+        if any(isinstance(e, AcceptTerminal) for e in t.effects):
+            self.ledger.accept_terminal(t, payload)
+        else:
+            self.ledger.apply(t)
+
+    def _effects(self, t: Transition) -> None:
+        now = self.clock.now()
+        op = t.after
+        for effect in t.effects:
+            match effect:
+                case OpenReconciliation(reason=reason):
+                    self.ledger.open_reconciliation(
+                        op,
+                        kind="unknown",
+                        reason=reason,
+                        window_end=now,
+                        candidates=self._mem(op).candidates,
+                        at=now,
+                    )
+                case FlagEffectReconciliation(reason=reason):
+                    self.ledger.open_reconciliation(op, kind="effects", reason=reason, window_end=now, at=now)
+                case AwaitApproval():
+                    request = self._mem(op).pending_input
+                    self.ledger.open_approval(
+                        op,
+                        message=request.message if request else "input required",
+                        requested_schema=request.requested_schema if request else {},
+                        schema_digest=request.schema_digest if request else "",
+                        deadline=request.deadline if request else None,
+                        at=now,
+                    )
+                case _:
+                    # Poll, FetchResult, Submit, LookUp, SendCancel, SendInput and AcceptTerminal are
+                    # carried out by ``advance`` from the state they leave behind, so that a restart
+                    # resumes them from the ledger alone.
+                    pass
+
+    # -------------------------------------------------------------------------------- creating
+
+    async def submit_new(self, op: Operation, arguments: Json) -> Wake:
+        """Record a new operation (or find the call node's existing one) and send it once."""
+        stored, created = self.ledger.create_operation(op, arguments)
+        if created:
+            self.mark_fresh(stored)
+        return await self.advance(stored)
+
+    # ------------------------------------------------------------------------------- advancing
+
+    async def advance(self, op: Operation) -> Wake:
+        """Carry out the one action the operation's state calls for; say when to come back."""
+        now = self.clock.now()
+        if op.epoch != self.epoch:
+            # Another executor epoch owns it; a fenced driver never talks to the server for it.
+            return Wake(op, None)
+        mem = self._mem(op)
+        try:
+            match op.state:
+                case S.SUBMITTING:
+                    return await self._submit(op, mem)
+                case S.SUBMISSION_UNKNOWN:
+                    return await self._look_up(op)
+                case S.NOT_FOUND_SAFE | S.NEVER_CREATED:
+                    op = self.commit(op, Resubmitted(op.epoch))
+                    if op.state is S.SUBMITTING:
+                        mem.fresh_submit = True
+                    return Wake(op, now)
+                case S.WORKING:
+                    return await self._poll(op, mem)
+                case S.CANCEL_REQUESTED:
+                    if mem.cancel_sent < op.cancel_generation:
+                        return await self._send_cancel(op, mem)
+                    return await self._poll(op, mem)
+                case S.INPUT_REQUIRED:
+                    return Wake(op, None)
+                case S.TERMINAL_OBSERVED | S.EXPIRED_WITH_RECEIPT:
+                    return Wake(self.commit(op, FetchStarted(op.epoch)), now)
+                case S.FETCHING_RESULT:
+                    return await self._fetch(op, mem)
+                case S.UNKNOWN:
+                    if op.task_id is None:
+                        return Wake(op, None)
+                    return await self._probe_unknown(op)
+                case S.ACCEPTED | S.CANCELLED_ACCEPTED:
+                    self.forget(op)
+                    return Wake(op, None)
+        except BackendUnavailable as exc:
+            mem.failures += 1
+            delay = retry_delay(self.policy, mem.failures, exc.retry_after, self.rng)
+            return Wake(op, now + delay)
+        except StaleWrite:
+            fresh = self.ledger.get(op.operation_id)
+            return Wake(fresh or op, now)
+
+    async def _submit(self, op: Operation, mem: _Memory) -> Wake:
+        now = self.clock.now()
+        if not mem.fresh_submit:
+            # Found in SUBMITTING without having sent it in this process: the request may or may
+            # not have reached the server. Never send it blindly again; look it up by key.
+            return Wake(self.commit(op, SubmissionLost(op.epoch, "executor restarted while submitting")), now)
+        mem.fresh_submit = False
+        arguments = self.ledger.arguments(op.operation_id)
+        try:
+            result = await self._request(
+                op, "submit", lambda: self.backend.submit(SubmitRequest(op, arguments, self.ttl))
+            )
+        except (BackendUnavailable, ProtocolViolation) as exc:
+            return Wake(
+                self.commit(op, SubmissionLost(op.epoch, f"no usable reply to the submission: {exc}")), now
+            )
+        except BackendRejected as exc:
+            return Wake(self.commit(op, SubmissionLost(op.epoch, f"submission refused: {exc}")), now)
+        if isinstance(result, Created):
+            try:
+                op = self.commit(op, Submitted(result.view.task_id, op.epoch, result.view.expires_at))
+            except DuplicateOperation as exc:
+                # The server handed out a task id that already belongs to another call: never
+                # adopt another request's task.
+                return Wake(self._task_reused(op, result.view.task_id, str(exc)), None)
+            return self._apply_view(op, mem, result.view)
+        self._hold(op, result.outcome)
+        return Wake(self.commit(op, InlineResultReturned(result.outcome.status, op.epoch)), now)
+
+    def _task_reused(self, op: Operation, task_id: TaskId, why: str) -> Operation:
+        op = self.commit(
+            op, SubmissionLost(op.epoch, f"server returned task id {task_id} already bound: {why}")
+        )
+        return self.commit(
+            op, LookupUnavailable(op.epoch, f"server reused task id {task_id} for another request")
+        )
+
+    async def _look_up(self, op: Operation) -> Wake:
+        now = self.clock.now()
+        mem = self._mem(op)
+        arguments = self.ledger.arguments(op.operation_id)
+        try:
+            view = await self._request(op, "lookup", lambda: self.backend.look_up(op, arguments))
+        except (NegotiationError, BackendRejected, ProtocolViolation) as exc:
+            candidates: list[TaskId] = []
+            with contextlib.suppress(BackendError, NegotiationError):
+                candidates = await self._request(op, "list", lambda: self.backend.candidates(op))
+            reason = f"cannot look the submission up by key ({exc}); find it by key, digest and time window"
+            mem.candidates = candidates
+            return Wake(self.commit(op, LookupUnavailable(op.epoch, reason)), None)
+        if view is None:
+            return Wake(self.commit(op, LookupProvedAbsent(op.epoch)), now)
+        try:
+            op = self.commit(op, LookupFound(view.task_id, op.epoch))
+        except DuplicateOperation as exc:
+            return Wake(self._task_reused(op, view.task_id, str(exc)), None)
+        return self._apply_view(op, mem, view)
+
+    async def _poll(self, op: Operation, mem: _Memory) -> Wake:
+        if mem.resend_input and op.state is S.WORKING:
+            mem.resend_input = False
+            await self.send_answer(op)
+        try:
+            view = await self._request(op, "get", lambda: self.backend.get(op))
+        except NotFoundOnServer:
+            mem.failures = 0
+            return Wake(self.commit(op, NotFound(op.epoch)), self.clock.now())
+        except ProtocolViolation as exc:
+            # A malformed or foreign reply says nothing about the task: back off and ask again.
+            mem.failures += 1
+            logger.warning("operation %s: unusable status reply: %s", op.operation_id, exc)
+            return Wake(op, self.clock.now() + retry_delay(self.policy, mem.failures, None, self.rng))
+        mem.failures = 0
+        return self._apply_view(op, mem, view)
+
+    def _apply_view(self, op: Operation, mem: _Memory, view: ServerView) -> Wake:
+        now = self.clock.now()
+        mem.advised = view.poll_interval or mem.advised
+        if view.outcome is not None and view.status.terminal:
+            self._hold(op, view.outcome)
+        if view.input_request is not None:
+            mem.pending_input = view.input_request
+        answered_before = op.answered_round == op.input_round and op.input_round > 0
+        replay = (
+            view.status is ServerStatus.INPUT_REQUIRED
+            and answered_before
+            and view.input_request is not None
+            and view.input_request.key == op.input_request_key
+        )
+        event = StatusObserved(
+            view.task_id,
+            view.status,
+            op.epoch,
+            poll_cursor=view.cursor,
+            input_request_key=view.input_request.key if view.input_request else None,
+            expires_at=view.expires_at,
+            result_held=view.outcome is not None,
+        )
+        op = self.commit(op, event)
+        if replay and mem.input_resends < 3:
+            # The server shows the round we answered: our answer may not have arrived. Servers
+            # ignore stale or repeated keys, so sending the stored answer again is safe.
+            mem.input_resends += 1
+            mem.resend_input = True
+        if op.state in (S.TERMINAL_OBSERVED, S.FETCHING_RESULT, S.CANCELLED_ACCEPTED, S.ACCEPTED):
+            return Wake(op, now if op.state not in RECEIPT_STATES else None)
+        if op.state in (S.INPUT_REQUIRED, S.UNKNOWN):
+            return Wake(op, None)
+        return Wake(op, now + poll_delay(self.policy, mem.advised, self.rng))
+
+    async def _send_cancel(self, op: Operation, mem: _Memory) -> Wake:
+        now = self.clock.now()
+        generation = op.cancel_generation
+        try:
+            result = await self._request(op, "cancel", lambda: self.backend.cancel(op))
+        except NotFoundOnServer:
+            mem.cancel_sent = generation
+            return Wake(self.commit(op, NotFound(op.epoch)), now)
+        except (BackendRejected, ProtocolViolation) as exc:
+            # The request did not take; polling will show whether the task ended anyway.
+            logger.warning("operation %s: cancel not accepted: %s", op.operation_id, exc)
+            mem.cancel_sent = generation
+            return Wake(op, now + poll_delay(self.policy, mem.advised, self.rng))
+        except BackendUnavailable as exc:
+            # The acknowledgement may be lost after the server cancelled: poll to find out, and
+            # send the cancel again later (cancel_sent stays behind the generation).
+            mem.failures += 1
+            return Wake(op, now + retry_delay(self.policy, mem.failures, exc.retry_after, self.rng))
+        mem.cancel_sent = generation
+        task = op.task_id or TaskId("")
+        match result:
+            case CancelResult.CONFIRMED:
+                op = self.commit(op, CancelConfirmed(task, generation, op.epoch))
+                if op.state is S.CANCELLED_ACCEPTED:
+                    await self._audit_after_cancel(op)
+                    return Wake(op, None)
+                return Wake(op, now)
+            case CancelResult.ACKNOWLEDGED:
+                op = self.commit(op, CancelAcknowledged(task, generation, op.epoch))
+            case CancelResult.ALREADY_TERMINAL:
+                op = self.commit(op, CancelRefusedTerminal(task, generation, op.epoch))
+        return Wake(op, now)
+
+    async def _audit_after_cancel(self, op: Operation) -> None:
+        """Read what the cancelled task left, for the audit trail only (never a success payload)."""
+        try:
+            outcome = await self._request(op, "result-audit", lambda: self.backend.fetch_result(op))
+        except (BackendError, NegotiationError):
+            return
+        self.ledger.attach_audit_result(op, "result-after-cancel", outcome.payload, self.clock.now())
+        if outcome.status is ServerStatus.COMPLETED:
+            self.commit(op, StatusObserved(op.task_id or TaskId(""), ServerStatus.COMPLETED, op.epoch))
+
+    async def _fetch(self, op: Operation, mem: _Memory) -> Wake:
+        now = self.clock.now()
+        held = self.ledger.held_outcome(op.operation_id)
+        outcome: Outcome | None = None
+        if held is not None:
+            outcome = Outcome(
+                status=ServerStatus(held.status),
+                payload=held.payload,
+                digest=Digest(held.digest),
+                task_id=TaskId(held.task_id) if held.task_id else None,
+                epoch_echo=held.epoch_echo,
+            )
+        else:
+            try:
+                outcome = await self._request(op, "result", lambda: self.backend.fetch_result(op))
+            except NotFoundOnServer:
+                return Wake(self.commit(op, NotFound(op.epoch)), now)
+            except ProtocolViolation as exc:
+                mem.fetch_attempts += 1
+                if mem.fetch_attempts >= MAX_FETCH_ATTEMPTS:
+                    return Wake(self.commit(op, ResultRejected(str(exc), op.epoch)), None)
+                return Wake(op, now + retry_delay(self.policy, mem.fetch_attempts, None, self.rng))
+        epoch = Epoch(outcome.epoch_echo) if outcome.epoch_echo is not None else op.epoch
+        event = ResultVerified(outcome.task_id or op.task_id, outcome.status, outcome.digest, epoch)
+        t = step(op, event, now)
+        if not t.accepted:
+            mem.fetch_attempts += 1
+            self.ledger.apply(t)  # recorded as rejected, with its reason (a stale epoch is fenced here)
+            if epoch != op.epoch and mem.fetch_attempts < MAX_FETCH_ATTEMPTS:
+                return Wake(op, now + retry_delay(self.policy, mem.fetch_attempts, None, self.rng))
+            return Wake(self.commit(op, ResultRejected(t.reason, op.epoch)), None)
+        op = self.commit(op, event, payload=outcome.payload)
+        self.forget(op)
+        return Wake(op, None)
+
+    async def _probe_unknown(self, op: Operation) -> Wake:
+        now = self.clock.now()
+        try:
+            view = await self._request(op, "get", lambda: self.backend.get(op))
+        except (NotFoundOnServer, ProtocolViolation, BackendRejected):
+            return Wake(op, now + UNKNOWN_PROBE_INTERVAL)
+        return self._apply_view(op, self._mem(op), view)
+
+    def _hold(self, op: Operation, outcome: Outcome) -> None:
+        self.ledger.hold_outcome(
+            op.operation_id,
+            HeldOutcome(
+                status=outcome.status.value,
+                digest=outcome.digest,
+                payload=outcome.payload,
+                task_id=outcome.task_id,
+                epoch_echo=outcome.epoch_echo,
+                held_at=self.clock.now(),
+            ),
+        )
+
+    # -------------------------------------------------------------------------- person actions
+
+    def request_cancel(self, op: Operation, *, actor: str, reason: str) -> Operation:
+        """Raise the cancel generation by compare-and-swap and record CANCEL_REQUESTED.
+
+        The protocol request goes out on the operation's next ``advance``, never before this is
+        recorded.
+
+        Raises:
+            InvalidTransition-like ``EngineError`` when the state allows no cancel.
+        """
+        current = self.ledger.get(op.operation_id) or op
+        after = self.commit(current, CancelRequested(current.cancel_generation + 1, actor, reason))
+        if after.cancel_generation == current.cancel_generation:
+            raise CancelNotAllowed(f"cannot cancel operation {op.operation_id} in {current.state}")
+        return after
+
+    async def answer(self, op: Operation, *, input_round: int, answer: Json, actor: str) -> Operation:
+        """Answer an input round: bound to the operation and round, then sent to the server.
+
+        Raises:
+            StaleRound: the round is not the open one (already answered, or replaced).
+        """
+        current = self.ledger.get(op.operation_id) or op
+        if current.state is not S.INPUT_REQUIRED or current.input_round != input_round:
+            raise StaleRound(f"round {input_round} of {op.operation_id} is not open")
+        if not self.ledger.record_answer(op.operation_id, input_round, answer, actor, self.clock.now()):
+            raise StaleRound(f"round {input_round} of {op.operation_id} is not pending")
+        after = self.commit(current, InputAnswered(input_round, actor))
+        if after.state is not S.WORKING:
+            raise StaleRound(f"round {input_round} of {op.operation_id} could not be answered")
+        await self.send_answer(after)
+        return after
+
+    async def send_answer(self, op: Operation) -> None:
+        answer = self.ledger.answer_of(op.operation_id, op.answered_round)
+        if answer is None or op.input_request_key is None:
+            return
+        key = op.input_request_key
+        await self._request(op, "input", lambda: self.backend.answer_input(op, key, answer))
+
+
+class CancelNotAllowed(EngineError):
+    pass
+
+
+class StaleRound(EngineError):
+    pass
