@@ -27,13 +27,13 @@ import duckdb
 import orjson
 import pyarrow as pa
 
+from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import (
     DuplicateOperation,
     InvalidRecord,
     LedgerCorrupt,
     LedgerError,
     LedgerUnavailable,
-    ReceiptConflict,
     SchemaTooNew,
     StaleWrite,
 )
@@ -1014,47 +1014,16 @@ class Ledger:
             ReceiptConflict: a field does not match; names the field; nothing is written.
             StaleWrite: the row moved since it was read; nothing is written.
         """
-        accepts = [e for e in transition.effects if isinstance(e, AcceptTerminal)]
-        if len(accepts) != 1 or not transition.accepted:
-            raise LedgerError("accept_terminal needs a transition carrying exactly one AcceptTerminal effect")
-        receipt = accepts[0].receipt
+        receipt = receipt_of(transition)
         after = transition.after
-        if after.state not in RECEIPT_STATES:
-            raise LedgerError(f"accept_terminal cannot move an operation to {after.state}")
         with self._tx() as tx:
             row = tx.execute(f"{_OPERATION_SELECT} WHERE operation_id = ?", [receipt.operation_id]).fetchone()
-            if row is None:
-                raise ReceiptConflict(receipt.call_node_id, "operation_id", None, receipt.operation_id)
-            cols = [d[0] for d in tx.description or ()]
-            current = operation_from_record(dict(zip(cols, row, strict=True)))
-            if current.row_version != transition.before.row_version:
-                raise StaleWrite(current.operation_id, transition.before.row_version)
-            expected_status = (
-                ServerStatus.CANCELLED
-                if after.state is LocalState.CANCELLED_ACCEPTED
-                else current.server_status
-            )
-            checks: list[tuple[str, object, object]] = [
-                ("call_node_id", current.call_node_id, receipt.call_node_id),
-                ("request_digest", current.request_digest, receipt.request_digest),
-                ("operation_id", current.operation_id, receipt.operation_id),
-                ("task_id", current.task_id, receipt.task_id),
-                ("tool_version", current.tool.version, receipt.tool_version),
-                ("epoch", current.epoch, receipt.epoch),
-                ("cancel_generation", current.cancel_generation, receipt.cancel_generation),
-                ("status", expected_status, receipt.status),
-            ]
-            if after.state is LocalState.ACCEPTED:
-                if current.state is not LocalState.FETCHING_RESULT:
-                    raise ReceiptConflict(receipt.call_node_id, "state", current.state, "FETCHING_RESULT")
-                payload_digest = digest_of(payload) if payload is not None else None
-                checks.append(("result_digest", payload_digest, receipt.result_digest))
-            else:
-                if current.state not in (LocalState.CANCEL_REQUESTED, LocalState.UNKNOWN):
-                    raise ReceiptConflict(receipt.call_node_id, "state", current.state, "CANCEL_REQUESTED")
-            for name, have, got in checks:
-                if have != got:
-                    raise ReceiptConflict(receipt.call_node_id, name, have, got)
+            current = None
+            if row is not None:
+                cols = [d[0] for d in tx.description or ()]
+                current = operation_from_record(dict(zip(cols, row, strict=True)))
+            check_acceptance(current, transition, payload)
+            assert current is not None
             state_row = _state_row(after, current.row_version, current.cancel_generation)[
                 : len(_STATE_COLUMNS)
             ]
