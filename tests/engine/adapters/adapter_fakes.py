@@ -259,7 +259,7 @@ class FakeMcp:
         return self
 
     def handler(self, request: httpx.Request) -> httpx.Response:
-        body = json.loads(request.content) if request.content else None
+        body: Any = json.loads(request.content) if request.content else None
         self.sent.append(Sent(request, body))
         if request.method != "POST":
             return httpx.Response(200)

@@ -30,7 +30,7 @@ from refserver.testing import RefServer
 SCALE = 0.01
 DEADLINE = timedelta(seconds=5)
 LONG = 100_000  # unscaled ms: 1 s of real time at SCALE
-ACCEPT = {"action": "accept", "content": {"approve": True}}
+ACCEPT: dict[str, object] = {"action": "accept", "content": {"approve": True}}
 OPTIONS = AdapterOptions(timeouts=Timeouts(result_wait=timedelta(seconds=5)))
 
 
@@ -133,7 +133,8 @@ async def test_2025_a_task_completes_and_its_verified_result_echoes_the_epoch(mc
     outcome = await backend.fetch_result(op)
     assert outcome.status is ServerStatus.COMPLETED
     assert (outcome.task_id, outcome.epoch_echo) == (op.task_id, op.epoch)
-    assert outcome.payload["structuredContent"]["echo"] == {"report": "q3"}
+    structured: Any = outcome.payload["structuredContent"]
+    assert structured["echo"] == {"report": "q3"}
     await backend.aclose()
 
 
@@ -353,7 +354,8 @@ async def test_aip_an_operation_completes_with_its_response_and_epoch_echo(aip, 
     assert view.status is ServerStatus.COMPLETED
     outcome = await backend.fetch_result(op)
     assert outcome.epoch_echo == op.epoch
-    assert outcome.payload["structuredContent"]["echo"] == {"report": "q3"}
+    structured: Any = outcome.payload["structuredContent"]
+    assert structured["echo"] == {"report": "q3"}
 
 
 async def test_aip_a_failed_operation_carries_its_status(aip, client):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from adapter_fakes import (
@@ -34,7 +35,7 @@ from engine.errors import (
 )
 from engine.model import Principal, ServerStatus, digest_of
 
-ELICIT = {
+ELICIT: dict[str, Any] = {
     "jsonrpc": "2.0",
     "id": 0,
     "method": "elicitation/create",

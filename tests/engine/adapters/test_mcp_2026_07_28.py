@@ -135,7 +135,7 @@ async def test_a_plain_result_is_inline_and_is_error_still_completes():
 @pytest.mark.parametrize("code", [-32021, -32003])
 async def test_a_missing_client_capability_is_a_negotiation_error(code):
     """-32021 (and the drafts' -32003) mean the server wants a capability we did not declare."""
-    data = {"requiredCapabilities": {"extensions": {EXT: {}}}}
+    data: dict[str, Any] = {"requiredCapabilities": {"extensions": {EXT: {}}}}
     fake = fake_2026().on("tools/call", error(code, "missing capability", data, status=400))
     with pytest.raises(NegotiationError, match="requires client capabilities"):
         await backend(fake).submit(submit_request())
