@@ -243,6 +243,39 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             )""",
         ),
     ),
+    (
+        4,
+        "explorer runs and gate runs",
+        (
+            "CREATE SEQUENCE explorer_run_seq START 1",
+            """CREATE TABLE explorer_runs (
+                run_id BIGINT PRIMARY KEY,
+                scenario VARCHAR NOT NULL,
+                protocol VARCHAR NOT NULL,
+                seed BIGINT NOT NULL,
+                explored BIGINT NOT NULL,
+                distinct_interleavings BIGINT NOT NULL,
+                divergent BIGINT NOT NULL,
+                exhaustive BOOLEAN NOT NULL,
+                rules VARCHAR NOT NULL,
+                shortest_trace VARCHAR,
+                started_at TIMESTAMPTZ NOT NULL,
+                finished_at TIMESTAMPTZ NOT NULL
+            )""",
+            "CREATE SEQUENCE gate_run_seq START 1",
+            """CREATE TABLE gate_runs (
+                run_id BIGINT NOT NULL,
+                gate VARCHAR NOT NULL,
+                passed BOOLEAN NOT NULL,
+                value DOUBLE,
+                threshold DOUBLE,
+                verdict VARCHAR NOT NULL,
+                inputs VARCHAR NOT NULL,
+                at TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (run_id, gate)
+            )""",
+        ),
+    ),
 )
 SUPPORTED_SCHEMA: Final[int] = MIGRATIONS[-1][0]
 
@@ -364,6 +397,24 @@ class PollRecord(NamedTuple):
     sent_at: datetime
     received_at: datetime | None
     outcome: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExplorerRun:
+    """One explorer result as ``explorer_runs`` records it (the input of the divergence gate)."""
+
+    scenario: str
+    protocol: str
+    seed: int
+    explored: int
+    distinct_interleavings: int
+    divergent: int
+    exhaustive: bool
+    rules: str
+    """Which rule set ran: ``engine`` for the real rules, else the name of a deliberately broken variant."""
+    shortest_trace: str | None
+    started_at: datetime
+    finished_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -1270,6 +1321,31 @@ class Ledger:
             held_at=_as_dt(row[5], "held_at") or datetime.min.replace(tzinfo=UTC),
         )
 
+    def record_explorer_run(self, run: ExplorerRun) -> int:
+        """Append one explorer result (per scenario and protocol); returns its run id."""
+        with self._tx() as tx:
+            row = tx.execute(
+                "INSERT INTO explorer_runs VALUES (nextval('explorer_run_seq'),?,?,?,?,?,?,?,?,?,?,?) RETURNING run_id",
+                [
+                    run.scenario,
+                    run.protocol,
+                    run.seed,
+                    run.explored,
+                    run.distinct_interleavings,
+                    run.divergent,
+                    run.exhaustive,
+                    run.rules,
+                    run.shortest_trace,
+                    run.started_at,
+                    run.finished_at,
+                ],
+            ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def explorer_runs(self) -> list[dict[str, object]]:
+        return self._rows("SELECT * FROM explorer_runs ORDER BY run_id", [])
+
     def _rows(self, sql: str, params: list[object]) -> list[dict[str, object]]:
         cur = self._con.execute(sql, params)
         cols = [d[0] for d in cur.description or ()]
@@ -1397,6 +1473,8 @@ _TABLES: Final = frozenset(
         "approvals",
         "reconciliation",
         "held_outcomes",
+        "explorer_runs",
+        "gate_runs",
     }
 )
 
