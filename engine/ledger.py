@@ -271,7 +271,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
                 threshold DOUBLE,
                 verdict VARCHAR NOT NULL,
                 inputs VARCHAR NOT NULL,
-                at TIMESTAMPTZ NOT NULL,
+                evaluated_at TIMESTAMPTZ NOT NULL,
                 PRIMARY KEY (run_id, gate)
             )""",
         ),
