@@ -90,7 +90,9 @@ def parse_options(argv: Sequence[str] | None) -> tuple[Options, argparse.Namespa
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto must say TCP explicitly: asyncio only sets TCP_NODELAY on accepted sockets whose proto is
+    # IPPROTO_TCP, and without it every keep-alive response waits ~40 ms on Nagle + delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(128)

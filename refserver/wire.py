@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-GARBAGE_BODY: Final = b"\x00<html>upstream hiccup</html>\xff{not json"
+GARBAGE_BODY: Final = b"<html><body>upstream hiccup</body></html>{not json"
 
 
 class Delivery(StrEnum):

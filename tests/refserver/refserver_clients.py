@@ -41,7 +41,9 @@ def sse_messages(response: httpx.Response) -> Iterator[dict[str, Any]]:
 class Mcp2025Client:
     """A session on an MCP 2025-11-25 server."""
 
-    def __init__(self, server: RefServer, token: str | None = None, accept: str = "application/json, text/event-stream") -> None:
+    def __init__(
+        self, server: RefServer, token: str | None = None, accept: str = "application/json, text/event-stream"
+    ) -> None:
         self.http = httpx.Client(base_url=server.url, timeout=10)
         self.headers = {"accept": accept, "content-type": "application/json"}
         if token is not None:
@@ -70,7 +72,9 @@ class Mcp2025Client:
         return self.next_id
 
     def post(self, message: object, headers: dict[str, str] | None = None) -> httpx.Response:
-        return self.http.post("/mcp", content=json.dumps(message), headers={**self.headers, **(headers or {})})
+        return self.http.post(
+            "/mcp", content=json.dumps(message), headers={**self.headers, **(headers or {})}
+        )
 
     def rpc(self, method: str, params: dict[str, Any] | None = None) -> httpx.Response:
         return self.post({"jsonrpc": "2.0", "id": self._id(), "method": method, "params": params or {}})
@@ -88,7 +92,9 @@ class Mcp2025Client:
         assert "error" in body, body
         return body["error"]  # type: ignore[no-any-return]
 
-    def stream(self, method: str, params: dict[str, Any]) -> contextlib.AbstractContextManager[httpx.Response]:
+    def stream(
+        self, method: str, params: dict[str, Any]
+    ) -> contextlib.AbstractContextManager[httpx.Response]:
         message = {"jsonrpc": "2.0", "id": self._id(), "method": method, "params": params}
         return self.http.stream("POST", "/mcp", content=json.dumps(message), headers=self.headers)
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from refserver.fault import Fault, FaultBook, FaultError, FaultPlan, FaultRequest, parse_fault_ref, parse_params
+from refserver.fault import (
+    Fault,
+    FaultBook,
+    FaultError,
+    FaultPlan,
+    FaultRequest,
+    parse_fault_ref,
+    parse_params,
+)
 from refserver.sim import SimError, SimOutcome, parse_sim
 
 

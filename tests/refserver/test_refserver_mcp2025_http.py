@@ -83,7 +83,12 @@ def test_task_completes_and_result_is_the_original_call_tool_result(mcp):
     """tools/call with a task returns CreateTaskResult; tasks/result returns the CallToolResult with epoch."""
     created = mcp.result(
         "tools/call",
-        {"name": "generate_report", "arguments": {"report": "q3"}, "task": {"ttl": 30_000}, "_meta": {EPOCH: 5}},
+        {
+            "name": "generate_report",
+            "arguments": {"report": "q3"},
+            "task": {"ttl": 30_000},
+            "_meta": {EPOCH: 5},
+        },
     )
     task = wire.CreateTaskResult.model_validate(created).task
     assert task.ttl == 30_000
@@ -94,7 +99,9 @@ def test_task_completes_and_result_is_the_original_call_tool_result(mcp):
     assert result["_meta"][RELATED] == {"taskId": task.task_id}
     assert result["_meta"][EPOCH] == 5
     assert result["structuredContent"]["echo"] == {"report": "q3"}
-    schema = next(t["outputSchema"] for t in mcp.result("tools/list")["tools"] if t["name"] == "generate_report")
+    schema = next(
+        t["outputSchema"] for t in mcp.result("tools/list")["tools"] if t["name"] == "generate_report"
+    )
     jsonschema.validate(result["structuredContent"], schema)
 
 
@@ -217,7 +224,10 @@ def test_bad_input_gets_clear_json_rpc_errors(mcp):
     assert mcp.error("tasks/frobnicate")["code"] == -32601
     assert mcp.error("tools/call", {"arguments": {}})["code"] == -32602
     assert mcp.error("tools/call", {"name": "nope"})["code"] == -32602
-    assert mcp.error("tools/call", {"name": "generate_report", "arguments": {"_sim": {"outcome": "?"}}})["code"] == -32602
+    assert (
+        mcp.error("tools/call", {"name": "generate_report", "arguments": {"_sim": {"outcome": "?"}}})["code"]
+        == -32602
+    )
     assert mcp.error("tasks/get", {})["code"] == -32602
 
 
@@ -235,7 +245,10 @@ def test_sse_is_used_when_the_client_prefers_it(mcp):
 def test_create_response_lost_breaks_the_reply_but_creates_the_task(server, mcp):
     """The creating response is cut mid-body, yet the task exists and its work ran once."""
     with pytest.raises(httpx.RemoteProtocolError):
-        mcp.rpc("tools/call", {"name": "apply_batch_change", "arguments": sim(faults=["create_response_lost"]), "task": {}})
+        mcp.rpc(
+            "tools/call",
+            {"name": "apply_batch_change", "arguments": sim(faults=["create_response_lost"]), "task": {}},
+        )
     stats = server.stats()
     assert stats["operations_created"]["total"] == 1
     assert len(stats["executions"]["apply_batch_change"]) == 1
@@ -280,7 +293,9 @@ def test_result_truncated_is_a_200_with_cut_json(mcp):
 
 def test_complete_on_cancel_makes_the_cancel_fail_with_32602(mcp):
     """The work completes as the cancel arrives, so the cancel is refused and the result is there."""
-    task_id = mcp.start("generate_report", {"_sim": {"duration_ms": 100_000, "faults": ["complete_on_cancel"]}})
+    task_id = mcp.start(
+        "generate_report", {"_sim": {"duration_ms": 100_000, "faults": ["complete_on_cancel"]}}
+    )
     assert mcp.error("tasks/cancel", {"taskId": task_id})["code"] == -32602
     assert mcp.status(task_id) == "completed"
 
@@ -295,7 +310,7 @@ def test_cancel_ack_lost_cancels_but_breaks_the_reply(mcp):
 
 def test_poll_out_of_order_serves_one_stale_working_snapshot(mcp):
     """After completion, one tasks/get answers the earlier working snapshot, the next is current."""
-    task_id = mcp.start("generate_report", sim(faults=["poll_out_of_order"]))
+    task_id = mcp.start("generate_report", sim(duration_ms=10_000, faults=["poll_out_of_order"]))
     assert mcp.status(task_id) == "working"
     wait_until(lambda: not any(t["status"] == "working" for t in mcp.result("tasks/list")["tasks"]))
     assert [mcp.status(task_id) for _ in range(2)] == ["working", "completed"]
@@ -340,7 +355,10 @@ def test_expire_early_deletes_the_task_when_it_becomes_terminal(mcp):
 
 def test_malformed_body_and_connection_reset_hit_one_later_response_each(mcp):
     """The first poll gets a reset, the second garbage JSON with a 200, the third is fine."""
-    task_id = mcp.start("generate_report", {"_sim": {"duration_ms": 100_000, "faults": ["connection_reset", "malformed_body"]}})
+    task_id = mcp.start(
+        "generate_report",
+        {"_sim": {"duration_ms": 100_000, "faults": ["connection_reset", "malformed_body"]}},
+    )
     with pytest.raises(httpx.RemoteProtocolError):
         mcp.rpc("tasks/get", {"taskId": task_id})
     garbage = mcp.rpc("tasks/get", {"taskId": task_id})
@@ -359,7 +377,9 @@ def test_stale_epoch_result_carries_the_previous_epoch(mcp):
 
 def test_admin_fault_plan_applies_to_new_tasks(server, mcp):
     """POST /admin/faults installs rules that arm faults on matching new tasks only."""
-    server.set_faults([{"fault": "poll_503", "tool": "generate_report", "count": 1, "params": {"retry_after_s": 0}}])
+    server.set_faults(
+        [{"fault": "poll_503", "tool": "generate_report", "count": 1, "params": {"retry_after_s": 0}}]
+    )
     faulty = mcp.start("generate_report", LONG)
     clean = mcp.start("generate_report", LONG)
     assert mcp.rpc("tasks/get", {"taskId": faulty}).status_code == 503
@@ -372,7 +392,9 @@ def test_admin_fault_plan_applies_to_new_tasks(server, mcp):
 
 def test_requests_without_a_valid_token_get_401(secure_server):
     """With --token configured, a request without a bearer token is 401 with WWW-Authenticate."""
-    response = httpx.post(f"{secure_server.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}})
+    response = httpx.post(
+        f"{secure_server.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    )
     assert response.status_code == 401
     assert response.headers["www-authenticate"].startswith("Bearer")
 
@@ -400,7 +422,13 @@ def test_idempotency_key_returns_the_original_task(secure_server, mcp25_factory)
     again = client.start("apply_batch_change", arguments, idempotencyKey="key-1")
     assert again == first
     error = client.error(
-        "tools/call", {"name": "apply_batch_change", "arguments": {"batch_id": "b2"}, "task": {}, "idempotencyKey": "key-1"}
+        "tools/call",
+        {
+            "name": "apply_batch_change",
+            "arguments": {"batch_id": "b2"},
+            "task": {},
+            "idempotencyKey": "key-1",
+        },
     )
     assert error["code"] == -32602
     stats = secure_server.stats()

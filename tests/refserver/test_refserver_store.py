@@ -21,7 +21,9 @@ def make_store(**config: object) -> tuple[TaskStore, FakeClock]:
     return store, clock
 
 
-def submit(store, arguments=None, *, tool="apply_batch_change", key=None, principal=None, requested_ttl_ms=None):
+def submit(
+    store, arguments=None, *, tool="apply_batch_change", key=None, principal=None, requested_ttl_ms=None
+):
     arguments = arguments if arguments is not None else {"batch_id": "b1"}
     echo = {k: v for k, v in arguments.items() if k != "_sim"}
     sim = parse_sim(arguments.get("_sim"), default_duration_ms=1000, time_scale=1)
@@ -124,7 +126,9 @@ def test_client_ttl_is_granted_unless_sim_overrides_it():
 def test_plan_rules_arm_faults_on_new_tasks():
     """A count rule in the store's plan arms its fault on the first matching task only."""
     store, _ = make_store()
-    store.plan = FaultPlan.from_json({"rules": [{"fault": "expire_early", "tool": "apply_batch_change", "count": 1}]})
+    store.plan = FaultPlan.from_json(
+        {"rules": [{"fault": "expire_early", "tool": "apply_batch_change", "count": 1}]}
+    )
     first = submit(store).task
     second = submit(store).task
     assert first.faults.armed_names() == ["expire_early"]

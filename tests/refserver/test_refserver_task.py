@@ -67,7 +67,10 @@ def test_input_rounds_pause_the_work_until_answered():
     assert view.input_round is not None
     assert view.input_round.key == "round-t1-1"
     assert task.view(T0 + 50).status is Status.INPUT_REQUIRED
-    assert task.answer("round-t1-1", {"action": "accept", "content": {"approve": True}}, T0 + 50) is AnswerResult.ACCEPTED
+    assert (
+        task.answer("round-t1-1", {"action": "accept", "content": {"approve": True}}, T0 + 50)
+        is AnswerResult.ACCEPTED
+    )
     assert task.view(T0 + 50.1).status is Status.WORKING
     second = task.view(T0 + 50.4)
     assert second.input_round is not None

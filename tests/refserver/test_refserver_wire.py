@@ -49,14 +49,20 @@ def test_envelope_with_matching_headers_reports_the_tasks_opt_in():
     envelope = check_envelope(RpcRequest(1, "tasks/get", {"taskId": "t1", "_meta": META}), HEADERS)
     assert envelope.tasks_opt_in
     no_opt_in = {**META, "io.modelcontextprotocol/clientCapabilities": {}}
-    assert not check_envelope(RpcRequest(1, "tasks/get", {"taskId": "t1", "_meta": no_opt_in}), HEADERS).tasks_opt_in
+    assert not check_envelope(
+        RpcRequest(1, "tasks/get", {"taskId": "t1", "_meta": no_opt_in}), HEADERS
+    ).tasks_opt_in
 
 
 @pytest.mark.parametrize(
     ("params", "headers", "code"),
     [
         ({"taskId": "t1"}, HEADERS, -32602),
-        ({"taskId": "t1", "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}, HEADERS, -32602),
+        (
+            {"taskId": "t1", "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}},
+            HEADERS,
+            -32602,
+        ),
         ({"taskId": "t1", "_meta": META}, {**HEADERS, "mcp-method": "tasks/cancel"}, -32020),
         ({"taskId": "t1", "_meta": META}, {**HEADERS, "mcp-name": "t2"}, -32020),
         ({"taskId": "t1", "_meta": META}, {k: v for k, v in HEADERS.items() if k != "mcp-name"}, -32020),
