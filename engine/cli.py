@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from datetime import timedelta
 
+from engine.client import ServiceRefused as ServiceRefusedError
 from engine.clock import SystemClock
 from engine.errors import BackendError, ConfigError, EngineError, LedgerError, NegotiationError
 from engine.ledger import Ledger
@@ -81,6 +82,53 @@ def build_parser() -> argparse.ArgumentParser:
 
     ref = sub.add_parser("refserver", help="run a reference task server", add_help=False)
     ref.add_argument("rest", nargs=argparse.REMAINDER)
+
+    serve = sub.add_parser("serve", help="run the executor and the control API (owns the ledger)")
+    serve.add_argument("--ledger", help="ledger file (default: the config's 'ledger')")
+    serve.add_argument("--config", required=True, help="TOML configuration")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8700)
+    serve.add_argument("--seed", type=int, help="seed for poll jitter (reproducible schedules)")
+
+    def service_command(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--service", default="http://127.0.0.1:8700", help="control API base URL")
+        p.add_argument("--json", action="store_true")
+        return p
+
+    service_command("health", "is the service up")
+    submit = service_command("submit", "submit a call to the service")
+    submit.add_argument("--call-node", required=True)
+    submit.add_argument("--tool", required=True)
+    submit.add_argument("--args", type=_json_object, default={})
+    submit.add_argument("--principal")
+    ops = service_command("ops", "list operations")
+    ops.add_argument("--state")
+    ops.add_argument("--protocol")
+    ops.add_argument("--tool")
+    ops.add_argument("--limit", type=int, default=50)
+    get = service_command("get", "show one operation (same object as 'show')")
+    get.add_argument("--call-node", required=True)
+    cancel = service_command("cancel", "request cancellation (recorded before it is sent)")
+    cancel.add_argument("--call-node", required=True)
+    cancel.add_argument("--actor", required=True)
+    cancel.add_argument("--reason", required=True)
+    service_command("approvals", "pending input rounds")
+    answer = service_command("answer", "answer one input round")
+    answer.add_argument("--operation", required=True)
+    answer.add_argument("--round", type=int, required=True)
+    answer.add_argument("--actor", required=True)
+    answer.add_argument("--answer", type=_json_object, required=True)
+    recon = service_command("reconcile", "list or resolve reconciliation entries")
+    recon.add_argument("--resolve", type=int, metavar="ENTRY_ID")
+    recon.add_argument("--actor")
+    recon.add_argument("--reason")
+    recon.add_argument("--task-id", help="bind an UNKNOWN operation to this server task")
+    recon.add_argument("--absent", action="store_true", help="the server has no such operation")
+    recon.add_argument("--all", action="store_true", help="include resolved entries")
+    sql = service_command("sql", "read-only SQL on a ledger snapshot")
+    sql.add_argument("query")
+    sql.add_argument("--max-rows", type=int, default=1000)
     return parser
 
 
@@ -144,6 +192,98 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK if report["terminal"] else EXIT_NO_RECEIPT
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from engine.service.config import load_config
+    from engine.service.serve import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    config = load_config(args.config)
+    ledger = args.ledger or config.ledger
+    if ledger is None:
+        raise ConfigError("--ledger", "no ledger given (and the config names none)")
+    asyncio.run(serve(config, ledger, host=args.host, port=args.port, seed=args.seed))
+    return EXIT_OK
+
+
+def _emit(value: object, as_json: bool) -> None:
+    if as_json or not isinstance(value, list):
+        print(json.dumps(value, default=str, indent=None if as_json else 2))
+        return
+    for row in value:
+        print(json.dumps(row, default=str))
+
+
+def cmd_service(args: argparse.Namespace) -> int:
+    from engine.client import ServiceClient
+
+    with ServiceClient(args.service) as client:
+        match args.command:
+            case "health":
+                _emit(client.health(), args.json)
+            case "submit":
+                _emit(
+                    client.submit(
+                        call_node=args.call_node,
+                        tool=args.tool,
+                        arguments=args.args,
+                        principal=args.principal,
+                    ),
+                    args.json,
+                )
+            case "ops":
+                _emit(
+                    client.operations(
+                        state=args.state, protocol=args.protocol, tool=args.tool, limit=args.limit
+                    ),
+                    args.json,
+                )
+            case "get":
+                report = client.show(args.call_node)
+                _print_report(report, args.json)
+                return EXIT_OK if report.get("terminal") else EXIT_NO_RECEIPT
+            case "cancel":
+                _print_report(client.cancel(args.call_node, actor=args.actor, reason=args.reason), args.json)
+            case "approvals":
+                _emit(client.approvals(), args.json)
+            case "answer":
+                _print_report(
+                    client.answer(args.operation, args.round, actor=args.actor, answer=args.answer), args.json
+                )
+            case "reconcile":
+                if args.resolve is None:
+                    _emit(client.reconciliation(include_resolved=args.all), args.json)
+                else:
+                    if not args.actor or not args.reason:
+                        raise ConfigError("--actor/--reason", "resolving needs both an actor and a reason")
+                    _emit(
+                        client.resolve(
+                            args.resolve,
+                            actor=args.actor,
+                            reason=args.reason,
+                            task_id=args.task_id,
+                            absent=args.absent,
+                        ),
+                        args.json,
+                    )
+            case "sql":
+                result = client.sql(args.query, max_rows=args.max_rows)
+                if args.json:
+                    print(json.dumps(result, default=str))
+                else:
+                    print("\t".join(result["columns"]))
+                    for row in result["rows"]:
+                        print("\t".join("" if v is None else str(v) for v in row))
+                    if result["truncated"]:
+                        print(f"(truncated at {len(result['rows'])} rows)", file=sys.stderr)
+    return EXIT_OK
+
+
+_SERVICE_COMMANDS = {"health", "submit", "ops", "get", "cancel", "approvals", "answer", "reconcile", "sql"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["refserver"]:
@@ -158,6 +298,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return cmd_call(args)
             case "show":
                 return cmd_show(args)
+            case "serve":
+                return cmd_serve(args)
+            case command if command in _SERVICE_COMMANDS:
+                return cmd_service(args)
+    except ServiceRefusedError as exc:
+        print(f"finality: {exc}", file=sys.stderr)
+        return EXIT_USAGE if exc.status in (400, 404, 409, 422) else EXIT_NO_RECEIPT
     except (ConfigError, LedgerError, NegotiationError) as exc:
         print(f"finality: {exc}", file=sys.stderr)
         return EXIT_USAGE

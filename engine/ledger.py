@@ -1346,6 +1346,62 @@ class Ledger:
     def explorer_runs(self) -> list[dict[str, object]]:
         return self._rows("SELECT * FROM explorer_runs ORDER BY run_id", [])
 
+    def snapshot(self, dest: str | Path) -> Path:
+        """Write a consistent copy of the whole ledger to ``dest`` (replaced if present), for readers.
+
+        The copy is made inside one read transaction, so it is a single point in time.
+        """
+        target = Path(dest)
+        partial = target.with_name(target.name + ".partial")
+        for stale in (partial, Path(str(partial) + ".wal")):
+            stale.unlink(missing_ok=True)
+        con = self._con
+        row = con.execute("SELECT current_database()").fetchone()
+        source = str(row[0]) if row else "memory"
+        escaped = str(partial).replace("'", "''")
+        con.execute(f"ATTACH '{escaped}' AS finality_snapshot")
+        try:
+            con.execute(f'COPY FROM DATABASE "{source}" TO finality_snapshot')
+        finally:
+            con.execute("DETACH finality_snapshot")
+        partial.replace(target)
+        return target
+
+    def list_operations(
+        self,
+        *,
+        state: str | None = None,
+        protocol: str | None = None,
+        tool: str | None = None,
+        limit: int = 100,
+    ) -> list[dict[str, object]]:
+        """Operations as flat records, newest first, filtered by exact state/protocol/tool."""
+        where: list[str] = []
+        params: list[object] = []
+        for column, value in (("state", state), ("protocol", protocol), ("tool_name", tool)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                params.append(value)
+        sql = _OPERATION_SELECT + (f" WHERE {' AND '.join(where)}" if where else "")
+        return self._rows(sql + " ORDER BY created_at DESC, operation_id LIMIT ?", [*params, limit])
+
+    def state_counts(self) -> list[tuple[str, str, int]]:
+        rows = self._con.execute(
+            "SELECT s.state, i.protocol, count(*) FROM op_state s JOIN op_identity i USING (operation_id) "
+            "GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+        return [(str(a), str(b), int(c)) for a, b, c in rows]
+
+    def poll_counts(self) -> list[tuple[str, int]]:
+        rows = self._con.execute("SELECT outcome, count(*) FROM polls GROUP BY ALL ORDER BY ALL").fetchall()
+        return [(str(a), int(b)) for a, b in rows]
+
+    def open_reconciliation_counts(self) -> list[tuple[str, int]]:
+        rows = self._con.execute(
+            "SELECT kind, count(*) FROM reconciliation WHERE status = 'open' GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+        return [(str(a), int(b)) for a, b in rows]
+
     def _rows(self, sql: str, params: list[object]) -> list[dict[str, object]]:
         cur = self._con.execute(sql, params)
         cols = [d[0] for d in cur.description or ()]

@@ -302,12 +302,12 @@ class Driver:
             except DuplicateOperation as exc:
                 # The server handed out a task id that already belongs to another call: never
                 # adopt another request's task.
-                return Wake(self._task_reused(op, result.view.task_id, str(exc)), None)
+                return Wake(self.task_reused(op, result.view.task_id, str(exc)), None)
             return self._apply_view(op, mem, result.view)
         self._hold(op, result.outcome)
         return Wake(self.commit(op, InlineResultReturned(result.outcome.status, op.epoch)), now)
 
-    def _task_reused(self, op: Operation, task_id: TaskId, why: str) -> Operation:
+    def task_reused(self, op: Operation, task_id: TaskId, why: str) -> Operation:
         op = self.commit(
             op, SubmissionLost(op.epoch, f"server returned task id {task_id} already bound: {why}")
         )
@@ -333,7 +333,7 @@ class Driver:
         try:
             op = self.commit(op, LookupFound(view.task_id, op.epoch))
         except DuplicateOperation as exc:
-            return Wake(self._task_reused(op, view.task_id, str(exc)), None)
+            return Wake(self.task_reused(op, view.task_id, str(exc)), None)
         return self._apply_view(op, mem, view)
 
     async def _poll(self, op: Operation, mem: _Memory) -> Wake:

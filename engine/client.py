@@ -1,0 +1,112 @@
+"""A small client of the control API, for the CLI, the console and notebooks.
+
+Speaks HTTP to a running ``finality serve``; it holds no rules and builds no SQL.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from engine.errors import EngineError
+
+Json = dict[str, Any]
+
+
+class ServiceUnavailable(EngineError):
+    pass
+
+
+class ServiceRefused(EngineError):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class ServiceClient:
+    """Blocking client; every call has an explicit timeout."""
+
+    def __init__(
+        self, base_url: str, *, timeout: float = 30.0, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ServiceClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, *, json: Json | None = None, params: Json | None = None) -> Json:
+        try:
+            response = self._http.request(method, path, json=json, params=params)
+        except httpx.HTTPError as exc:
+            raise ServiceUnavailable(f"cannot reach the Finality service at {self.base_url}: {exc}") from exc
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"error": response.text[:500]}
+        if response.status_code >= 400:
+            message = body.get("error", response.reason_phrase) if isinstance(body, dict) else str(body)
+            raise ServiceRefused(response.status_code, str(message))
+        if not isinstance(body, dict):
+            raise ServiceRefused(
+                response.status_code, "the service answered with something other than a JSON object"
+            )
+        return body
+
+    def health(self) -> Json:
+        return self._call("GET", "/api/v1/health")
+
+    def submit(self, *, call_node: str, tool: str, arguments: Json, principal: str | None = None) -> Json:
+        body: Json = {"call_node": call_node, "tool": tool, "arguments": arguments}
+        if principal:
+            body["principal"] = principal
+        return self._call("POST", "/api/v1/calls", json=body)
+
+    def operations(self, **filters: Any) -> list[Json]:
+        params = {k: v for k, v in filters.items() if v is not None}
+        return list(self._call("GET", "/api/v1/operations", params=params)["operations"])
+
+    def show(self, call_node: str) -> Json:
+        return self._call("GET", f"/api/v1/operations/{call_node}")
+
+    def cancel(self, call_node: str, *, actor: str, reason: str) -> Json:
+        return self._call(
+            "POST", f"/api/v1/operations/{call_node}/cancel", json={"actor": actor, "reason": reason}
+        )
+
+    def approvals(self) -> list[Json]:
+        return list(self._call("GET", "/api/v1/approvals")["approvals"])
+
+    def answer(self, operation_id: str, input_round: int, *, actor: str, answer: Json) -> Json:
+        return self._call(
+            "POST", f"/api/v1/approvals/{operation_id}/{input_round}", json={"actor": actor, "answer": answer}
+        )
+
+    def reconciliation(self, *, include_resolved: bool = False) -> list[Json]:
+        params = {"all": "1"} if include_resolved else None
+        return list(self._call("GET", "/api/v1/reconciliation", params=params)["entries"])
+
+    def resolve(
+        self, entry_id: int, *, actor: str, reason: str, task_id: str | None = None, absent: bool = False
+    ) -> Json:
+        body: Json = {"actor": actor, "reason": reason, "absent": absent}
+        if task_id:
+            body["task_id"] = task_id
+        return self._call("POST", f"/api/v1/reconciliation/{entry_id}/resolve", json=body)
+
+    def sql(self, query: str, *, max_rows: int = 1000) -> Json:
+        return self._call("POST", "/api/v1/sql", json={"query": query, "max_rows": max_rows})
+
+    def metrics(self) -> str:
+        try:
+            return self._http.get("/metrics").text
+        except httpx.HTTPError as exc:
+            raise ServiceUnavailable(f"cannot reach the Finality service at {self.base_url}: {exc}") from exc

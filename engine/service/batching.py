@@ -1,0 +1,64 @@
+"""Group commit for the service: a ledger whose transition and poll writes are buffered until ``flush``.
+
+The service's scheduler advances many operations per tick and flushes once per tick, so thousands
+of transitions share one transaction. The order that matters is kept: a tick's network requests
+act only on state flushed by an earlier tick, so "record, then send" still holds. A write that
+loses its compare-and-swap at flush time is reported back so the scheduler reloads that operation.
+Receipts never wait: ``accept_terminal`` flushes first and commits at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from engine.ledger import BatchOutcome, Json, Ledger, PollRecord
+from engine.model import Operation, Receipt, Transition
+
+
+class BatchingLedger(Ledger):
+    """The same ledger file and API, with ``apply`` and ``record_polls`` deferred to ``flush``."""
+
+    def __init__(self, inner: Ledger) -> None:
+        super().__init__(inner._root, inner.path, inner.read_only)
+        self._pending: list[Transition] = []
+        self._overlay: dict[str, Operation] = {}
+        self._polls: list[PollRecord] = []
+        self.flushed_transitions = 0
+
+    # Writes that wait for the tick's flush -------------------------------------------------
+
+    def apply(self, transition: Transition) -> Operation:
+        self._pending.append(transition)
+        self._overlay[transition.after.operation_id] = transition.after
+        return transition.after
+
+    def record_polls(self, rows: Sequence[PollRecord]) -> None:
+        self._polls.extend(rows)
+
+    def get(self, operation_id: str) -> Operation | None:
+        pending = self._overlay.get(operation_id)
+        return pending if pending is not None else super().get(operation_id)
+
+    # Writes that must not wait ------------------------------------------------------------------
+
+    def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt:
+        self.flush()
+        return super().accept_terminal(transition, payload)
+
+    def flush(self) -> list[tuple[Transition, BatchOutcome]]:
+        """Commit everything buffered in one transaction; return the transitions that were refused."""
+        pending, self._pending = self._pending, []
+        self._overlay.clear()
+        polls, self._polls = self._polls, []
+        refused: list[tuple[Transition, BatchOutcome]] = []
+        if pending:
+            outcomes = super().apply_many(pending)
+            self.flushed_transitions += len(pending)
+            refused = [(t, o) for t, o in zip(pending, outcomes, strict=True) if o.error is not None]
+        if polls:
+            super().record_polls(polls)
+        return refused
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending) + len(self._polls)

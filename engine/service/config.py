@@ -1,0 +1,252 @@
+"""The service's TOML configuration, parsed into frozen values and refused early with the key named.
+
+Example::
+
+    ledger = "data/finality.duckdb"          # optional; --ledger wins
+    global_qps = 200
+    rollout_salt = "2026-q4"
+
+    [servers.reports]
+    url = "http://127.0.0.1:9101/mcp"
+    protocol = "mcp-2025-11-25"              # or mcp-2026-07-28, aip-151, legacy-sync, auto
+    token = "secret"                         # optional bearer token
+    principal = "svc-reports"                # optional; defaults to "anonymous"
+    qps = 50
+
+    [tools.generate_report]
+    server = "reports"
+    version = "1.4.0"
+    side_effect_free = true
+    sync_limit_s = 20                        # published synchronous limit (optional)
+    wait_budget_s = 900
+    on_budget_exhausted = "cancel"           # or "stop" (stop waiting only)
+
+No I/O beyond reading the file; nothing here talks to a server.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Literal
+
+from engine.errors import ConfigError
+from engine.model import Protocol, ToolRef
+
+_PROTOCOLS = {p.value for p in Protocol} | {"auto"}
+_SERVER_KEYS = {"url", "protocol", "token", "principal", "qps", "ttl_s", "max_result_bytes"}
+_TOOL_KEYS = {
+    "server",
+    "version",
+    "descriptor_version",
+    "side_effect_free",
+    "sync_limit_s",
+    "wait_budget_s",
+    "on_budget_exhausted",
+    "shadow_server",
+}
+_TOP_KEYS = {"ledger", "global_qps", "rollout_salt", "servers", "tools", "poll", "epoch"}
+_POLL_KEYS = {"default_interval_ms", "min_interval_ms", "max_interval_ms", "jitter", "retry_backoff_ms"}
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    name: str
+    url: str
+    protocol: str
+    token: str | None = None
+    principal: str = "anonymous"
+    qps: float = 50.0
+    ttl: timedelta | None = None
+    max_result_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolConfig:
+    name: str
+    server: str
+    version: str = "unversioned"
+    descriptor_version: str = "1"
+    side_effect_free: bool = False
+    sync_limit: timedelta | None = None
+    wait_budget: timedelta = timedelta(minutes=15)
+    on_budget_exhausted: Literal["cancel", "stop"] = "cancel"
+    shadow_server: str | None = None
+
+    @property
+    def ref(self) -> ToolRef:
+        return ToolRef(
+            self.name, self.version, self.descriptor_version, side_effects=not self.side_effect_free
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PollConfig:
+    default_interval: timedelta = timedelta(seconds=1)
+    min_interval: timedelta = timedelta(milliseconds=50)
+    max_interval: timedelta = timedelta(seconds=30)
+    jitter: float = 0.1
+    retry_backoff: timedelta = timedelta(milliseconds=200)
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    servers: dict[str, ServerConfig]
+    tools: dict[str, ToolConfig]
+    global_qps: float = 200.0
+    rollout_salt: str = "finality"
+    ledger: str | None = None
+    poll: PollConfig = field(default_factory=PollConfig)
+
+
+def _number(table: dict[str, object], key: str, where: str, *, positive: bool = True) -> float | None:
+    if key not in table:
+        return None
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}.{key}", f"must be a number, got {value!r}")
+    if positive and value <= 0:
+        raise ConfigError(f"{where}.{key}", f"must be positive, got {value!r}")
+    return float(value)
+
+
+def _string(table: dict[str, object], key: str, where: str, *, required: bool = False) -> str | None:
+    if key not in table:
+        if required:
+            raise ConfigError(f"{where}.{key}", "is required")
+        return None
+    value = table[key]
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}.{key}", f"must be a non-empty string, got {value!r}")
+    return value
+
+
+def _unknown(table: dict[str, object], allowed: set[str], where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(
+                f"{where}.{key}" if where else key, f"unknown key (allowed: {', '.join(sorted(allowed))})"
+            )
+
+
+def _table(value: object, where: str) -> dict[str, object]:
+    if not isinstance(value, dict):
+        raise ConfigError(where, "must be a table")
+    return value
+
+
+def _ms(table: dict[str, object], key: str, where: str, default: timedelta) -> timedelta:
+    value = _number(table, key, where)
+    return default if value is None else timedelta(milliseconds=value)
+
+
+def parse_config(data: dict[str, object]) -> ServiceConfig:
+    """Validate a parsed TOML document.
+
+    Raises:
+        ConfigError: naming the offending key.
+    """
+    _unknown(data, _TOP_KEYS, "")
+    servers: dict[str, ServerConfig] = {}
+    for name, raw in _table(data.get("servers", {}), "servers").items():
+        where = f"servers.{name}"
+        table = _table(raw, where)
+        _unknown(table, _SERVER_KEYS, where)
+        url = _string(table, "url", where, required=True)
+        assert url is not None
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"{where}.url", f"must be an http(s) URL, got {url!r}")
+        protocol = _string(table, "protocol", where) or "auto"
+        if protocol not in _PROTOCOLS:
+            raise ConfigError(
+                f"{where}.protocol", f"unknown protocol {protocol!r} (one of {', '.join(sorted(_PROTOCOLS))})"
+            )
+        ttl = _number(table, "ttl_s", where)
+        max_bytes = _number(table, "max_result_bytes", where)
+        servers[name] = ServerConfig(
+            name=name,
+            url=url,
+            protocol=protocol,
+            token=_string(table, "token", where),
+            principal=_string(table, "principal", where) or "anonymous",
+            qps=_number(table, "qps", where) or 50.0,
+            ttl=timedelta(seconds=ttl) if ttl is not None else None,
+            max_result_bytes=int(max_bytes) if max_bytes is not None else None,
+        )
+    if not servers:
+        raise ConfigError("servers", "at least one server is required")
+    tools: dict[str, ToolConfig] = {}
+    for name, raw in _table(data.get("tools", {}), "tools").items():
+        where = f"tools.{name}"
+        table = _table(raw, where)
+        _unknown(table, _TOOL_KEYS, where)
+        server = _string(table, "server", where, required=True)
+        assert server is not None
+        if server not in servers:
+            raise ConfigError(f"{where}.server", f"names no configured server: {server!r}")
+        shadow = _string(table, "shadow_server", where)
+        if shadow is not None and shadow not in servers:
+            raise ConfigError(f"{where}.shadow_server", f"names no configured server: {shadow!r}")
+        side_effect_free = table.get("side_effect_free", False)
+        if not isinstance(side_effect_free, bool):
+            raise ConfigError(f"{where}.side_effect_free", "must be true or false")
+        on_exhausted = table.get("on_budget_exhausted", "cancel")
+        if on_exhausted not in ("cancel", "stop"):
+            raise ConfigError(
+                f"{where}.on_budget_exhausted", f"must be 'cancel' or 'stop', got {on_exhausted!r}"
+            )
+        sync = _number(table, "sync_limit_s", where)
+        budget = _number(table, "wait_budget_s", where)
+        tools[name] = ToolConfig(
+            name=name,
+            server=server,
+            version=_string(table, "version", where) or "unversioned",
+            descriptor_version=_string(table, "descriptor_version", where) or "1",
+            side_effect_free=side_effect_free,
+            sync_limit=timedelta(seconds=sync) if sync is not None else None,
+            wait_budget=timedelta(seconds=budget) if budget is not None else timedelta(minutes=15),
+            on_budget_exhausted="cancel" if on_exhausted == "cancel" else "stop",
+            shadow_server=shadow,
+        )
+    poll_table = _table(data.get("poll", {}), "poll")
+    _unknown(poll_table, _POLL_KEYS, "poll")
+    defaults = PollConfig()
+    jitter = _number(poll_table, "jitter", "poll", positive=False)
+    if jitter is not None and not 0 <= jitter < 1:
+        raise ConfigError("poll.jitter", f"must be in [0, 1), got {jitter}")
+    poll = PollConfig(
+        default_interval=_ms(poll_table, "default_interval_ms", "poll", defaults.default_interval),
+        min_interval=_ms(poll_table, "min_interval_ms", "poll", defaults.min_interval),
+        max_interval=_ms(poll_table, "max_interval_ms", "poll", defaults.max_interval),
+        jitter=defaults.jitter if jitter is None else jitter,
+        retry_backoff=_ms(poll_table, "retry_backoff_ms", "poll", defaults.retry_backoff),
+    )
+    if poll.min_interval > poll.max_interval:
+        raise ConfigError("poll.min_interval_ms", "must not exceed poll.max_interval_ms")
+    return ServiceConfig(
+        servers=servers,
+        tools=tools,
+        global_qps=_number(data, "global_qps", "") or 200.0,
+        rollout_salt=_string(data, "rollout_salt", "") or "finality",
+        ledger=_string(data, "ledger", ""),
+        poll=poll,
+    )
+
+
+def load_config(path: str | Path) -> ServiceConfig:
+    """Read and validate a TOML config file.
+
+    Raises:
+        ConfigError: the file is missing, not TOML, or a key is wrong (named).
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read config file: {exc.strerror}") from exc
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(str(path), f"not valid TOML: {exc}") from exc
+    return parse_config(data)

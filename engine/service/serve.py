@@ -1,0 +1,82 @@
+"""``finality serve``: one process that owns the ledger, runs the executor and serves the control API.
+
+DuckDB allows one writing process per file, so this is that process. Everything else (console,
+notebooks, CLI commands that change state) goes through its HTTP API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import signal
+import tempfile
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+
+import uvicorn
+
+from engine.clock import SystemClock, monotonic_seconds
+from engine.ledger import Ledger
+from engine.service.api import build_api
+from engine.service.config import ServiceConfig
+from engine.service.executor import Executor
+from engine.sqlbox import run_query
+
+logger = logging.getLogger(__name__)
+
+SNAPSHOT_MAX_AGE = timedelta(seconds=5)
+
+
+@dataclass
+class SnapshotSql:
+    """Analyst SQL against a snapshot no older than ``max_age``, made by the owning process."""
+
+    ledger: Ledger
+    folder: Path
+    max_age: timedelta = SNAPSHOT_MAX_AGE
+    _made_at: float | None = None
+
+    def __call__(self, query: str, max_rows: int) -> dict[str, object]:
+        path = self.folder / "analyst-snapshot.duckdb"
+        now = monotonic_seconds()
+        if self._made_at is None or now - self._made_at > self.max_age.total_seconds():
+            self.ledger.snapshot(path)
+            self._made_at = now
+        result = run_query(path, query, max_rows=max_rows).as_json()
+        result["snapshot_age_s"] = round(monotonic_seconds() - (self._made_at or now), 3)
+        return result
+
+
+async def serve(
+    config: ServiceConfig, ledger_path: str, *, host: str, port: int, seed: int | None = None
+) -> None:
+    """Run until SIGINT/SIGTERM; print one ``READY http://host:port`` line once listening."""
+    ledger = Ledger.open(ledger_path)
+    executor = Executor(ledger=ledger, config=config, clock=SystemClock(), rng=random.Random(seed))
+    await executor.start()
+    with tempfile.TemporaryDirectory(prefix="finality-sql-") as folder:
+        app = build_api(executor, ledger, sql=SnapshotSql(ledger, Path(folder)))
+        server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+        )
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        runner = asyncio.create_task(executor.run())
+        web = asyncio.create_task(server.serve())
+        while not server.started:
+            if web.done():
+                await web
+                raise RuntimeError("control API failed to start")
+            await asyncio.sleep(0.02)
+        bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
+        print(f"READY http://{host}:{bound}", flush=True)
+        await stop.wait()
+        server.should_exit = True
+        await web
+        await executor.aclose()
+        runner.cancel()
+    ledger.close()
