@@ -136,7 +136,7 @@ class Mcp2026Client:
         headers: dict[str, str | None] | None = None,
     ) -> httpx.Response:
         self.next_id += 1
-        extensions = {"io.modelcontextprotocol/tasks": {}} if opt_in else {}
+        extensions: dict[str, Any] = {"io.modelcontextprotocol/tasks": {}} if opt_in else {}
         meta = {
             "io.modelcontextprotocol/protocolVersion": version,
             "io.modelcontextprotocol/clientCapabilities": {"extensions": extensions},

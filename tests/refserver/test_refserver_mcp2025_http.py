@@ -135,7 +135,8 @@ def test_task_support_is_enforced_per_tool(mcp):
     assert mcp.error("tools/call", {"name": "quick_lookup", "arguments": {}, "task": {}})["code"] == -32601
     assert mcp.error("tools/call", {"name": "analyze_upload", "arguments": {}})["code"] == -32601
     quick = mcp.result("tools/call", {"name": "quick_lookup", "arguments": {"query": "x"}})
-    assert wire.CallToolResult.model_validate(quick).structured_content["echo"] == {"query": "x"}
+    wire.CallToolResult.model_validate(quick)
+    assert quick["structuredContent"]["echo"] == {"query": "x"}
     sync = mcp.result("tools/call", {"name": "apply_batch_change", "arguments": {"batch_id": "b"}})
     assert sync["isError"] is False
 

@@ -71,8 +71,9 @@ def test_another_principals_task_is_not_found():
     """lookup() hides tasks of other principals as if they did not exist."""
     store, _ = make_store()
     task = submit(store, principal="alice").task
-    assert store.lookup(task.task_id, "alice") is task
-    assert store.lookup(task.task_id, "bob") is None
+    task_id = task.task_id
+    assert store.lookup(task_id, "alice") is task
+    assert store.lookup(task_id, "bob") is None
     assert store.visible("bob") == []
 
 
@@ -107,9 +108,10 @@ def test_tasks_are_deleted_after_their_ttl_and_stay_in_stats():
     store, clock = make_store(retention=Retention.FROM_COMPLETION)
     task = submit(store, {"_sim": {"ttl_ms": 500}}).task
     clock.advance(1.2)
-    assert store.lookup(task.task_id, None) is task
+    task_id = task.task_id
+    assert store.lookup(task_id, None) is task
     clock.advance(0.4)
-    assert store.lookup(task.task_id, None) is None
+    assert store.lookup(task_id, None) is None
     stats = store.stats()
     assert stats["operations_created"]["total"] == 1
     assert stats["tasks"][0]["deleted"]
@@ -151,7 +153,10 @@ def test_find_round_locates_the_task_asking_for_input():
     """An answer's key leads back to its task, for the right principal only."""
     store, clock = make_store()
     task = submit(store, {"_sim": {"input_rounds": 1}}, principal="alice").task
+    key = f"round-{task.task_id}-1"
     clock.advance(0.6)
-    assert store.find_round(f"round-{task.task_id}-1", "alice") is task
-    assert store.find_round(f"round-{task.task_id}-1", "bob") is None
-    assert task.status is Status.INPUT_REQUIRED
+    found = store.find_round(key, "alice")
+    assert found is not None
+    assert found.task_id == task.task_id
+    assert found.status is Status.INPUT_REQUIRED
+    assert store.find_round(key, "bob") is None

@@ -1,0 +1,96 @@
+"""The RefServer helper and the command line: start, READY, admin calls, failures, stop."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from refserver.cli import parse_options
+from refserver.context import Protocol
+from refserver.testing import RefServer, RefServerError
+
+
+def test_ref_server_reports_its_url_and_health_and_stops():
+    """The helper starts the subprocess, exposes url/endpoint, and forgets them after stop."""
+    server = RefServer("aip-151", time_scale=0.01)
+    with server:
+        assert server.url.startswith("http://127.0.0.1:")
+        assert server.endpoint == f"{server.url}/v1"
+        assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok", "protocol": "aip-151"}
+        assert server.stats()["operations_created"] == {"total": 0, "by_tool": {}}
+    with pytest.raises(RefServerError):
+        _ = server.url
+    server.stop()
+
+
+async def test_ref_server_works_as_an_async_context_manager():
+    """``async with`` starts and stops the server without blocking the event loop."""
+    async with RefServer("mcp-2026-07-28", time_scale=0.01) as server:
+        assert server.endpoint.endswith("/mcp")
+        async with httpx.AsyncClient() as client:
+            assert (await client.get(f"{server.url}/healthz")).status_code == 200
+
+
+def test_a_bad_fault_plan_fails_startup_with_the_servers_message():
+    """The server refuses an invalid plan before READY; the helper raises with its stderr."""
+    with pytest.raises(RefServerError, match="unknown fault"):
+        RefServer("aip-151", fault_plan={"rules": [{"fault": "no_such_fault"}]}).start()
+
+
+def test_initial_fault_plan_is_installed_and_restored_by_reset():
+    """--fault-plan rules are active at start and come back after set_faults and reset."""
+    plan = {"seed": 7, "rules": [{"fault": "poll_429", "tool": "*", "count": 1}]}
+    with RefServer("aip-151", time_scale=0.01, fault_plan=plan) as server:
+        assert server.stats()["fault_plan"]["seed"] == 7
+        server.set_faults([], seed=1)
+        assert server.stats()["fault_plan"]["rules"] == []
+        server.reset()
+        assert [r["fault"] for r in server.stats()["fault_plan"]["rules"]] == ["poll_429"]
+        with pytest.raises(RefServerError, match="400"):
+            server.set_faults([{"fault": "poll_429", "rate": 5}])
+
+
+def test_unknown_protocol_is_refused_before_starting():
+    """The helper validates the protocol name itself."""
+    with pytest.raises(ValueError, match="protocol"):
+        RefServer("grpc")
+
+
+def test_command_line_parses_tokens_and_plan_options(tmp_path):
+    """--token pairs become the token map; --fault-plan is read and validated."""
+    plan = tmp_path / "plan.json"
+    plan.write_text('{"rules": [{"fault": "slow_response", "params": {"delay_ms": 5}}]}')
+    options, _ = parse_options(
+        [
+            "--protocol",
+            "mcp-2025-11-25",
+            "--port",
+            "0",
+            "--token",
+            "t1=alice",
+            "--fault-plan",
+            str(plan),
+            "--idempotency",
+        ]
+    )
+    assert options.protocol is Protocol.MCP_2025_11_25
+    assert options.tokens == {"t1": "alice"}
+    assert options.idempotency
+    assert options.initial_plan().rules[0].params.delay_ms == 5
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--protocol", "aip-151", "--port", "0", "--token", "no-equals"],
+        ["--protocol", "aip-151", "--port", "0", "--time-scale", "0"],
+        ["--protocol", "aip-151", "--port", "70000"],
+        ["--protocol", "aip-151", "--port", "0", "--fault-plan", "/nonexistent/plan.json"],
+        ["--protocol", "soap", "--port", "0"],
+    ],
+)
+def test_command_line_rejects_bad_arguments_with_usage_errors(argv):
+    """Malformed options exit with status 2 and a message, never a traceback."""
+    with pytest.raises(SystemExit) as caught:
+        parse_options(argv)
+    assert caught.value.code == 2
