@@ -526,7 +526,9 @@ class Driver:
         if answer is None or op.input_request_key is None:
             return
         key = op.input_request_key
-        await self._request(op, "input", lambda: self.backend.answer_input(op, key, answer))
+        # A person's answer is the content of an accepted elicitation unless it says otherwise.
+        response: Json = answer if "action" in answer else {"action": "accept", "content": answer}
+        await self._request(op, "input", lambda: self.backend.answer_input(op, key, response))
 
 
 class CancelNotAllowed(EngineError):

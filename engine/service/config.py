@@ -47,7 +47,7 @@ _TOOL_KEYS = {
     "on_budget_exhausted",
     "shadow_server",
 }
-_TOP_KEYS = {"ledger", "global_qps", "rollout_salt", "servers", "tools", "poll", "epoch"}
+_TOP_KEYS = {"ledger", "global_qps", "rollout_salt", "servers", "tools", "poll"}
 _POLL_KEYS = {"default_interval_ms", "min_interval_ms", "max_interval_ms", "jitter", "retry_backoff_ms"}
 
 
@@ -101,25 +101,29 @@ class ServiceConfig:
     poll: PollConfig = field(default_factory=PollConfig)
 
 
+def _key(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
 def _number(table: dict[str, object], key: str, where: str, *, positive: bool = True) -> float | None:
     if key not in table:
         return None
     value = table[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{where}.{key}", f"must be a number, got {value!r}")
+        raise ConfigError(_key(where, key), f"must be a number, got {value!r}")
     if positive and value <= 0:
-        raise ConfigError(f"{where}.{key}", f"must be positive, got {value!r}")
+        raise ConfigError(_key(where, key), f"must be positive, got {value!r}")
     return float(value)
 
 
 def _string(table: dict[str, object], key: str, where: str, *, required: bool = False) -> str | None:
     if key not in table:
         if required:
-            raise ConfigError(f"{where}.{key}", "is required")
+            raise ConfigError(_key(where, key), "is required")
         return None
     value = table[key]
     if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where}.{key}", f"must be a non-empty string, got {value!r}")
+        raise ConfigError(_key(where, key), f"must be a non-empty string, got {value!r}")
     return value
 
 
@@ -127,7 +131,7 @@ def _unknown(table: dict[str, object], allowed: set[str], where: str) -> None:
     for key in table:
         if key not in allowed:
             raise ConfigError(
-                f"{where}.{key}" if where else key, f"unknown key (allowed: {', '.join(sorted(allowed))})"
+                _key(where, key) if where else key, f"unknown key (allowed: {', '.join(sorted(allowed))})"
             )
 
 

@@ -1,0 +1,173 @@
+"""``ServiceProcess``: run ``finality serve`` as a subprocess for integration tests, demos and benchmarks.
+
+Starts the service on a free loopback port, waits (bounded) for its ``READY`` line, and stops it
+with SIGTERM, or SIGKILL to test crash recovery. Not used by the service itself.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Self
+
+from engine.client import ServiceClient
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+class ServiceProcessError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class ServiceProcess:
+    """``finality serve --ledger L --config C`` on 127.0.0.1."""
+
+    def __init__(
+        self,
+        ledger: str | Path,
+        config: str | Path,
+        *,
+        port: int | None = None,
+        seed: int = 0,
+        startup_timeout: float = 30.0,
+    ) -> None:
+        self.ledger = Path(ledger)
+        self.config = Path(config)
+        self.port = port or free_port()
+        self.seed = seed
+        self.startup_timeout = startup_timeout
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._process: subprocess.Popen[bytes] | None = None
+        self._stderr: IO[bytes] | None = None
+
+    def start(self) -> Self:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
+        env["PYTHONUNBUFFERED"] = "1"
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
+        self._process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "engine",
+                "serve",
+                "--ledger",
+                str(self.ledger),
+                "--config",
+                str(self.config),
+                "--port",
+                str(self.port),
+                "--seed",
+                str(self.seed),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=env,
+        )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _wait_ready(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        deadline = time.monotonic() + self.startup_timeout
+        buffer = b""
+        fd = self._process.stdout.fileno()
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while b"\n" not in buffer:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise ServiceProcessError(f"no READY within {self.startup_timeout} s:\n{self.stderr()}")
+                if not selector.select(remaining):
+                    continue
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    raise ServiceProcessError(f"the service exited before READY:\n{self.stderr()}")
+                buffer += chunk
+        if not buffer.startswith(b"READY "):
+            raise ServiceProcessError(f"unexpected first line {buffer!r}:\n{self.stderr()}")
+
+    def client(self) -> ServiceClient:
+        return ServiceClient(self.url, timeout=30.0)
+
+    def stderr(self, limit: int = 6000) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")[-limit:]
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown code runs, exactly like a crash."""
+        self._end(signal.SIGKILL)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._end(signal.SIGTERM, timeout)
+
+    def _end(self, sig: signal.Signals, timeout: float = 10.0) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        if process.poll() is None:
+            process.send_signal(sig)
+            try:
+                process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=timeout)
+        if process.stdout is not None:
+            process.stdout.close()
+
+    def close(self) -> None:
+        """Stop the process if running, and release its captured stderr."""
+        self.stop()
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def wait_until(predicate: Callable[[], bool], *, timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until it holds, for at most ``timeout`` seconds (then AssertionError)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def all_terminal(client: ServiceClient, call_nodes: list[str]) -> bool:
+    """Every call node's operation holds a receipt."""
+    return all(client.show(node)["terminal"] for node in call_nodes)

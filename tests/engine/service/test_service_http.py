@@ -1,0 +1,192 @@
+"""``finality serve`` as a subprocess, driven over its control API against real reference servers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from engine.client import ServiceClient, ServiceRefused
+from engine.ledger import Ledger
+from engine.schedule import busiest_window
+from engine.service.testing import ServiceProcess, all_terminal, wait_until
+from refserver.testing import RefServer
+
+
+@pytest.fixture
+def service(
+    tmp_path: Path, write_config: Callable[..., Path], servers: dict[str, RefServer]
+) -> Iterator[ServiceProcess]:
+    for server in servers.values():
+        server.reset()
+    with ServiceProcess(tmp_path / "ledger.duckdb", write_config()) as svc:
+        yield svc
+
+
+def test_calls_on_every_protocol_end_with_one_receipt_each(
+    service: ServiceProcess, servers: dict[str, RefServer]
+) -> None:
+    """Submitted calls on the three protocols each end ACCEPTED with a receipt and one server operation."""
+    nodes = []
+    with service.client() as client:
+        for i in range(3):
+            for tool in ("generate_report", "analyze_upload", "apply_batch_change"):
+                node = f"{tool}-{i}"
+                client.submit(call_node=node, tool=tool, arguments={"i": i, "_sim": {"duration_ms": 1000}})
+                nodes.append(node)
+        wait_until(lambda: all_terminal(client, nodes), what="all calls terminal")
+        reports = [client.show(node) for node in nodes]
+    assert {r["state"] for r in reports} == {"ACCEPTED"}
+    assert all(r["receipt"]["status"] == "completed" for r in reports)
+    for server in servers.values():
+        assert server.stats()["operations_created"]["total"] == 3
+
+
+def test_submitting_a_call_node_again_returns_its_operation(
+    service: ServiceProcess, servers: dict[str, RefServer]
+) -> None:
+    """Asking twice for one call node never creates a second operation."""
+    with service.client() as client:
+        first = client.submit(call_node="again", tool="generate_report", arguments={"x": 1})
+        second = client.submit(call_node="again", tool="generate_report", arguments={"x": 1})
+        assert first["operation_id"] == second["operation_id"]
+        with pytest.raises(ServiceRefused) as refused:
+            client.submit(call_node="again", tool="generate_report", arguments={"x": 2})
+        assert refused.value.status == 409
+        wait_until(lambda: all_terminal(client, ["again"]), what="terminal")
+    assert servers["mcp"].stats()["operations_created"]["total"] == 1
+
+
+def test_bad_requests_get_clear_errors(service: ServiceProcess) -> None:
+    """Unknown tools, missing fields and malformed bodies are refused with 4xx and a message."""
+    with service.client() as client:
+        with pytest.raises(ServiceRefused, match="unknown tool") as unknown:
+            client.submit(call_node="x", tool="no_such_tool", arguments={})
+        assert unknown.value.status == 400
+        with pytest.raises(ServiceRefused) as missing:
+            client.show("never-submitted")
+        assert missing.value.status == 404
+        with pytest.raises(ServiceRefused, match="actor"):
+            client.resolve(1, actor=" ", reason="because")
+    import httpx
+
+    response = httpx.post(f"{service.url}/api/v1/calls", content=b"{not json", timeout=10)
+    assert response.status_code == 400
+    assert "not JSON" in response.json()["error"]
+
+
+def test_cancel_is_recorded_before_it_is_sent_and_confirmed(service: ServiceProcess, tmp_path: Path) -> None:
+    """A cancel raises the generation, is recorded, then confirmed by the server's reply."""
+    with service.client() as client:
+        client.submit(call_node="long", tool="generate_report", arguments={"_sim": {"duration_ms": 60_000}})
+        wait_until(lambda: client.show("long")["state"] == "WORKING", what="working")
+        client.cancel("long", actor="oncall", reason="not needed")
+        wait_until(lambda: all_terminal(client, ["long"]), what="cancelled")
+        report = client.show("long")
+    assert report["state"] == "CANCELLED_ACCEPTED"
+    assert report["receipt"]["status"] == "cancelled"
+    assert report["cancel_generation"] == 1
+    states = [t["to"] for t in report["transitions"] if t["accepted"]]
+    assert states.index("CANCEL_REQUESTED") < states.index("CANCELLED_ACCEPTED")
+
+
+def test_input_answer_is_bound_to_its_round(service: ServiceProcess) -> None:
+    """An answer for a stale round gets 409 and changes nothing; the open round's answer resumes the task."""
+    with service.client() as client:
+        client.submit(
+            call_node="ask",
+            tool="generate_report",
+            arguments={"_sim": {"duration_ms": 400, "input_rounds": 1}},
+        )
+        wait_until(lambda: len(client.approvals()) == 1, what="an approval")
+        (approval,) = client.approvals()
+        with pytest.raises(ServiceRefused) as stale:
+            client.answer(
+                approval["operation_id"], approval["input_round"] + 1, actor="bob", answer={"ok": True}
+            )
+        assert stale.value.status == 409
+        assert client.show("ask")["state"] == "INPUT_REQUIRED"
+        client.answer(approval["operation_id"], approval["input_round"], actor="bob", answer={"ok": True})
+        wait_until(lambda: all_terminal(client, ["ask"]), what="answered call to finish")
+        assert client.show("ask")["state"] == "ACCEPTED"
+        assert client.approvals() == []
+
+
+def test_metrics_and_health_are_served(service: ServiceProcess) -> None:
+    """/metrics speaks Prometheus text; health reports the servers' negotiated protocols."""
+    with service.client() as client:
+        client.submit(call_node="m", tool="generate_report", arguments={})
+        wait_until(lambda: all_terminal(client, ["m"]), what="terminal")
+        text = client.metrics()
+        health = client.health()
+    assert 'finality_operations{protocol="mcp-2025-11-25",state="ACCEPTED"} 1.0' in text
+    assert health["servers"] == {"mcp": "mcp-2025-11-25", "aip": "aip-151", "ext": "mcp-2026-07-28"}
+
+
+def test_analyst_sql_is_read_only(service: ServiceProcess) -> None:
+    """The SQL route answers SELECTs and refuses writes and file reads with 400."""
+    with service.client() as client:
+        client.submit(call_node="s", tool="generate_report", arguments={})
+        wait_until(lambda: all_terminal(client, ["s"]), what="terminal")
+        result = client.sql("SELECT count(*) AS n FROM receipts")
+        assert result["columns"] == ["n"]
+        for hostile in ("DELETE FROM receipts", "SELECT * FROM read_text('/etc/passwd')", "ATTACH 'x.db'"):
+            with pytest.raises(ServiceRefused) as refused:
+                client.sql(hostile)
+            assert refused.value.status == 400
+        assert client.show("s")["state"] == "ACCEPTED"
+
+
+def test_request_rate_never_exceeds_the_configured_qps(
+    tmp_path: Path, write_config: Callable[..., Path], servers: dict[str, RefServer]
+) -> None:
+    """Measured from the polls table: no 1-second window holds more requests than global_qps."""
+    nodes = [f"q{i}" for i in range(40)]
+    ledger_path = tmp_path / "qps.duckdb"
+    with ServiceProcess(ledger_path, write_config(global_qps=15)) as svc, svc.client() as client:
+        for node in nodes:
+            client.submit(
+                call_node=node,
+                tool="generate_report",
+                arguments={"_sim": {"duration_ms": 2000, "poll_interval_ms": 200}},
+            )
+        wait_until(lambda: all_terminal(client, nodes), timeout=60, what="all calls terminal")
+    with Ledger.open(ledger_path, read_only=True) as ledger:
+        sent: list[datetime] = [row["sent_at"] for row in ledger.polls()]  # type: ignore[misc]
+    assert len(sent) > 40
+    assert busiest_window(sent, timedelta(seconds=1)) <= 15
+
+
+def test_bad_config_is_refused_at_start_naming_the_key(tmp_path: Path) -> None:
+    """The service does not start on a bad config, and says which key is wrong."""
+    config = tmp_path / "bad.toml"
+    config.write_text('[servers.a]\nurl = "http://127.0.0.1:9/mcp"\nprotocol = "carrier-pigeon"\n')
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine",
+            "serve",
+            "--ledger",
+            str(tmp_path / "l.duckdb"),
+            "--config",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "servers.a.protocol" in done.stderr
+
+
+def test_client_reports_an_unreachable_service() -> None:
+    """A CLI pointed at no service says so instead of crashing."""
+    from engine.client import ServiceUnavailable
+
+    with ServiceClient("http://127.0.0.1:9", timeout=2) as client, pytest.raises(ServiceUnavailable):
+        client.health()
