@@ -181,7 +181,7 @@ def test_stale_epoch_and_out_of_order_poll(aip):
     """The result carries epoch - 1, and one GET after completion shows done false."""
     name = aip.start(
         "generate_report",
-        sim(duration_ms=10_000, faults=["stale_epoch_result", "poll_out_of_order"]),
+        sim(duration_ms=30_000, faults=["stale_epoch_result", "poll_out_of_order"]),
         epoch=3,
     )
     assert aip.get(name).json()["done"] is False

@@ -311,7 +311,7 @@ def test_cancel_ack_lost_cancels_but_breaks_the_reply(mcp):
 
 def test_poll_out_of_order_serves_one_stale_working_snapshot(mcp):
     """After completion, one tasks/get answers the earlier working snapshot, the next is current."""
-    task_id = mcp.start("generate_report", sim(duration_ms=10_000, faults=["poll_out_of_order"]))
+    task_id = mcp.start("generate_report", sim(duration_ms=30_000, faults=["poll_out_of_order"]))
     assert mcp.status(task_id) == "working"
     wait_until(lambda: not any(t["status"] == "working" for t in mcp.result("tasks/list")["tasks"]))
     assert [mcp.status(task_id) for _ in range(2)] == ["working", "completed"]
@@ -327,7 +327,7 @@ def test_task_id_reused_answers_with_an_earlier_task_id(server, mcp):
 
 def test_input_replayed_resends_the_answered_round_once(server, mcp):
     """After the answer the same round id is sent once more; answering it again changes nothing."""
-    task_id = mcp.start("generate_report", sim(input_rounds=1, faults=["input_replayed"]))
+    task_id = mcp.start("generate_report", sim(duration_ms=40_000, input_rounds=1, faults=["input_replayed"]))
     mcp.wait_status(task_id, "input_required")
     with mcp.stream("tasks/result", {"taskId": task_id}) as response:
         messages = sse_messages(response)

@@ -215,7 +215,7 @@ def test_result_truncated_gets_a_200_with_cut_json(mcp):
 
 def test_input_replayed_presents_the_answered_key_once_more(server, mcp):
     """After answering, one tasks/get shows the same key again; re-answering it is ignored."""
-    task_id = mcp.start("generate_report", sim(duration_ms=20_000, input_rounds=1, faults=["input_replayed"]))
+    task_id = mcp.start("generate_report", sim(duration_ms=60_000, input_rounds=1, faults=["input_replayed"]))
     key = next(iter(mcp.wait_status(task_id, "input_required")["inputRequests"]))
     answer = {"action": "accept", "content": {"approve": True}}
     mcp.result("tasks/update", {"taskId": task_id, "inputResponses": {key: answer}})
