@@ -263,7 +263,7 @@ class Mcp2026:
         self, request: Request, message: RpcRequest, principal: str | None, env: Envelope
     ) -> Response:
         tools = [tool_json(spec, with_execution=False) for spec in CATALOG.values()]
-        body = {"tools": tools, "resultType": "complete", "cacheScope": "public"}
+        body = {"tools": tools, "resultType": "complete", "cacheScope": "public", "ttlMs": 0}
         return reply(request, result_message(message.id, body))
 
     async def _tools_call(
