@@ -15,7 +15,7 @@ from typing import Any, Final
 from starlette.requests import Request
 from starlette.responses import Response
 
-from refserver.wire import ABORT, GARBAGE_BODY, Delivery, EventStream, Reply, _Abort, dumps, prefers_sse
+from refserver.wire import ABORT, GARBAGE_BODY, Abort, Delivery, EventStream, Reply, dumps, prefers_sse
 
 PARSE_ERROR: Final = -32700
 INVALID_REQUEST: Final = -32600
@@ -177,7 +177,7 @@ def epoch_of(meta: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
-def sse_chunks(message: Mapping[str, Any], delivery: Delivery) -> list[bytes | _Abort]:
+def sse_chunks(message: Mapping[str, Any], delivery: Delivery) -> list[bytes | Abort]:
     """One SSE event carrying ``message``, delivered as ``delivery`` asks."""
     data = dumps(message)
     if delivery is Delivery.BROKEN:
@@ -190,7 +190,7 @@ def sse_chunks(message: Mapping[str, Any], delivery: Delivery) -> list[bytes | _
     return [b"event: message\ndata: " + data + b"\n\n"]
 
 
-async def _stream(chunks: list[bytes | _Abort], delay_s: float) -> AsyncIterator[bytes | _Abort]:
+async def _stream(chunks: list[bytes | Abort], delay_s: float) -> AsyncIterator[bytes | Abort]:
     if delay_s > 0:
         await asyncio.sleep(delay_s)
     for chunk in chunks:

@@ -50,7 +50,7 @@ from refserver.mcpwire import (
 from refserver.store import KeyConflict
 from refserver.task import AnswerResult, CancelRejected, InputRound, Task, View
 from refserver.tool import CATALOG, TaskSupport, ToolFailure, ToolOutput
-from refserver.wire import ABORT, Delivery, EventStream, Reply, _Abort, accepts_sse, sse_event
+from refserver.wire import ABORT, Abort, Delivery, EventStream, Reply, accepts_sse, sse_event
 
 PROTOCOL_VERSION: Final = "2025-11-25"
 
@@ -95,7 +95,7 @@ class Mcp2025:
         return [Route("/mcp", self.endpoint, methods=["GET", "POST", "DELETE"])]
 
     def reset(self) -> None:
-        self.sessions.clear()
+        """Sessions survive an admin reset so that a test's open client keeps working."""
 
     # -- transport ---------------------------------------------------------------------------------
 
@@ -323,7 +323,7 @@ class Mcp2025:
 
     async def _result_events(
         self, request: Request, message: RpcRequest, task: Task
-    ) -> AsyncIterator[bytes | _Abort]:
+    ) -> AsyncIterator[bytes | Abort]:
         sent: set[str] = set()
 
         def moved(t: Task) -> bool:

@@ -29,11 +29,11 @@ class Delivery(StrEnum):
     GARBAGE = "garbage"  # status 200, application/json, not JSON at all
 
 
-class _Abort:
+class Abort:
     """Marker an event stream yields to drop the connection mid-stream."""
 
 
-ABORT: Final = _Abort()
+ABORT: Final = Abort()
 
 
 def dumps(value: object) -> bytes:
@@ -82,7 +82,7 @@ class EventStream(Response):
     media_type = "text/event-stream"
 
     def __init__(
-        self, events: AsyncIterator[bytes | _Abort], headers: Mapping[str, str] | None = None
+        self, events: AsyncIterator[bytes | Abort], headers: Mapping[str, str] | None = None
     ) -> None:
         self.events = events
         self.status_code = 200
@@ -93,7 +93,7 @@ class EventStream(Response):
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         try:
             async for item in self.events:
-                if isinstance(item, _Abort):
+                if isinstance(item, Abort):
                     return
                 await send({"type": "http.response.body", "body": item, "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
