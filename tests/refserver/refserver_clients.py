@@ -144,9 +144,9 @@ class Mcp2026Client:
         params = dict(params or {})
         params["_meta"] = {**meta, **params.get("_meta", {})}
         sent = {"content-type": "application/json", "mcp-protocol-version": version, "mcp-method": method}
-        if method in ("tasks/get", "tasks/update", "tasks/cancel") and "taskId" in params:
+        if method in ("tasks/get", "tasks/update", "tasks/cancel") and isinstance(params.get("taskId"), str):
             sent["mcp-name"] = params["taskId"]
-        if method == "tools/call":
+        if method == "tools/call" and isinstance(params.get("name"), str):
             sent["mcp-name"] = params["name"]
         if self.token is not None:
             sent["authorization"] = f"Bearer {self.token}"
