@@ -273,7 +273,9 @@ class Driver:
         except BackendUnavailable as exc:
             mem.failures += 1
             delay = retry_delay(self.policy, mem.failures, exc.retry_after, self.rng)
-            return Wake(op, now + delay)
+            # Retry-After counts from when the refusal arrived, not from before the request went out
+            # (found by tests/integration: counting from ``now`` re-polled up to one round trip early).
+            return Wake(op, self.clock.now() + delay)
         except StaleWrite:
             fresh = self.ledger.get(op.operation_id)
             return Wake(fresh or op, now)
@@ -405,7 +407,10 @@ class Driver:
             # The acknowledgement may be lost after the server cancelled: poll to find out, and
             # send the cancel again later (cancel_sent stays behind the generation).
             mem.failures += 1
-            return Wake(op, now + retry_delay(self.policy, mem.failures, exc.retry_after, self.rng))
+            # From the failure, not from before the request (see ``advance``).
+            return Wake(
+                op, self.clock.now() + retry_delay(self.policy, mem.failures, exc.retry_after, self.rng)
+            )
         mem.cancel_sent = generation
         task = op.task_id or TaskId("")
         match result:

@@ -1,0 +1,84 @@
+"""Races around obtaining an operation identity: the creating response lost or too slow, and a task
+ID the server wrongly hands out again. The rule under test: never a second operation, never a
+blind resubmission, and an UNKNOWN a person can find by key, digest, window or candidates."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+from race_kit import KEYED, MCP, OPTIONS, PLAIN, QUICK, call, invariants, server_task_id
+
+from engine.model import LocalState, ServerStatus
+
+
+@pytest.mark.parametrize("server", KEYED, indirect=True)
+async def test_a_lost_creating_response_is_found_by_its_key_and_makes_one_operation(server, ledger):
+    """create_response_lost with a key lookup: SUBMISSION_UNKNOWN → the same task found → accepted."""
+    op = await call(server, ledger, sim={"duration_ms": QUICK, "faults": ["create_response_lost"]})
+    seen = invariants(ledger, server)
+    assert "create_response_lost" in seen.fired()
+    assert op.state is LocalState.ACCEPTED
+    assert seen.path()[1:3] == ["SUBMISSION_UNKNOWN", "WORKING"]
+    assert seen.methods()[:2] == ["submit", "lookup"]
+    assert seen.task()["key"] == op.idempotency_key
+
+
+@pytest.mark.parametrize(
+    ("server", "listed"), [("mcp25", True), ("mcp26", False)], indirect=["server"], ids=MCP
+)
+async def test_a_lost_creating_response_without_key_lookup_goes_to_reconciliation_unresubmitted(
+    server, ledger, listed
+):
+    """Plain MCP: SUBMISSION_UNKNOWN → UNKNOWN with key, digest, window and tasks/list candidates."""
+    op = await call(server, ledger, sim={"duration_ms": QUICK, "faults": ["create_response_lost"]})
+    seen = invariants(ledger, server)
+    assert op.state is LocalState.UNKNOWN
+    assert op.task_id is None
+    assert seen.receipt() is None
+    assert seen.path()[1:] == ["SUBMISSION_UNKNOWN", "UNKNOWN"]
+    (entry,) = seen.entries["node-1"]
+    assert entry["status"] == "open"
+    assert entry["task_id"] is None
+    assert entry["window_start"] == op.created_at
+    (created,) = seen.stats["tasks"]
+    # 2025-11-25 lists tasks, so the one it created is offered; the 2026 extension removed tasks/list.
+    assert json.loads(str(entry["candidates"])) == ([created["id"]] if listed else [])
+
+
+@pytest.mark.parametrize("server", KEYED, indirect=True)
+async def test_a_creating_response_slower_than_the_timeout_is_found_by_its_key(server, ledger):
+    """slow_response on creation past the request timeout: the key lookup binds the one operation."""
+    impatient = replace(OPTIONS, timeouts=replace(OPTIONS.timeouts, request=timedelta(milliseconds=300)))
+    slow = {"name": "slow_response", "delay_ms": 100_000}
+    op = await call(server, ledger, sim={"duration_ms": QUICK, "faults": [slow]}, options=impatient)
+    seen = invariants(ledger, server)
+    assert "slow_response" in seen.fired()
+    assert op.state is LocalState.ACCEPTED
+    assert "SUBMISSION_UNKNOWN" in seen.path()
+    assert seen.polls["node-1"][0]["outcome"] == "unavailable"
+
+
+@pytest.mark.parametrize("server", PLAIN, indirect=True)
+async def test_a_task_id_reused_for_another_request_is_never_adopted(server, ledger):
+    """task_id_reused: the second call is told the first call's task id; it binds nothing and waits for a person."""
+    first = await call(server, ledger, sim={"duration_ms": QUICK}, node="node-1")
+    second = await call(
+        server, ledger, sim={"duration_ms": QUICK, "faults": ["task_id_reused"]}, node="node-2"
+    )
+    seen = invariants(ledger, server, "node-1", "node-2")
+    assert "task_id_reused" in seen.fired()
+    assert first.state is LocalState.ACCEPTED
+    receipt = seen.receipt("node-1")
+    assert receipt is not None
+    assert receipt.status is ServerStatus.COMPLETED
+    assert receipt.task_id == first.task_id
+    assert second.state is LocalState.UNKNOWN
+    assert second.task_id is None
+    assert seen.receipt("node-2") is None
+    (entry,) = seen.entries["node-2"]
+    assert first.task_id is not None
+    assert server_task_id(first.task_id) in str(entry["reason"])
+    assert ledger.by_task(first.server, first.task_id) == ledger.by_call_node("node-1")
