@@ -1,0 +1,197 @@
+"""The explorer's scenarios: which actors take part and how many faults each run may inject.
+
+A scenario is a value: the server's work script, what the caller does (cancel clicks, answers),
+the fault budgets of the network (loss, late delivery, duplication, 429/503, truncated results),
+executor crashes, epoch raises, expiry and the server quirks under test. The explorer interleaves
+every enabled step of these actors. Declarative only: no behaviour lives here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from engine.explore.server import Kind
+from engine.model import Protocol
+
+P = Protocol
+ALL = (P.MCP_2025_11_25, P.MCP_2026_07_28, P.AIP_151)
+MCP = (P.MCP_2025_11_25, P.MCP_2026_07_28)
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """One race setting, run once per protocol it lists."""
+
+    name: str
+    summary: str
+    protocols: tuple[Protocol, ...] = ALL
+    script: tuple[str, ...] = ("complete",)
+    """The server work: ``input`` (ask for input), then ``complete`` or ``fail``."""
+    lookup_by_key: bool = True
+    """The server can find a submission by its key (AIP-155 request_id, SEP-3182 idempotency key)."""
+    cancels: int = 0
+    """Cancel clicks the caller may make (each raises the cancel generation)."""
+    drops: int = 0
+    """Requests or replies the network may lose (the waiting request then times out)."""
+    delays: int = 0
+    """Requests that may arrive after the executor gave up on them (late delivery)."""
+    dups: int = 0
+    """Requests the network may deliver twice."""
+    throttles: int = 0
+    """Requests the server may answer with 429/503 without acting on them."""
+    corrupts: int = 0
+    """Result replies that may arrive truncated (failing verification)."""
+    fault_kinds: frozenset[Kind] | None = None
+    """Message kinds the faults above may hit (None: every kind)."""
+    crashes: int = 0
+    """Executor crashes; each restart loses the executor's memory and resumes from the ledger."""
+    epoch_raises: int = 0
+    """Rollbacks: an operator raises the execution epoch and a new executor takes over."""
+    pollers: int = 1
+    """Status reads one executor may have in flight at once (2: replies can overtake each other)."""
+    evict: bool = False
+    """The server may lose the task before it expires (404 before expiry)."""
+    expire: bool = False
+    """The clock may pass the task's expiry, after which the server may delete it (404 after expiry)."""
+    reuse_task_id: bool = False
+    """The server hands out a task id already bound to another call node's operation."""
+    flip: bool = False
+    """Non-compliant server: after a cancel won, the finished work shows as completed on later reads."""
+    echo_creation_epoch: bool = False
+    """Outcomes echo the epoch the task was created under, not the epoch of the request."""
+    reconciler: bool = False
+    """A person binds an UNKNOWN operation to the task they find on the server."""
+    side_effects: bool = False
+    ttl: timedelta = timedelta(hours=1)
+
+    def script_for(self, protocol: Protocol) -> tuple[str, ...]:
+        """AIP-151 operations never ask for input; their script skips the input rounds."""
+        if protocol is P.AIP_151:
+            return tuple(s for s in self.script if s != "input")
+        return self.script
+
+
+SCENARIOS: tuple[Scenario, ...] = (
+    Scenario("happy", "submit, poll, complete, fetch, accept", dups=1),
+    Scenario(
+        "failure", "the tool fails; the failure is fetched and accepted as failed", script=("fail",), drops=1
+    ),
+    Scenario("complete-vs-cancel", "completion racing a cancel click", cancels=1, side_effects=True),
+    Scenario(
+        "cancel-ack-lost",
+        "the cancel request or its acknowledgement is lost or late",
+        cancels=1,
+        drops=1,
+        delays=1,
+        fault_kinds=frozenset({Kind.CANCEL}),
+    ),
+    Scenario(
+        "cancel-twice",
+        "two cancel clicks: replies to the first generation arrive after the second",
+        cancels=2,
+        dups=1,
+        fault_kinds=frozenset({Kind.CANCEL}),
+    ),
+    Scenario(
+        "create-lost",
+        "the creating response is lost or late: SUBMISSION_UNKNOWN, then lookup by key",
+        drops=1,
+        delays=1,
+        fault_kinds=frozenset({Kind.SUBMIT, Kind.LOOKUP}),
+        cancels=1,
+    ),
+    Scenario(
+        "create-lost-no-lookup",
+        "the creating response is lost on a server without lookup by key: reconciliation",
+        protocols=MCP,
+        lookup_by_key=False,
+        drops=1,
+        delays=1,
+        fault_kinds=frozenset({Kind.SUBMIT}),
+        reconciler=True,
+    ),
+    Scenario(
+        "input-replayed",
+        "input_required replayed: the answer is lost, late or duplicated while polls continue",
+        protocols=MCP,
+        script=("input", "complete"),
+        drops=1,
+        dups=1,
+        fault_kinds=frozenset({Kind.INPUT, Kind.GET}),
+    ),
+    Scenario(
+        "out-of-order-polls",
+        "two status reads in flight; their replies overtake each other",
+        script=("input", "complete"),
+        pollers=2,
+        cancels=1,
+    ),
+    Scenario(
+        "result-lost",
+        "the terminal result is lost, throttled or truncated, then fetched again",
+        drops=1,
+        throttles=1,
+        corrupts=2,
+        fault_kinds=frozenset({Kind.RESULT, Kind.GET}),
+    ),
+    Scenario(
+        "not-found-before-expiry",
+        "the server loses the task before it expires: 404 means UNKNOWN",
+        evict=True,
+        cancels=1,
+    ),
+    Scenario(
+        "not-found-after-expiry",
+        "the task expires and is deleted: a held outcome may still be accepted",
+        expire=True,
+        pollers=2,
+    ),
+    Scenario(
+        "stale-epoch",
+        "rollback raises the epoch; replies to the old executor arrive afterwards",
+        script=("input", "complete"),
+        epoch_raises=1,
+        dups=1,
+        fault_kinds=frozenset({Kind.GET, Kind.RESULT}),
+    ),
+    Scenario(
+        "task-id-reused",
+        "the server hands out a task id already bound to another call node",
+        reuse_task_id=True,
+    ),
+    Scenario(
+        "crash-restart",
+        "the executor crashes and restarts at any point, with a cancel click in play",
+        crashes=1,
+        cancels=1,
+    ),
+    Scenario(
+        "crash-restart-input",
+        "the executor crashes and restarts at any point of an input round",
+        protocols=MCP,
+        script=("input", "complete"),
+        crashes=1,
+    ),
+    Scenario(
+        "late-completion",
+        "the cancel wins, then the finished work shows up as completed on a later read",
+        protocols=(P.MCP_2026_07_28, P.AIP_151),
+        cancels=1,
+        flip=True,
+        pollers=2,
+        side_effects=True,
+    ),
+)
+
+
+def scenario_named(name: str) -> Scenario:
+    """The scenario called ``name``.
+
+    Raises:
+        KeyError: no scenario has that name.
+    """
+    for scenario in SCENARIOS:
+        if scenario.name == name:
+            return scenario
+    raise KeyError(name)
