@@ -362,6 +362,14 @@ class Driver:
             self._hold(op, view.outcome)
         if view.input_request is not None:
             mem.pending_input = view.input_request
+        elif view.status is ServerStatus.INPUT_REQUIRED and op.state is not S.CANCEL_REQUESTED:
+            # Found by tests/integration (input_replayed on 2025-11-25): the server said input_required
+            # but its request did not reach us (a replay of the answered round went to the old result
+            # stream). Without a request key the machine cannot tell a replay from a new round, and
+            # opened a phantom round 2 whose answer went nowhere. Never hand a person a question we do
+            # not have: ask again soon, and open a round only once its request has arrived.
+            logger.warning("operation %s: input_required without a request yet; polling", op.operation_id)
+            return Wake(op, now + poll_delay(self.policy, mem.advised, self.rng))
         answered_before = op.answered_round == op.input_round and op.input_round > 0
         replay = (
             view.status is ServerStatus.INPUT_REQUIRED

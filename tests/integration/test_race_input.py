@@ -1,0 +1,41 @@
+"""Input races (MCP only; AIP-151 has no mid-operation input): an input round the server replays after
+it was answered must never open a second round, reach a person twice, or be answered twice."""
+
+from __future__ import annotations
+
+import pytest
+from race_kit import ACCEPT, MCP, call, invariants
+
+from engine.model import LocalState, ServerStatus
+
+# Two 100 ms segments around the one round, so the task is still working when the replay shows.
+ROUND = {"duration_ms": 20_000, "input_rounds": 1}
+
+
+@pytest.mark.parametrize("server", MCP, indirect=True)
+async def test_an_answered_input_round_completes_with_one_approval(server, ledger):
+    """input_required → one approval answered (bound to its round) → working → completed."""
+    op = await call(server, ledger, sim=ROUND, answer=ACCEPT)
+    seen = invariants(ledger, server)
+    assert op.state is LocalState.ACCEPTED
+    (approval,) = ledger.approvals(pending_only=False)
+    assert (approval["input_round"], approval["status"]) == (1, "answered")
+    assert approval["request_key"] == op.input_request_key
+    assert seen.task()["input_rounds_answered"] == 1
+
+
+@pytest.mark.parametrize("server", MCP, indirect=True)
+async def test_a_replayed_input_round_is_not_asked_or_answered_twice(server, ledger):
+    """input_replayed: the answered round shows again; it is ignored, one approval, one round on the server."""
+    op = await call(server, ledger, sim={**ROUND, "faults": ["input_replayed"]}, answer=ACCEPT)
+    seen = invariants(ledger, server)
+    assert "input_replayed" in seen.fired()
+    assert op.state is LocalState.ACCEPTED
+    receipt = seen.receipt()
+    assert receipt is not None
+    assert receipt.status is ServerStatus.COMPLETED
+    assert op.input_round == 1
+    approvals = ledger.approvals(pending_only=False)
+    assert [(a["input_round"], a["status"]) for a in approvals] == [(1, "answered")]
+    assert seen.path().count("INPUT_REQUIRED") == 1
+    assert seen.task()["input_rounds_answered"] == 1

@@ -1,0 +1,65 @@
+"""Result races: the server says completed while the result is lost, truncated, or from an old
+execution epoch. ``completed`` never advances before the result is fetched and its digest verified."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from race_kit import PLAIN, QUICK, call, invariants
+
+from engine.model import LocalState
+
+# Where each protocol reads the outcome: 2025-11-25 from tasks/result, the others from the status read.
+RESULT_READ = {"mcp-2025-11-25": "result", "mcp-2026-07-28": "get", "aip-151": "get"}
+
+
+@pytest.mark.parametrize("fault", ["result_lost", "result_truncated"])
+@pytest.mark.parametrize("server", PLAIN, indirect=True)
+async def test_a_lost_or_truncated_result_is_read_again_before_completed_is_accepted(server, ledger, fault):
+    """result_lost / result_truncated once: the broken read is retried, the whole result accepted once."""
+    op = await call(server, ledger, sim={"duration_ms": QUICK, "faults": [fault]})
+    seen = invariants(ledger, server)
+    assert fault in seen.fired()
+    assert op.state is LocalState.ACCEPTED
+    reads = [p["outcome"] for p in seen.polls["node-1"] if p["method"] == RESULT_READ[server.protocol]]
+    assert "unavailable" in reads
+    assert reads[-1] == "ok"
+
+
+@pytest.mark.parametrize("server", PLAIN, indirect=True)
+async def test_a_result_that_never_arrives_whole_never_yields_a_receipt(server, ledger):
+    """result_truncated on every read: the server says completed, yet nothing is accepted or sent downstream."""
+    always = {"name": "result_truncated", "times": 1_000}
+    op = await call(
+        server,
+        ledger,
+        sim={"duration_ms": QUICK, "faults": [always]},
+        wait_budget=timedelta(milliseconds=600),
+    )
+    seen = invariants(ledger, server)
+    assert seen.fired().count("result_truncated") >= 2
+    assert seen.task()["status"] == "completed"
+    assert seen.receipt() is None
+    assert ledger.count("outbox") == 0
+    # 2025-11-25 saw "completed" from tasks/get and waits in FETCHING_RESULT; on the other two the
+    # status and the result are one read, so not even the status has come through.
+    expected = LocalState.FETCHING_RESULT if server.protocol == "mcp-2025-11-25" else LocalState.WORKING
+    assert op.state is expected
+
+
+@pytest.mark.parametrize("server", PLAIN, indirect=True)
+async def test_a_result_from_an_old_execution_epoch_is_fenced_and_goes_to_reconciliation(server, ledger):
+    """stale_epoch_result: the result echoes epoch 0 to an epoch-1 executor; refused, then UNKNOWN by task id."""
+    op = await call(server, ledger, sim={"duration_ms": QUICK, "faults": ["stale_epoch_result"]})
+    seen = invariants(ledger, server)
+    assert "stale_epoch_result" in seen.fired()
+    assert seen.task()["status"] == "completed"
+    assert op.state is LocalState.UNKNOWN
+    assert seen.receipt() is None
+    refused = [t for t in seen.transitions["node-1"] if t["event"] == "ResultVerified"]
+    assert refused
+    assert all(not t["accepted"] and "stale epoch 0" in str(t["cause"]) for t in refused)
+    (entry,) = seen.entries["node-1"]
+    assert entry["task_id"] == op.task_id
+    assert "stale epoch" in str(entry["reason"])
