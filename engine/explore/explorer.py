@@ -21,6 +21,7 @@ from engine.explore.scenario import Scenario
 from engine.explore.world import Finding, World
 from engine.model import Protocol
 
+STRATEGIES = ("sample", "dfs")
 MAX_STEPS = 250
 """Steps after which a run counts as unsettled (no scenario needs more than a few dozen)."""
 
@@ -72,31 +73,62 @@ def pair_seed(seed: int, scenario: str, protocol: Protocol) -> int:
     return (seed * 1_000_003) ^ zlib.crc32(f"{scenario}/{protocol}".encode())
 
 
-def explore_pair(
-    scenario: Scenario,
-    protocol: Protocol,
-    *,
-    rules: Rules = ENGINE,
-    budget: int,
-    seed: int = 0,
-    strategy: str = "sample",
-    max_steps: int = MAX_STEPS,
-) -> PairResult:
-    """Run up to ``budget`` distinct interleavings of ``scenario`` under ``protocol``.
+class PairExplorer:
+    """The choice tree of one (scenario, protocol) under one rule set, explored a budget at a time.
 
-    Raises:
-        Nondeterminism: a replayed prefix enabled different steps (a bug in the simulation).
+    Calling ``run`` again continues the same tree, so later budgets never repeat a run.
     """
-    started = monotonic_seconds()
-    rng = random.Random(pair_seed(seed, scenario.name, protocol))
-    result = PairResult(scenario.name, protocol, rules.name, seed)
-    root = _Node()
-    dfs = strategy == "dfs"
-    while result.explored < budget and not root.complete:
-        world = World(scenario, protocol, rules)
-        node = root
-        path: list[tuple[_Node, _Node]] = []
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        protocol: Protocol,
+        *,
+        rules: Rules = ENGINE,
+        seed: int = 0,
+        strategy: str = "sample",
+        max_steps: int = MAX_STEPS,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        self.scenario = scenario
+        self.protocol = protocol
+        self.rules = rules
+        self.dfs = strategy == "dfs"
+        self.max_steps = max_steps
+        self.rng = random.Random(pair_seed(seed, scenario.name, protocol))
+        self.root = _Node()
+        self.result = PairResult(scenario.name, protocol, rules.name, seed)
+        self.record: list[tuple[int, ...]] | None = None
+        """When a list, every run's choices are appended to it (for tests)."""
+
+    @property
+    def exhausted(self) -> bool:
+        return self.root.complete
+
+    def run(self, budget: int) -> int:
+        """Run up to ``budget`` new interleavings; return how many ran (fewer once exhausted).
+
+        Raises:
+            Nondeterminism: a replayed prefix enabled different steps (a bug in the simulation).
+        """
+        started = monotonic_seconds()
+        result = self.result
+        ran = 0
+        while ran < budget and not self.root.complete:
+            self._one(result)
+            ran += 1
+        result.exhaustive = self.root.complete
+        result.seconds += monotonic_seconds() - started
+        return ran
+
+    def _one(self, result: PairResult) -> None:
+        scenario, protocol, rng, dfs = self.scenario, self.protocol, self.rng, self.dfs
+        world = World(scenario, protocol, self.rules)
+        node = self.root
+        path: list[_Node] = []
         choices: list[int] = []
+        max_steps = self.max_steps
         while not world.aborted and world.steps < max_steps:
             enabled = world.enabled()
             n = len(enabled)
@@ -117,16 +149,18 @@ def explore_pair(
                 child = kids[i] = _Node()
             world.perform(enabled[i])
             choices.append(i)
-            path.append((node, child))
+            path.append(node)
             node = child
         unsettled = not world.aborted and world.steps >= max_steps
         node.complete = True
-        for parent, _ in reversed(path):
+        for parent in reversed(path):
             parent.done += 1
             if parent.done < parent.n:
                 break
             parent.complete = True
         result.explored += 1
+        if self.record is not None:
+            self.record.append(tuple(choices))
         findings = world.finish(unsettled=unsettled)
         if findings:
             result.divergent += 1
@@ -138,11 +172,38 @@ def explore_pair(
             result.parked += 1
         else:
             result.receipts += 1
-    result.exhaustive = root.complete
-    if result.shortest is not None:
-        result.trace = render_trace(scenario, protocol, rules, result.shortest.choices)
-    result.seconds = monotonic_seconds() - started
-    return result
+
+    def finish(self) -> PairResult:
+        """The result so far, with the shortest divergent run rendered as a trace."""
+        result = self.result
+        if result.shortest is not None and result.trace is None:
+            shortest = result.shortest
+            result.trace = render_trace(
+                self.scenario, self.protocol, self.rules, shortest.choices, shortest.findings
+            )
+        return result
+
+
+def explore_pair(
+    scenario: Scenario,
+    protocol: Protocol,
+    *,
+    rules: Rules = ENGINE,
+    budget: int,
+    seed: int = 0,
+    strategy: str = "sample",
+    max_steps: int = MAX_STEPS,
+) -> PairResult:
+    """Run up to ``budget`` distinct interleavings of ``scenario`` under ``protocol``.
+
+    Raises:
+        Nondeterminism: a replayed prefix enabled different steps (a bug in the simulation).
+    """
+    explorer = PairExplorer(
+        scenario, protocol, rules=rules, seed=seed, strategy=strategy, max_steps=max_steps
+    )
+    explorer.run(budget)
+    return explorer.finish()
 
 
 def replay(scenario: Scenario, protocol: Protocol, rules: Rules, choices: Sequence[int]) -> World:
@@ -153,10 +214,17 @@ def replay(scenario: Scenario, protocol: Protocol, rules: Rules, choices: Sequen
     return world
 
 
-def render_trace(scenario: Scenario, protocol: Protocol, rules: Rules, choices: Sequence[int]) -> str:
+def render_trace(
+    scenario: Scenario,
+    protocol: Protocol,
+    rules: Rules,
+    choices: Sequence[int],
+    findings: Sequence[Finding] | None = None,
+) -> str:
     """The interleaving as readable lines: step, actor, action -> local state / server state."""
     world = replay(scenario, protocol, rules, choices)
-    findings = world.finish()
+    if findings is None:
+        findings = world.finish()
     head = (
         f"{scenario.name} on {protocol} (rules: {rules.name}), {len(choices)} steps, choices {list(choices)}"
     )
@@ -174,18 +242,30 @@ def explore(
     strategy: str = "sample",
     max_steps: int = MAX_STEPS,
 ) -> list[PairResult]:
-    """Share ``permutations`` interleavings across the pairs; what a small tree leaves over goes on."""
-    todo = list(pairs)
-    results: list[PairResult] = []
+    """Share ``permutations`` distinct interleavings across the pairs.
+
+    Each pair first gets an equal share; what small (exhausted) trees leave over is shared again
+    among the pairs that still have unexplored interleavings, until the total is reached or every
+    tree is exhausted.
+    """
+    explorers = [
+        PairExplorer(s, p, rules=rules, seed=seed, strategy=strategy, max_steps=max_steps) for s, p in pairs
+    ]
     remaining = permutations
-    for index, (scenario, protocol) in enumerate(todo):
-        share = max(1, remaining // (len(todo) - index))
-        result = explore_pair(
-            scenario, protocol, rules=rules, budget=share, seed=seed, strategy=strategy, max_steps=max_steps
-        )
-        results.append(result)
-        remaining = max(0, remaining - result.explored)
-    return results
+    while remaining > 0:
+        open_ = [e for e in explorers if not e.exhausted]
+        if not open_:
+            break
+        ran = 0
+        for index, explorer in enumerate(open_):
+            share = max(1, (remaining - ran) // (len(open_) - index))
+            ran += explorer.run(min(share, remaining - ran))
+            if ran >= remaining:
+                break
+        remaining -= ran
+        if ran == 0:
+            break
+    return [e.finish() for e in explorers]
 
 
 def selected_pairs(scenarios: Iterable[Scenario]) -> list[tuple[Scenario, Protocol]]:

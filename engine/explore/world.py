@@ -61,6 +61,8 @@ SERVER = "sim"
 OP_ID = OperationId("op-1")
 OTHER_ID = OperationId("op-0")
 REUSED_TASK = TaskId("t-old")
+MAX_UNKNOWNS = 3
+"""Times an operation may enter UNKNOWN in one run before the run counts as cycling."""
 _PASSIVE = frozenset({S.WORKING, S.INPUT_REQUIRED, S.CANCEL_REQUESTED})
 _REQUEST_FAULTS = frozenset({Kind.GET, Kind.RESULT, Kind.CANCEL, Kind.SUBMIT, Kind.LOOKUP})
 
@@ -163,6 +165,7 @@ class World:
         self.aborted = False
         self.received: set[Digest] = set()
         self.steps = 0
+        self.unknowns = 0
         self.lines: list[str] | None = [] if trace else None
         self.other: Operation | None = None
         if scenario.reuse_task_id:
@@ -221,6 +224,13 @@ class World:
         for effect in t.effects:
             if isinstance(effect, OpenReconciliation):
                 self.ledger.open_entry(t.after, "unknown", effect.reason)
+                self.unknowns += 1
+                if self.unknowns > MAX_UNKNOWNS:
+                    # Every lap of a livelock through UNKNOWN opens another item for a person.
+                    self.findings.append(
+                        (Divergence.UNSETTLED, f"UNKNOWN entered {self.unknowns} times: the operation cycles")
+                    )
+                    self.aborted = True
             elif isinstance(effect, FlagEffectReconciliation):
                 self.ledger.open_entry(t.after, "effects", effect.reason)
             elif isinstance(effect, AwaitApproval):

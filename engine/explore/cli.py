@@ -1,0 +1,251 @@
+"""``finality explore``: run the race explorer, print what it found, exit 1 on any divergence.
+
+Usage: ``finality explore [--permutations N] [--scenario NAME|all] [--seed S] [--json]
+[--ledger PATH] [--rules NAME] [--strategy sample|dfs] [--list]``. Exit codes: 0 no divergence,
+1 at least one divergent interleaving (the shortest is printed as a trace), 2 usage error.
+Presentation only: the rules live in ``engine.machine`` and the explorer in ``engine.explore``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TextIO
+
+from engine.clock import SystemClock, monotonic_seconds
+from engine.errors import EngineError
+from engine.explore.explorer import MAX_STEPS, STRATEGIES, PairResult, explore, selected_pairs
+from engine.explore.rules import RULES
+from engine.explore.scenario import FINDINGS, SCENARIOS, Scenario
+
+EXIT_OK = 0
+EXIT_DIVERGENT = 1
+EXIT_USAGE = 2
+
+DEFAULT_PERMUTATIONS = 10_000
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from exc
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="finality explore",
+        description="Explore the interleavings of caller, executor, server and network for each race "
+        "scenario and protocol, and report every run whose terminal diverges from the server's truth.",
+    )
+    parser.add_argument(
+        "--permutations",
+        type=_positive,
+        default=DEFAULT_PERMUTATIONS,
+        metavar="N",
+        help=f"distinct interleavings to run in total across the selected scenarios (default {DEFAULT_PERMUTATIONS})",
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        metavar="NAME",
+        help="a scenario name, or 'all' (the default); repeat to select several",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="S", help="seed of the sampling order (default 0)"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    parser.add_argument("--ledger", metavar="PATH", help="record one explorer run per scenario and protocol")
+    parser.add_argument(
+        "--rules",
+        default="engine",
+        choices=sorted(RULES),
+        help="the rule set: 'engine', or a deliberately broken variant the explorer must catch",
+    )
+    parser.add_argument(
+        "--strategy", default="sample", choices=STRATEGIES, help="order of unexplored branches"
+    )
+    parser.add_argument("--max-steps", type=_positive, default=MAX_STEPS, help=argparse.SUPPRESS)
+    parser.add_argument("--list", action="store_true", help="list the scenarios and rule sets, then exit")
+    return parser
+
+
+def _select(names: Sequence[str] | None) -> list[Scenario]:
+    """The scenarios named (``all``: the whole catalogue; FINDINGS only by name).
+
+    Raises:
+        KeyError: a name matches no scenario.
+    """
+    if not names or "all" in names:
+        chosen = list(SCENARIOS)
+        extra = [n for n in (names or ()) if n != "all"]
+    else:
+        chosen, extra = [], list(names)
+    known = {s.name: s for s in (*SCENARIOS, *FINDINGS)}
+    for name in extra:
+        if name not in known:
+            raise KeyError(name)
+        if known[name] not in chosen:
+            chosen.append(known[name])
+    return chosen
+
+
+def _listing(out: TextIO) -> None:
+    print("scenarios (run by 'all'):", file=out)
+    for s in SCENARIOS:
+        print(f"  {s.name:<26} {', '.join(s.protocols)}: {s.summary}", file=out)
+    print("open findings (run by name only; they diverge until the engine is fixed):", file=out)
+    for s in FINDINGS:
+        print(f"  {s.name:<26} {', '.join(s.protocols)}: {s.summary}", file=out)
+    print("rule sets:", file=out)
+    for rules in RULES.values():
+        print(f"  {rules.name:<26} {rules.summary}", file=out)
+
+
+def _row(r: PairResult) -> str:
+    mode = "exhaustive" if r.exhaustive else "sampled"
+    return (
+        f"{r.scenario:<26} {r.protocol:<15} {r.explored:>13} {mode:<10} "
+        f"{r.receipts:>8} {r.parked:>7} {r.divergent:>9}"
+    )
+
+
+def _shortest(results: Sequence[PairResult]) -> PairResult | None:
+    failing = [r for r in results if r.shortest is not None]
+    return min(failing, key=lambda r: len(r.shortest.choices) if r.shortest else 0, default=None)
+
+
+def _as_json(results: Sequence[PairResult], rules: str, seed: int, requested: int, seconds: float) -> str:
+    explored = sum(r.explored for r in results)
+    shortest = _shortest(results)
+    doc = {
+        "rules": rules,
+        "seed": seed,
+        "permutations": requested,
+        "explored": explored,
+        "distinct_interleavings": explored,
+        "divergent": sum(r.divergent for r in results),
+        "seconds": round(seconds, 3),
+        "interleavings_per_second": round(explored / seconds, 1) if seconds > 0 else None,
+        "pairs": [
+            {
+                "scenario": r.scenario,
+                "protocol": r.protocol.value,
+                "explored": r.explored,
+                "distinct_interleavings": r.explored,
+                "exhaustive": r.exhaustive,
+                "receipts": r.receipts,
+                "parked": r.parked,
+                "divergent": r.divergent,
+                "kinds": {str(k): v for k, v in r.kinds.items()},
+                "shortest_trace": r.trace,
+            }
+            for r in results
+        ],
+        "shortest_trace": shortest.trace if shortest else None,
+    }
+    return json.dumps(doc, indent=2)
+
+
+def _record(path: str, results: Sequence[PairResult], started: datetime, finished: datetime) -> None:
+    # Imported here: the ledger pulls in the database driver, which a plain run does not need.
+    from engine.ledger import ExplorerRun, Ledger
+
+    with Ledger.open(path) as ledger:
+        for r in results:
+            ledger.record_explorer_run(
+                ExplorerRun(
+                    scenario=r.scenario,
+                    protocol=r.protocol.value,
+                    seed=r.seed,
+                    explored=r.explored,
+                    distinct_interleavings=r.explored,
+                    divergent=r.divergent,
+                    exhaustive=r.exhaustive,
+                    rules=r.rules,
+                    shortest_trace=r.trace,
+                    started_at=started,
+                    finished_at=finished,
+                )
+            )
+
+
+def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run ``finality explore`` with ``argv`` (the words after ``explore``); return the exit code."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return EXIT_OK if exc.code == 0 else EXIT_USAGE
+    if args.list:
+        _listing(out)
+        return EXIT_OK
+    try:
+        scenarios = _select(args.scenario)
+    except KeyError as exc:
+        names = ", ".join(s.name for s in (*SCENARIOS, *FINDINGS))
+        print(
+            f"finality explore: unknown scenario {exc.args[0]!r}; choose 'all' or one of: {names}", file=err
+        )
+        return EXIT_USAGE
+    clock = SystemClock()
+    started_at = clock.now()
+    started = monotonic_seconds()
+    results = explore(
+        selected_pairs(scenarios),
+        permutations=args.permutations,
+        rules=RULES[args.rules],
+        seed=args.seed,
+        strategy=args.strategy,
+        max_steps=args.max_steps,
+    )
+    seconds = monotonic_seconds() - started
+    finished_at = clock.now()
+    if args.ledger:
+        try:
+            _record(args.ledger, results, started_at, finished_at)
+        except (EngineError, OSError) as exc:
+            print(f"finality explore: cannot record in {args.ledger}: {exc}", file=err)
+            return EXIT_USAGE
+    divergent = sum(r.divergent for r in results)
+    if args.json:
+        print(_as_json(results, args.rules, args.seed, args.permutations, seconds), file=out)
+    else:
+        _print_table(results, args.rules, args.seed, seconds, out)
+    return EXIT_DIVERGENT if divergent else EXIT_OK
+
+
+def _print_table(results: Sequence[PairResult], rules: str, seed: int, seconds: float, out: TextIO) -> None:
+    explored = sum(r.explored for r in results)
+    divergent = sum(r.divergent for r in results)
+    print(f"finality explore: rules {rules}, seed {seed}", file=out)
+    print(
+        f"{'scenario':<26} {'protocol':<15} {'interleavings':>13} {'mode':<10} "
+        f"{'receipts':>8} {'parked':>7} {'divergent':>9}",
+        file=out,
+    )
+    for r in results:
+        print(_row(r), file=out)
+    exhausted = sum(r.exhaustive for r in results)
+    rate = f"{explored / seconds:,.0f} interleavings/s" if seconds > 0 else ""
+    print(
+        f"{divergent} divergent of {explored:,} distinct interleavings "
+        f"({exhausted} of {len(results)} scenario/protocol pairs exhaustive) in {seconds:.1f} s, {rate}",
+        file=out,
+    )
+    for r in results:
+        if r.divergent:
+            kinds = ", ".join(f"{k}: {v}" for k, v in sorted(r.kinds.items()))
+            print(f"DIVERGENT {r.scenario} on {r.protocol}: {r.divergent} runs ({kinds})", file=out)
+    shortest = _shortest(results)
+    if shortest is not None and shortest.trace:
+        print("\nshortest failing interleaving:", file=out)
+        print(shortest.trace, file=out)
