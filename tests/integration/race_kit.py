@@ -36,6 +36,9 @@ QUICK = 500
 """Unscaled ``duration_ms`` of a call that is over before the first poll (5 ms real)."""
 LONG = 100_000
 """Unscaled ``duration_ms`` of a call that is still working when a cancel arrives (1 s real)."""
+KEEP = 10_000_000
+"""Unscaled ``ttl_ms`` that outlives any test (100 s real): the default for every call, so that a
+slow machine never turns a test into an expiry test (the scaled default would be 0.6 s)."""
 ACCEPT: dict[str, object] = {"action": "accept", "content": {"approve": True}}
 POLICY = PollPolicy(
     default_interval=timedelta(milliseconds=20),
@@ -120,7 +123,7 @@ def spec_for(
         "server": engine_url(server),
         "protocol": server.protocol,
         "tool": tool_ref(tool),
-        "arguments": arguments(tool, sim),
+        "arguments": arguments(tool, {"ttl_ms": KEEP, **sim}),
         "call_node": node,
         "wait_budget": wait_budget,
         "policy": POLICY,

@@ -82,13 +82,15 @@ async def test_a_cancel_while_working_is_accepted_as_cancelled_and_flags_the_eff
 @pytest.mark.parametrize("server", PLAIN, indirect=True)
 async def test_a_cancel_after_the_task_finished_never_rewrites_the_outcome_as_cancelled(server, ledger):
     """The task completes unseen, then the cancel goes out: the completion is what gets accepted."""
-    slow_polls = replace(POLICY, default_interval=timedelta(milliseconds=500))
+    # The next poll is a second away (the server's pollInterval, or our default on AIP-151); the
+    # cancel goes at 300 ms, long after the 5 ms of work, even on a slow first call of the session.
+    slow_polls = replace(POLICY, default_interval=timedelta(seconds=1))
     op = await call(
         server,
         ledger,
         tool="apply_batch_change",
-        sim={"duration_ms": QUICK, "poll_interval_ms": 50_000},
-        cancel_after=timedelta(milliseconds=100),
+        sim={"duration_ms": QUICK, "poll_interval_ms": 100_000},
+        cancel_after=timedelta(milliseconds=300),
         policy=slow_polls,
     )
     seen = invariants(ledger, server)

@@ -18,9 +18,6 @@ from engine.model import LocalState, Operation, Protocol, ServerStatus
 from engine.runtime.driver import Driver
 from refserver.testing import RefServer
 
-KEEP = 10_000_000
-"""Unscaled ``ttl_ms`` that outlives any test (100 s real), for tests that wait out a real Retry-After."""
-
 
 async def two_pollers(server: RefServer, ledger: Ledger, op: Operation) -> None:
     """Two drivers (own HTTP clients, one ledger) poll the same operation at the same time."""
@@ -49,9 +46,9 @@ async def two_pollers(server: RefServer, ledger: Ledger, op: Operation) -> None:
 async def out_of_order_replies(server: RefServer, ledger: Ledger) -> Operation:
     """Submit, let the task finish unseen, then two pollers at once: the stale reply lands last."""
     # slow_response fires on the creating reply first, then on the first poll: the one that is
-    # answered with the stale snapshot, so that reply arrives ~300 ms after the fresh one.
-    slow = {"name": "slow_response", "times": 2, "delay_ms": 30_000}
-    sim = {"duration_ms": QUICK, "ttl_ms": KEEP, "faults": [slow, "poll_out_of_order"]}
+    # answered with the stale snapshot, so that reply arrives ~500 ms after the fresh one.
+    slow = {"name": "slow_response", "times": 2, "delay_ms": 50_000}
+    sim = {"duration_ms": QUICK, "faults": [slow, "poll_out_of_order"]}
     submitted = await call(server, ledger, sim=sim, wait_budget=timedelta(0))
     assert submitted.state is LocalState.WORKING
     assert server.stats()["tasks"][0]["status"] == "completed"
@@ -100,7 +97,7 @@ async def test_a_late_poll_reply_is_logged_as_refused_not_as_accepted_from_a_sta
 async def test_a_poll_answered_busy_waits_out_retry_after_before_asking_again(server, ledger, fault):
     """poll_429 / poll_503 with Retry-After: 1: the next request goes no sooner than a second later."""
     busy = {"name": fault, "retry_after_s": 1}
-    op = await call(server, ledger, sim={"duration_ms": QUICK, "ttl_ms": KEEP, "faults": [busy]})
+    op = await call(server, ledger, sim={"duration_ms": QUICK, "faults": [busy]})
     seen = invariants(ledger, server)
     assert fault in seen.fired()
     assert op.state is LocalState.ACCEPTED

@@ -17,13 +17,15 @@ from engine.model import LocalState, ServerStatus
 @pytest.mark.parametrize("server", KEYED, indirect=True)
 async def test_a_lost_creating_response_is_found_by_its_key_and_makes_one_operation(server, ledger):
     """create_response_lost with a key lookup: SUBMISSION_UNKNOWN → the same task found → accepted."""
-    op = await call(server, ledger, sim={"duration_ms": QUICK, "faults": ["create_response_lost"]})
+    sim = {"duration_ms": QUICK, "faults": ["create_response_lost"]}
+    op = await call(server, ledger, tool="apply_batch_change", sim=sim)
     seen = invariants(ledger, server)
     assert "create_response_lost" in seen.fired()
     assert op.state is LocalState.ACCEPTED
     assert seen.path()[1:3] == ["SUBMISSION_UNKNOWN", "WORKING"]
     assert seen.methods()[:2] == ["submit", "lookup"]
     assert seen.task()["key"] == op.idempotency_key
+    assert len(seen.stats["executions"]["apply_batch_change"]) == 1
 
 
 @pytest.mark.parametrize(
@@ -53,12 +55,14 @@ async def test_a_creating_response_slower_than_the_timeout_is_found_by_its_key(s
     """slow_response on creation past the request timeout: the key lookup binds the one operation."""
     impatient = replace(OPTIONS, timeouts=replace(OPTIONS.timeouts, request=timedelta(milliseconds=300)))
     slow = {"name": "slow_response", "delay_ms": 100_000}
-    op = await call(server, ledger, sim={"duration_ms": QUICK, "faults": [slow]}, options=impatient)
+    sim = {"duration_ms": QUICK, "faults": [slow]}
+    op = await call(server, ledger, tool="apply_batch_change", sim=sim, options=impatient)
     seen = invariants(ledger, server)
     assert "slow_response" in seen.fired()
     assert op.state is LocalState.ACCEPTED
     assert "SUBMISSION_UNKNOWN" in seen.path()
     assert seen.polls["node-1"][0]["outcome"] == "unavailable"
+    assert len(seen.stats["executions"]["apply_batch_change"]) == 1
 
 
 @pytest.mark.parametrize("server", PLAIN, indirect=True)
