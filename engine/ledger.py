@@ -682,6 +682,10 @@ class Ledger:
     def close(self) -> None:
         self._root.close()
 
+    def warm_up(self) -> None:
+        """Pay one-time costs (pyarrow's lazy imports) now rather than on the first write."""
+        _columns([_state_row(_WARM_UP_OP, 0, 0)], _STATE_SCHEMA)
+
     def __enter__(self) -> Ledger:
         return self
 
@@ -1513,6 +1517,27 @@ class Ledger:
             out.setdefault(str(table), []).append(str(column))
         return out
 
+
+def _warm_up_operation() -> Operation:
+    now = datetime(2000, 1, 1, tzinfo=UTC)
+    return Operation(
+        operation_id=OperationId("warm-up"),
+        call_node_id=CallNodeId("warm-up"),
+        request_digest=Digest("sha256:0"),
+        tool=ToolRef("warm-up", "0", "0"),
+        principal=Principal("warm-up"),
+        protocol=Protocol.LEGACY_SYNC,
+        adapter_version="0",
+        server="warm-up",
+        idempotency_key=IdempotencyKey("warm-up"),
+        state=LocalState.WORKING,
+        epoch=Epoch(0),
+        created_at=now,
+        updated_at=now,
+    )
+
+
+_WARM_UP_OP: Final = _warm_up_operation()
 
 _TABLES: Final = frozenset(
     {

@@ -138,9 +138,7 @@ class Driver:
 
     async def _request(self, op: Operation, method: str, call: Callable[[], Awaitable[T]]) -> T:
         """One protocol request: within the QPS budget, and recorded in the polls table."""
-        if self.limiter is not None:
-            await self.limiter.acquire(self.server)
-        sent = self.clock.now()
+        sent = await self.limiter.acquire(self.server) if self.limiter is not None else self.clock.now()
         outcome = "ok"
         try:
             return await call()

@@ -6,7 +6,7 @@ this module only waits. No ledger, no HTTP.
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from engine.clock import Clock
 from engine.schedule import RateWindow
@@ -22,8 +22,12 @@ class Limiter:
         self._global = RateWindow(global_qps)
         self._per_server = {server: RateWindow(qps) for server, qps in (per_server or {}).items()}
 
-    async def acquire(self, server: str) -> None:
-        """Wait until a request to ``server`` fits both windows, then take a slot in each."""
+    async def acquire(self, server: str) -> datetime:
+        """Wait until a request to ``server`` fits both windows, take a slot in each, return its instant.
+
+        The caller records that instant as the request's send time, so that the polls table
+        measures exactly what the windows enforced.
+        """
         windows = [self._global]
         if server in self._per_server:
             windows.append(self._per_server[server])
@@ -35,5 +39,5 @@ class Limiter:
                 for w in windows:
                     taken = w.take(now)
                     assert taken
-                return
+                return now
             await self._clock.sleep(max(earliest - now, timedelta(microseconds=100)))

@@ -9,7 +9,8 @@ Receipts never wait: ``accept_terminal`` flushes first and commits at once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from engine.ledger import BatchOutcome, Json, Ledger, PollRecord
 from engine.model import Operation, Receipt, Transition
@@ -24,10 +25,24 @@ class BatchingLedger(Ledger):
         self._overlay: dict[str, Operation] = {}
         self._polls: list[PollRecord] = []
         self.flushed_transitions = 0
+        self._immediate = 0
 
     # Writes that wait for the tick's flush -------------------------------------------------
 
+    @contextmanager
+    def immediate(self) -> Iterator[None]:
+        """Within this block writes commit at once (after everything buffered): person actions
+        such as a cancel must be durable, and win or lose their compare-and-swap, right away."""
+        self.flush()
+        self._immediate += 1
+        try:
+            yield
+        finally:
+            self._immediate -= 1
+
     def apply(self, transition: Transition) -> Operation:
+        if self._immediate:
+            return super().apply(transition)
         self._pending.append(transition)
         self._overlay[transition.after.operation_id] = transition.after
         return transition.after

@@ -10,6 +10,7 @@ On start every non-terminal operation is loaded from the ledger and resumed; non
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import logging
@@ -53,7 +54,11 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 S = LocalState
 
-MAX_DUE_PER_TICK = 2000
+MAX_RUNNING = 2000
+"""Operations advancing at once; the QPS limiter spaces their requests."""
+FLUSH_BATCH = 500
+FLUSH_DELAY = timedelta(milliseconds=5)
+"""How long finished advances wait for company before their writes are committed together."""
 
 
 class ServiceError(EngineError):
@@ -93,6 +98,9 @@ class Executor:
     _actions: list[tuple[Callable[[], Awaitable[object]], asyncio.Future[object]]] = field(
         default_factory=list
     )
+    _running: dict[str, asyncio.Future[Wake]] = field(default_factory=dict)
+    _finished: list[Wake] = field(default_factory=list)
+    _rerun: set[str] = field(default_factory=set)
     _stopping: bool = False
     stats: dict[str, int] = field(default_factory=lambda: {"ticks": 0, "advances": 0, "refused": 0})
 
@@ -103,6 +111,7 @@ class Executor:
 
     async def start(self) -> None:
         """Negotiate with every configured server, then resume every non-terminal operation."""
+        self.ledger.warm_up()
         if self.client is None:
             self.client = httpx.AsyncClient(
                 limits=httpx.Limits(max_connections=200, max_keepalive_connections=100)
@@ -188,16 +197,22 @@ class Executor:
         return None
 
     async def run(self) -> None:
-        """Tick until ``aclose``."""
+        """Loop until ``aclose``: flush, release finished operations, run person actions, launch due ones."""
         while not self._stopping:
             await self.tick()
             await self._idle()
+        if self._running:
+            await asyncio.wait(self._running.values(), timeout=30)
+        self._flush()
 
     async def _idle(self) -> None:
-        if self._actions:
+        if self._actions or self._finished:
+            # Let a few more advances finish so that they share one commit.
+            if self._store.pending < FLUSH_BATCH and self._running:
+                await self.clock.sleep(FLUSH_DELAY)
             return
         now = self.clock.now()
-        if self._heap and self._heap[0][0] <= now:
+        if self._heap and self._heap[0][0] <= now and len(self._running) < MAX_RUNNING:
             return
         self._wake.clear()
         delay = (self._heap[0][0] - now) if self._heap else timedelta(seconds=1)
@@ -210,9 +225,18 @@ class Executor:
             waker.cancel()
 
     async def tick(self) -> int:
-        """One round: person actions, then every due operation advanced once; returns how many."""
+        """One round; returns how many operations were launched.
+
+        1. flush buffered writes (one transaction), then hand finished advances back to the heap:
+           an operation's next request is only ever sent after its last change is durable;
+        2. run queued person actions;
+        3. launch every due operation that is not already running, as its own task.
+        """
         self.stats["ticks"] += 1
         self._flush()
+        finished, self._finished = self._finished, []
+        for wake in finished:
+            self._after(wake)
         actions, self._actions = self._actions, []
         for action, future in actions:
             try:
@@ -221,21 +245,29 @@ class Executor:
                 future.set_exception(exc)
             self._flush()
         now = self.clock.now()
-        due: list[Operation] = []
-        while self._heap and self._heap[0][0] <= now and len(due) < MAX_DUE_PER_TICK:
+        launched = 0
+        while self._heap and self._heap[0][0] <= now and len(self._running) < MAX_RUNNING:
             at, _, op_id = heapq.heappop(self._heap)
             if self._due_at.get(op_id) != at:
                 continue  # superseded by an earlier schedule
             del self._due_at[op_id]
             op = self._ops.get(op_id)
-            if op is not None:
-                due.append(op)
-        if due:
-            results = await asyncio.gather(*(self._advance(op) for op in due))
-            for wake in results:
-                self._after(wake)
-        self._flush()
-        return len(due)
+            if op is None:
+                continue
+            if op_id in self._running:
+                self._rerun.add(op_id)
+                continue
+            task = asyncio.ensure_future(self._advance(op))
+            self._running[op_id] = task
+            task.add_done_callback(functools.partial(self._done, op_id))
+            launched += 1
+        return launched
+
+    def _done(self, op_id: str, task: asyncio.Future[Wake]) -> None:
+        self._running.pop(op_id, None)
+        if not task.cancelled():
+            self._finished.append(task.result())
+        self._wake.set()
 
     async def _advance(self, op: Operation) -> Wake:
         driver = self._driver_for(op)
@@ -251,6 +283,14 @@ class Executor:
 
     def _after(self, wake: Wake) -> None:
         op = wake.operation
+        known = self._ops.get(op.operation_id)
+        if known is not None and known.row_version > op.row_version:
+            # A person acted while this advance was in flight; their version is newer.
+            op = known
+            wake = Wake(op, self.clock.now())
+        if op.operation_id in self._rerun:
+            self._rerun.discard(op.operation_id)
+            wake = Wake(op, self.clock.now())
         self._ops[op.operation_id] = op
         if op.state in RECEIPT_STATES:
             self._ops.pop(op.operation_id, None)
@@ -277,7 +317,8 @@ class Executor:
         if driver is None:
             return
         try:
-            after = driver.request_cancel(op, actor="finality", reason="wait budget exhausted")
+            with self._store.immediate():
+                after = driver.request_cancel(op, actor="finality", reason="wait budget exhausted")
         except EngineError as exc:
             logger.warning("budget cancel of %s failed: %s", op.operation_id, exc)
             return
@@ -384,10 +425,10 @@ class Executor:
             if driver is None:
                 raise ServiceError(409, f"operation's server {op.server} is not configured")
             try:
-                after = driver.request_cancel(op, actor=actor, reason=reason)
+                with self._store.immediate():
+                    after = driver.request_cancel(op, actor=actor, reason=reason)
             except EngineError as exc:
                 raise ServiceError(409, str(exc)) from exc
-            self._store.flush()
             self._ops[after.operation_id] = after
             self._schedule(after.operation_id, self.clock.now())
             return after
@@ -405,10 +446,10 @@ class Executor:
             if driver is None:
                 raise ServiceError(409, f"operation's server {op.server} is not configured")
             try:
-                after = await driver.answer(op, input_round=input_round, answer=answer, actor=actor)
+                with self._store.immediate():
+                    after = await driver.answer(op, input_round=input_round, answer=answer, actor=actor)
             except StaleRound as exc:
                 raise ServiceError(409, str(exc)) from exc
-            self._store.flush()
             self._ops[after.operation_id] = after
             self._schedule(after.operation_id, self.clock.now())
             return after
@@ -437,10 +478,10 @@ class Executor:
                 driver = self._driver_for(op)
                 if driver is None:
                     raise ServiceError(409, f"operation's server {op.server} is not configured")
-                after = driver.commit(op, Reconciled(actor, reason, TaskId(task_id) if task_id else None))
+                with self._store.immediate():
+                    after = driver.commit(op, Reconciled(actor, reason, TaskId(task_id) if task_id else None))
                 if after.state is S.UNKNOWN:
                     raise ServiceError(409, "the operation could not be reconciled that way")
-                self._store.flush()
                 self._ops[after.operation_id] = after
                 self._schedule(after.operation_id, self.clock.now())
             return self.ledger.resolve_reconciliation(

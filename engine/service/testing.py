@@ -89,7 +89,8 @@ class ServiceProcess:
         return self
 
     def _wait_ready(self) -> None:
-        assert self._process is not None and self._process.stdout is not None
+        assert self._process is not None
+        assert self._process.stdout is not None
         deadline = time.monotonic() + self.startup_timeout
         buffer = b""
         fd = self._process.stdout.fileno()

@@ -363,9 +363,11 @@ def test_any_event_sequence_yields_at_most_one_receipt(events: list[Event], side
         if op.state in RECEIPT_STATES:
             assert t.after.state is op.state, "receipt states absorb"
             assert not any(isinstance(e, AcceptTerminal) for e in t.effects)
-        if op.state is S.CANCELLED_ACCEPTED and isinstance(event, StatusObserved | ResultVerified):
-            if event.status is ServerStatus.COMPLETED and t.accepted:
-                assert t.after.effect_reconciliation_required
+        late_completion = (
+            isinstance(event, StatusObserved | ResultVerified) and event.status is ServerStatus.COMPLETED
+        )
+        if op.state is S.CANCELLED_ACCEPTED and late_completion and t.accepted:
+            assert t.after.effect_reconciliation_required
         if t.after.state is S.ACCEPTED and t.after.server_status is ServerStatus.COMPLETED:
             assert t.after.result_digest in verified
         if not t.accepted:

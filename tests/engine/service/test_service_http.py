@@ -152,7 +152,7 @@ def test_request_rate_never_exceeds_the_configured_qps(
             client.submit(
                 call_node=node,
                 tool="generate_report",
-                arguments={"_sim": {"duration_ms": 2000, "poll_interval_ms": 200}},
+                arguments={"_sim": {"duration_ms": 2000, "poll_interval_ms": 200, "ttl_ms": 3_600_000}},
             )
         wait_until(lambda: all_terminal(client, nodes), timeout=60, what="all calls terminal")
     with Ledger.open(ledger_path, read_only=True) as ledger:
