@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from engine.adapters import AdapterOptions, Timeouts
+from engine.adapters.verify import EPOCH_META
 from engine.clock import SystemClock
 from engine.ledger import Ledger
 from engine.model import (
@@ -278,8 +279,25 @@ def _check_one(ledger: Ledger, server: RefServer, node: str, seen: Seen) -> None
             assert any(e["status"] == "open" for e in unknown), f"{node}: UNKNOWN with no open entry"
 
 
+def epoch_echo(payload: dict[str, object]) -> int | None:
+    """The execution epoch a result carries, where the reference servers put it (None if absent)."""
+    data = payload.get("data")
+    for meta in (payload.get("_meta"), data.get("_meta") if isinstance(data, dict) else None):
+        if isinstance(meta, dict) and isinstance(meta.get(EPOCH_META), int):
+            return int(meta[EPOCH_META])
+    if isinstance(payload.get("epoch"), int):  # AIP-151 response
+        return int(str(payload["epoch"]))
+    for detail in payload.get("details") or []:  # AIP-151 google.rpc.Status, ErrorInfo metadata
+        meta = detail.get("metadata") if isinstance(detail, dict) else None
+        if isinstance(meta, dict) and str(meta.get("epoch", "")).lstrip("-").isdigit():
+            return int(meta["epoch"])
+    return None
+
+
 def _check_is_the_tools_own_result(ledger: Ledger, op: Operation, payload: dict[str, object]) -> None:
-    """A stored result is what the tool returned for these arguments, not something else."""
+    """A stored result is what the tool returned for these arguments in this epoch, not something else."""
+    echoed = epoch_echo(payload)
+    assert echoed in (None, op.epoch), f"accepted a result of epoch {echoed}; the operation is at {op.epoch}"
     sent = {k: v for k, v in ledger.arguments(op.operation_id).items() if k != "_sim"}
     structured = payload.get("structuredContent")
     if isinstance(structured, dict):
