@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from engine.adapters import AdapterOptions, Timeouts
@@ -84,12 +87,31 @@ class Fleet:
             server = RefServer(protocol, time_scale=SCALE, seed=11, idempotency=keyed)
             server.start()
             self._servers[kind] = server
+            warm_up(server)
         return self._servers[kind]
 
     def stop(self) -> None:
         for server in self._servers.values():
             server.stop()
         self._servers.clear()
+
+
+def warm_up(server: RefServer) -> None:
+    """One plain call before the first test, so that this process's first-call costs (imports,
+    validator builds, ~0.5 s) never eat into a test's wait budget or cancel timing.
+
+    Runs on its own thread and event loop, apart from the test's loop, and is bounded.
+    """
+
+    async def one_call(path: Path) -> None:
+        ledger = Ledger.open(path)
+        try:
+            await call(server, ledger, sim={"duration_ms": QUICK}, node="warm-up")
+        finally:
+            ledger.close()
+
+    with tempfile.TemporaryDirectory() as folder, ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, one_call(Path(folder) / "warm-up.duckdb")).result(timeout=30)
 
 
 def engine_url(server: RefServer) -> str:

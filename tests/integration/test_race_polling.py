@@ -141,7 +141,7 @@ async def test_a_404_before_expiry_goes_to_unknown_and_resumes_when_the_server_a
 async def test_a_404_after_expiry_without_a_held_outcome_is_never_accepted(server, ledger):
     """expire_early: deleted the moment it ended; nothing was read, so UNKNOWN by task id, no receipt."""
     sim = {"duration_ms": QUICK, "ttl_ms": 1_000, "faults": ["expire_early"]}
-    op = await call(server, ledger, sim=sim, wait_budget=timedelta(milliseconds=500))
+    op = await call(server, ledger, sim=sim, wait_budget=timedelta(milliseconds=800))
     seen = invariants(ledger, server)
     assert op.state is LocalState.UNKNOWN
     assert seen.receipt() is None
