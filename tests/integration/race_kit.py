@@ -327,8 +327,9 @@ def _check_is_the_tools_own_result(ledger: Ledger, op: Operation, payload: dict[
         assert structured.get("echo") == sent, f"result echoes {structured.get('echo')}, sent {sent}"
     else:
         # A JSON-RPC error or a google.rpc.Status: the failure the server reported.
-        assert isinstance(payload.get("code"), int), payload
-        assert isinstance(payload.get("message"), str), payload
+        why = f"accepted something that is neither the tool's result nor its error: {payload}"
+        assert isinstance(payload.get("code"), int), why
+        assert isinstance(payload.get("message"), str), why
 
 
 def invariants(ledger: Ledger, server: RefServer, *nodes: str) -> Seen:
