@@ -125,12 +125,12 @@ def tool_ref(tool: str) -> ToolRef:
 
 def arguments(tool: str, sim: dict[str, Any], **echo: object) -> dict[str, object]:
     """Tool arguments: a little echo the result must carry back, plus the ``_sim`` controls."""
-    own: dict[str, object] = {
+    own: dict[str, dict[str, object]] = {
         "generate_report": {"report": "q3", "period": "2026-Q3"},
         "analyze_upload": {"upload_id": "up-1"},
         "apply_batch_change": {"batch_id": "b-1", "changes": [{"set": "x", "to": 1}]},
-    }.get(tool, {})
-    return {**own, **echo, "_sim": sim}
+    }
+    return {**own.get(tool, {}), **echo, "_sim": sim}
 
 
 def spec_for(
@@ -309,7 +309,8 @@ def epoch_echo(payload: dict[str, object]) -> int | None:
             return int(meta[EPOCH_META])
     if isinstance(payload.get("epoch"), int):  # AIP-151 response
         return int(str(payload["epoch"]))
-    for detail in payload.get("details") or []:  # AIP-151 google.rpc.Status, ErrorInfo metadata
+    details = payload.get("details")
+    for detail in details if isinstance(details, list) else []:  # AIP-151 google.rpc.Status ErrorInfo
         meta = detail.get("metadata") if isinstance(detail, dict) else None
         if isinstance(meta, dict) and str(meta.get("epoch", "")).lstrip("-").isdigit():
             return int(meta["epoch"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import httpx
 import pytest
@@ -104,7 +104,10 @@ async def test_a_poll_answered_busy_waits_out_retry_after_before_asking_again(se
     polls = seen.polls["node-1"]
     refused = next(i for i, p in enumerate(polls) if p["outcome"] == "unavailable")
     assert polls[refused]["method"] == "get"
-    gap = polls[refused + 1]["sent_at"] - polls[refused]["received_at"]
+    asked_again, refused_at = polls[refused + 1]["sent_at"], polls[refused]["received_at"]
+    assert isinstance(asked_again, datetime)
+    assert isinstance(refused_at, datetime)
+    gap = asked_again - refused_at
     assert gap >= timedelta(seconds=1), f"asked again after {gap}"
 
 
