@@ -11,7 +11,6 @@ used outside simulations: nothing here is durable.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
 
 from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import DuplicateOperation, InvalidRecord, LedgerError, ReceiptConflict, StaleWrite
@@ -26,7 +25,6 @@ from engine.model import (
     Role,
     TaskId,
     Transition,
-    digest_of,
 )
 
 Json = dict[str, object]
@@ -77,7 +75,7 @@ class MemLedger:
     receipts: dict[str, Receipt] = field(default_factory=dict)
     outbox: dict[str, OutboxEntry] = field(default_factory=dict)
     results: dict[str, Json] = field(default_factory=dict)
-    audit: list[tuple[str, Digest | None]] = field(default_factory=list)
+    audit: list[tuple[str, Json | None]] = field(default_factory=list)
     held: dict[str, Held] = field(default_factory=dict)
     answers: dict[tuple[str, int], Json] = field(default_factory=dict)
     entries: list[Entry] = field(default_factory=list)
@@ -181,7 +179,7 @@ class MemLedger:
 
     def attach_audit_result(self, op: Operation, payload: Json | None) -> None:
         """Keep a result read after the terminal beside the receipt (never as a success payload)."""
-        self.audit.append((op.operation_id, digest_of(payload) if payload is not None else None))
+        self.audit.append((op.operation_id, payload))
 
     def hold_outcome(self, operation_id: str, held: Held) -> None:
         self.held[operation_id] = held
@@ -244,7 +242,3 @@ class MemLedger:
             tuple(self.answers),
             tuple(self.entries),
         )
-
-    def at(self) -> datetime | None:
-        """The newest update instant across operations (for traces)."""
-        return max((o.updated_at for o in self._ops.values()), default=None)
