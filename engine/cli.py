@@ -80,6 +80,16 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--ledger", required=True)
     show.add_argument("--json", action="store_true")
 
+    gates = sub.add_parser("gates", help="compute the six release gates from a ledger")
+    gates.add_argument("--ledger", required=True)
+    gates.add_argument("--json", action="store_true")
+    gates.add_argument("--qps", type=float, help="override the configured QPS cap")
+    gates.add_argument("--no-record", action="store_true", help="do not append this evaluation to gate_runs")
+
+    sub.add_parser(
+        "explore", help="deterministic race explorer (see `finality explore --help`)", add_help=False
+    )
+
     ref = sub.add_parser("refserver", help="run a reference task server", add_help=False)
     ref.add_argument("rest", nargs=argparse.REMAINDER)
 
@@ -192,6 +202,43 @@ def cmd_show(args: argparse.Namespace) -> int:
     return EXIT_OK if report["terminal"] else EXIT_NO_RECEIPT
 
 
+def cmd_gates(args: argparse.Namespace) -> int:
+    from rollout.gates import Thresholds, evaluate
+
+    clock = SystemClock()
+    with _open(args.ledger, read_only=args.no_record) as ledger:
+        report = evaluate(ledger.gate_inputs(clock.now()), Thresholds(qps=args.qps))
+        run_id = None if args.no_record else ledger.record_gate_run(report.results, clock.now())
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "run_id": run_id,
+                    "passed": report.passed,
+                    "gates": [
+                        {
+                            "gate": r.gate,
+                            "passed": r.passed,
+                            "value": r.value,
+                            "threshold": r.threshold,
+                            "verdict": r.verdict,
+                            "inputs": r.inputs,
+                        }
+                        for r in report.results
+                    ],
+                },
+                default=str,
+            )
+        )
+    else:
+        for r in report.results:
+            mark = "PASS" if r.passed else "FAIL"
+            print(f"{mark}  {r.gate:24} {r.verdict}   (value {r.value}, threshold {r.threshold})")
+            print(f"      inputs: {json.dumps(r.inputs, default=str)}")
+        print("all gates pass" if report.passed else f"{len(report.failing())} gate(s) fail")
+    return EXIT_OK if report.passed else 1
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -286,6 +333,10 @@ _SERVICE_COMMANDS = {"health", "submit", "ops", "get", "cancel", "approvals", "a
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["explore"]:
+        from engine.explore.cli import main as explore_main
+
+        return explore_main(argv[1:])
     if argv[:1] == ["refserver"]:
         from refserver.cli import main as refserver_main
 
@@ -300,6 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return cmd_show(args)
             case "serve":
                 return cmd_serve(args)
+            case "gates":
+                return cmd_gates(args)
             case command if command in _SERVICE_COMMANDS:
                 return cmd_service(args)
     except ServiceRefusedError as exc:

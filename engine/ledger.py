@@ -276,6 +276,17 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             )""",
         ),
     ),
+    (
+        5,
+        "settings",
+        (
+            """CREATE TABLE settings (
+                key VARCHAR PRIMARY KEY,
+                value VARCHAR NOT NULL,
+                updated_at TIMESTAMPTZ NOT NULL
+            )""",
+        ),
+    ),
 )
 SUPPORTED_SCHEMA: Final[int] = MIGRATIONS[-1][0]
 
@@ -339,6 +350,13 @@ _TRANSITION_SCHEMA: Final = pa.schema(
         ("recorded_at", _TS),
     ]
 )
+_EXPECT_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("expected_version", pa.int64()),
+        ("expected_cancel_generation", pa.int32()),
+    ]
+)
 _BINDING_SCHEMA: Final = pa.schema(
     [("server", pa.string()), ("task_id", pa.string()), ("operation_id", pa.string()), ("bound_at", _TS)]
 )
@@ -378,6 +396,11 @@ _DUCKDB_MAGIC: Final = b"DUCK"
 _HEADER_BYTES: Final = 3 * 4096
 
 
+def _json_text(value: object) -> str:
+    """Canonical JSON that also takes instants (as ISO 8601)."""
+    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
+
+
 def event_detail(transition: Transition) -> str:
     """The event's fields as canonical JSON (sorted keys), for the append-only log.
 
@@ -415,6 +438,18 @@ class ExplorerRun:
     shortest_trace: str | None
     started_at: datetime
     finished_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class GateRecord:
+    """One gate's verdict as ``gate_runs`` stores it."""
+
+    gate: str
+    passed: bool
+    value: float | None
+    threshold: float | None
+    verdict: str
+    inputs: dict[str, object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -953,7 +988,19 @@ class Ledger:
         # The common single write: plain parameterised statements beat registering Arrow tables.
         before, after = t.before, t.after
         with self._tx() as tx:
-            if after != before:
+            if after == before:
+                # Nothing to write but the log line; it must still be about the row as it is,
+                # or a stale reply would be logged as accepted against a state it never saw.
+                current = tx.execute(
+                    "SELECT row_version, cancel_generation FROM op_state WHERE operation_id = ?",
+                    [before.operation_id],
+                ).fetchone()
+                if current is None or (int(current[0]), int(current[1])) != (
+                    before.row_version,
+                    before.cancel_generation,
+                ):
+                    return BatchOutcome(None, StaleWrite(before.operation_id, before.row_version))
+            else:
                 assignments = ", ".join(f"{c} = ?" for c in _STATE_COLUMNS[1:])
                 row = _state_row(after, before.row_version, before.cancel_generation)[: len(_STATE_COLUMNS)]
                 updated = tx.execute(
@@ -996,7 +1043,12 @@ class Ledger:
         state_rows = [
             _state_row(last[k].after, first[k].before.row_version, first[k].before.cancel_generation)
             for k in last
-            if last[k].after.row_version != first[k].before.row_version or last[k].after != first[k].before
+            if last[k].after != first[k].before
+        ]
+        unchanged = [
+            (k, first[k].before.row_version, first[k].before.cancel_generation)
+            for k in last
+            if last[k].after == first[k].before
         ]
         bindings = []
         for k, t in last.items():
@@ -1006,6 +1058,20 @@ class Ledger:
         new_state = _columns(state_rows, _STATE_SCHEMA)
         with self._tx() as tx:
             stale_ids: set[str] = set()
+            if unchanged:
+                # Log-only transitions are checked too: they must describe the row as it is.
+                tx.register("log_only", _columns(unchanged, _EXPECT_SCHEMA))
+                try:
+                    stale_ids |= {
+                        str(r[0])
+                        for r in tx.execute(
+                            "SELECT e.operation_id FROM log_only e LEFT JOIN op_state s USING (operation_id) "
+                            "WHERE s.operation_id IS NULL OR s.row_version <> e.expected_version "
+                            "OR s.cancel_generation <> e.expected_cancel_generation"
+                        ).fetchall()
+                    }
+                finally:
+                    tx.unregister("log_only")
             if state_rows:
                 tx.register("new_state", new_state)
                 try:
@@ -1015,7 +1081,8 @@ class Ledger:
                         "WHERE s.operation_id IS NULL OR s.row_version <> n.expected_version "
                         "OR s.cancel_generation <> n.expected_cancel_generation"
                     ).fetchall()
-                    stale_ids = {str(r[0]) for r in stale}
+                    changed_stale = {str(r[0]) for r in stale}
+                    stale_ids |= changed_stale
                     assignments = ", ".join(f"{c} = n.{c}" for c in _STATE_COLUMNS[1:])
                     updated = tx.execute(
                         f"UPDATE op_state SET {assignments} FROM new_state n "
@@ -1024,7 +1091,7 @@ class Ledger:
                     ).fetchone()
                 finally:
                     tx.unregister("new_state")
-                expected = len(state_rows) - len(stale_ids)
+                expected = len(state_rows) - len(changed_stale)
                 if updated is None or int(updated[0]) != expected:
                     raise duckdb.TransactionException("concurrent writer moved rows during group commit")
             fresh = [b for b in bindings if b[2] not in stale_ids]
@@ -1279,6 +1346,16 @@ class Ledger:
             ).fetchone()
         return bool(row and row[0] == 1)
 
+    def resolve_open(self, operation_id: str, *, kind: str, actor: str, resolution: str, at: datetime) -> int:
+        """Close every open entry of one kind for an operation (e.g. the server reappeared); returns how many."""
+        with self._tx() as tx:
+            row = tx.execute(
+                "UPDATE reconciliation SET status = 'resolved', resolved_at = ?, actor = ?, resolution = ? "
+                "WHERE operation_id = ? AND kind = ? AND status = 'open'",
+                [at, actor, resolution, operation_id, kind],
+            ).fetchone()
+        return int(row[0]) if row else 0
+
     def reconciliation(self, *, open_only: bool = True) -> list[dict[str, object]]:
         sql = "SELECT * FROM reconciliation"
         if open_only:
@@ -1405,6 +1482,111 @@ class Ledger:
             "SELECT kind, count(*) FROM reconciliation WHERE status = 'open' GROUP BY ALL ORDER BY ALL"
         ).fetchall()
         return [(str(a), int(b)) for a, b in rows]
+
+    def put_setting(self, key: str, value: str, at: datetime) -> None:
+        with self._tx() as tx:
+            tx.execute("INSERT OR REPLACE INTO settings VALUES (?, ?, ?)", [key, value, at])
+
+    def setting(self, key: str) -> str | None:
+        row = self._con.execute("SELECT value FROM settings WHERE key = ?", [key]).fetchone()
+        return str(row[0]) if row else None
+
+    def gate_inputs(self, now: datetime) -> dict[str, dict[str, object]]:
+        """The raw inputs of the six gates, read from the ledger only (no thresholds applied here)."""
+        con = self._con
+
+        def one(sql: str, params: list[object] | None = None) -> tuple[object, ...]:
+            row = con.execute(sql, params or []).fetchone()
+            return tuple(row) if row else ()
+
+        explorer = one(
+            "SELECT count(*), coalesce(sum(distinct_interleavings), 0), coalesce(sum(divergent), 0), "
+            "max(finished_at) FROM explorer_runs WHERE rules = 'engine'"
+        )
+        ops = one("SELECT count(*) FROM op_state")
+        duplicates = one(
+            "SELECT count(*) FROM (SELECT operation_id FROM task_bindings GROUP BY operation_id HAVING count(*) > 1)"
+        )
+        resubmits = one("SELECT count(*) FROM op_state WHERE submit_attempts > 0")
+        polls = one(
+            "SELECT count(*), coalesce(max(n), 0) FROM (SELECT count(*) OVER (ORDER BY sent_at RANGE BETWEEN "
+            "CURRENT ROW AND INTERVAL 999999 MICROSECONDS FOLLOWING) AS n FROM polls)"
+        )
+        cancels = one(
+            "SELECT count(*), quantile_cont(epoch(r.accepted_at) - epoch(s.cancel_requested_at), 0.99), "
+            "max(epoch(r.accepted_at) - epoch(s.cancel_requested_at)) "
+            "FROM op_state s JOIN receipts r USING (operation_id) WHERE s.cancel_requested_at IS NOT NULL"
+        )
+        pending_cancels = one(
+            "SELECT count(*), max(epoch(?::TIMESTAMPTZ) - epoch(cancel_requested_at)) FROM op_state "
+            "WHERE cancel_requested_at IS NOT NULL AND state NOT IN ('ACCEPTED', 'CANCELLED_ACCEPTED')",
+            [now],
+        )
+        unknown = one(
+            "SELECT count(*), count(*) FILTER (WHERE status = 'open'), "
+            "max(CASE WHEN status = 'open' THEN epoch(?::TIMESTAMPTZ) - epoch(opened_at) END), "
+            "quantile_cont(CASE WHEN status = 'open' THEN epoch(?::TIMESTAMPTZ) - epoch(opened_at) "
+            "ELSE epoch(resolved_at) - epoch(opened_at) END, 0.99), "
+            "max(CASE WHEN status = 'resolved' THEN epoch(resolved_at) - epoch(opened_at) END) "
+            "FROM reconciliation WHERE kind = 'unknown'",
+            [now, now],
+        )
+        trace = one(
+            "SELECT count(*), count(*) FILTER (WHERE r.call_node_id IS NULL OR r.status <> o.terminal_status "
+            "OR r.result_digest IS DISTINCT FROM o.result_digest) "
+            "FROM outbox o LEFT JOIN receipts r USING (call_node_id)"
+        )
+        qps = self.setting("global_qps")
+        return {
+            "terminal_divergence": {
+                "explorer_runs": explorer[0],
+                "interleavings": explorer[1],
+                "divergent": explorer[2],
+                "last_run_at": explorer[3],
+            },
+            "duplicate_operations": {
+                "operations": ops[0],
+                "operations_with_second_server_task": duplicates[0],
+                "resubmitted_after_proof_of_absence": resubmits[0],
+            },
+            "poll_amplification": {
+                "requests": polls[0],
+                "busiest_1s_window": polls[1],
+                "configured_qps": float(qps) if qps is not None else None,
+            },
+            "cancel_confirmation": {
+                "confirmed": cancels[0],
+                "p99_s": cancels[1],
+                "max_s": cancels[2],
+                "pending": pending_cancels[0],
+                "oldest_pending_s": pending_cancels[1],
+            },
+            "unknown_reconciliation": {
+                "operations": ops[0],
+                "entries": unknown[0],
+                "open": unknown[1],
+                "oldest_open_s": unknown[2],
+                "p99_age_s": unknown[3],
+                "slowest_resolution_s": unknown[4],
+            },
+            "traceability": {"outbox_rows": trace[0], "untraceable": trace[1]},
+        }
+
+    def record_gate_run(self, results: Sequence[GateRecord], at: datetime) -> int:
+        """Store one evaluation of the gates; returns its run id."""
+        with self._tx() as tx:
+            row = tx.execute("SELECT nextval('gate_run_seq')").fetchone()
+            assert row is not None
+            run_id = int(row[0])
+            for r in results:
+                tx.execute(
+                    "INSERT INTO gate_runs VALUES (?,?,?,?,?,?,?,?)",
+                    [run_id, r.gate, r.passed, r.value, r.threshold, r.verdict, _json_text(r.inputs), at],
+                )
+        return run_id
+
+    def gate_runs(self, limit: int = 500) -> list[dict[str, object]]:
+        return self._rows("SELECT * FROM gate_runs ORDER BY run_id DESC, gate LIMIT ?", [limit])
 
     def _rows(self, sql: str, params: list[object]) -> list[dict[str, object]]:
         cur = self._con.execute(sql, params)
@@ -1556,6 +1738,7 @@ _TABLES: Final = frozenset(
         "held_outcomes",
         "explorer_runs",
         "gate_runs",
+        "settings",
     }
 )
 

@@ -321,8 +321,11 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
                         op, event, now, _observe(resumed, event), (Poll(),), reason="server reappeared"
                     )
                 if op.cancel_generation and event.status is ServerStatus.CANCELLED:
-                    return _accept_cancel(resumed, event, now, "server reports the task cancelled")
-                return _status_while_running(resumed, event, now)
+                    t = _accept_cancel(resumed, event, now, "server reports the task cancelled")
+                else:
+                    t = _status_while_running(resumed, event, now)
+                # Decided as if running again, but recorded as what it is: a move out of UNKNOWN.
+                return replace(t, before=op, reason=t.reason or "server reappeared")
             return _reject(op, event, now, f"no status is expected in {state}")
 
         case InputAnswered():

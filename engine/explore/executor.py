@@ -444,16 +444,51 @@ class SimExecutor:
             ),
         )
 
-    def state_key(self) -> tuple[object, ...]:
+    def clone(self, host: Host) -> SimExecutor:
+        """An independent copy bound to ``host`` (the cloned world)."""
+        twin = SimExecutor(host, self.incarnation, self.epoch, self.reactions, self.pollers)
         mem = self.mem
-        return (
-            self.incarnation,
-            self.alive,
+        twin.mem = Memory(
             mem.fresh_submit,
             mem.cancel_sent,
             mem.fetch_attempts,
             mem.input_resends,
             mem.resend_input,
             mem.poll_mark,
-            tuple((rid, p.request.kind, p.op.row_version, p.probe) for rid, p in self.pending.items()),
         )
+        twin.pending = dict(self.pending)
+        twin.alive = self.alive
+        return twin
+
+    def state_key(self, rank: dict[int, int], mark: tuple[int, int] | None) -> tuple[object, ...]:
+        """Memory and waiting requests, request ids by rank and the poll mark as "still current"."""
+        mem = self.mem
+        return (
+            self.incarnation,
+            self.epoch,
+            self.alive,
+            mem.fresh_submit,
+            mem.cancel_sent,
+            mem.fetch_attempts,
+            mem.input_resends,
+            mem.resend_input,
+            mem.poll_mark is not None and mem.poll_mark == mark,
+            tuple(
+                (rank[rid], request_key(p.request, rank), p.op, p.probe)
+                for rid, p in sorted(self.pending.items())
+            ),
+        )
+
+
+def request_key(request: Request, rank: dict[int, int]) -> tuple[object, ...]:
+    """A request with its id replaced by its rank among the ids still alive."""
+    return (
+        rank[request.rid],
+        request.kind,
+        request.owner,
+        request.epoch,
+        request.task_id,
+        request.key,
+        request.generation,
+        request.input_key,
+    )

@@ -63,6 +63,8 @@ class PairResult:
     parked: int = 0
     """Runs that ended in UNKNOWN or INPUT_REQUIRED with a person told (not divergences)."""
     kinds: dict[str, int] = field(default_factory=dict)
+    states: int = 0
+    """Distinct states executed, when equivalent interleavings were merged (0 otherwise)."""
     shortest: Failing | None = None
     trace: str | None = None
     seconds: float = 0.0

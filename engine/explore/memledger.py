@@ -233,12 +233,33 @@ class MemLedger:
             for e in self.entries
         )
 
+    def clone(self) -> MemLedger:
+        """An independent copy (every stored value is immutable, so the containers are enough)."""
+        return MemLedger(
+            self.server,
+            dict(self._ops),
+            dict(self._by_node),
+            dict(self._by_key),
+            dict(self._bindings),
+            dict(self._arguments),
+            dict(self.receipts),
+            dict(self.outbox),
+            dict(self.results),
+            list(self.audit),
+            dict(self.held),
+            dict(self.answers),
+            list(self.entries),
+            self.writes,
+            self.rejected,
+        )
+
     def state_key(self) -> tuple[object, ...]:
-        """Everything a later step can observe, as one hashable value (for pruning by state)."""
+        """Everything a later step or check can observe, as one hashable value."""
         return (
             tuple(self._ops.values()),
-            tuple(self.receipts.items()),
-            tuple(self.held.items()),
+            tuple(self._bindings.items()),
+            tuple(self.receipts.values()),
+            tuple((k, h.status, h.digest, h.task_id, h.epoch_echo) for k, h in self.held.items()),
             tuple(self.answers),
             tuple(self.entries),
         )

@@ -106,6 +106,23 @@ class SimTask:
     deleted: bool = False
     late_done: bool = False
 
+    def copy(self) -> SimTask:
+        return SimTask(
+            self.task_id,
+            self.key,
+            self.status,
+            self.exec_epoch,
+            self.expires_at,
+            self.script_pos,
+            self.input_key,
+            self.input_seq,
+            self.cancel_requested,
+            self.first_terminal,
+            self.digest,
+            self.deleted,
+            self.late_done,
+        )
+
 
 _PAYLOADS: dict[tuple[Protocol, TaskId, ServerStatus], tuple[Json, Digest]] = {}
 
@@ -312,20 +329,56 @@ class SimServer:
         self.tasks[task_id].deleted = True
         self.version += 1
 
-    def state_key(self) -> tuple[object, ...]:
-        return (
+    def clone(self) -> SimServer:
+        """An independent copy (tasks are mutable and copied one by one)."""
+        return SimServer(
+            self.protocol,
+            self.script,
+            self.lookup_by_key,
+            self.ttl,
+            self.reuse_id,
+            self.flip,
+            self.echo_creation_epoch,
+            {task_id: task.copy() for task_id, task in self.tasks.items()},
+            dict(self.by_key),
+            list(self.created),
             self.version,
+        )
+
+    def state_key(self) -> tuple[object, ...]:
+        """The server's state without its version counter (only ever compared for equality)."""
+        return (
             tuple(
                 (
                     t.task_id,
+                    t.key,
                     t.status,
+                    t.exec_epoch,
+                    t.expires_at,
                     t.script_pos,
                     t.input_key,
+                    t.input_seq,
                     t.cancel_requested,
                     t.first_terminal,
+                    t.digest,
                     t.deleted,
                     t.late_done,
                 )
                 for t in self.tasks.values()
             ),
+            tuple(self.by_key.items()),
+            tuple(self.created),
         )
+
+
+def value_key(value: ReplyValue) -> object:
+    """A hashable stand-in for a reply value (payloads are dictionaries; their digests stand in)."""
+    if isinstance(value, Outcome):
+        return ("outcome", value.status, value.digest, value.task_id, value.epoch_echo)
+    if isinstance(value, Created):
+        return ("created", value_key(value.view))
+    if isinstance(value, ServerView):
+        request = value.input_request.key if value.input_request is not None else None
+        outcome = value_key(value.outcome) if value.outcome is not None else None
+        return ("view", value.task_id, value.status, value.expires_at, request, outcome)
+    return value

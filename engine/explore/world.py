@@ -19,11 +19,21 @@ from functools import cache
 
 from engine.adapters.base import CancelResult, Created, Outcome, ServerView
 from engine.errors import LedgerError, ReceiptConflict, StaleWrite
-from engine.explore.executor import SimExecutor
+from engine.explore.executor import SimExecutor, request_key
 from engine.explore.memledger import MemLedger
 from engine.explore.rules import Rules
 from engine.explore.scenario import Scenario
-from engine.explore.server import TERMINAL, Failure, Kind, Message, Reply, ReplyValue, Request, SimServer
+from engine.explore.server import (
+    TERMINAL,
+    Failure,
+    Kind,
+    Message,
+    Reply,
+    ReplyValue,
+    Request,
+    SimServer,
+    value_key,
+)
 from engine.model import (
     RECEIPT_STATES,
     AcceptTerminal,
@@ -577,6 +587,63 @@ class World:
     def parked(self) -> bool:
         op = self.ledger.get(OP_ID)
         return op is not None and op.state in (S.UNKNOWN, S.INPUT_REQUIRED)
+
+    # ------------------------------------------------------------------------- state identity
+
+    def clone(self) -> World:
+        """An independent copy of this run's state, to branch from (no trace)."""
+        twin = object.__new__(World)
+        twin.__dict__.update(self.__dict__)
+        twin.ledger = self.ledger.clone()
+        twin.server = self.server.clone()
+        twin.net = list(self.net)
+        twin.executors = [e.clone(twin) for e in self.executors]
+        twin.findings = list(self.findings)
+        twin.received = set(self.received)
+        twin.lines = None
+        return twin
+
+    def state_key(self) -> tuple[object, ...]:
+        """Everything that decides the rest of the run and how it is judged, as one hashable value.
+
+        Two states with equal keys have the same future: the same enabled steps, the same outcomes
+        and the same findings. Request ids are replaced by their rank among the ids still alive,
+        and each poll mark by whether it is still current, so states reached along different
+        interleavings compare equal.
+        """
+        rids = sorted({*(m.rid for m in self.net), *(rid for e in self.executors for rid in e.pending)})
+        rank = {rid: i for i, rid in enumerate(rids)}
+        op = self.ledger.get(OP_ID)
+        mark = (self.server.version, op.row_version) if op is not None else None
+        net = tuple(
+            request_key(m, rank)
+            if isinstance(m, Request)
+            else (rank[m.rid], m.kind, m.owner, value_key(m.value))
+            for m in self.net
+        )
+        return (
+            self.now,
+            self.active,
+            self.drops,
+            self.delays,
+            self.dups,
+            self.throttles,
+            self.corrupts,
+            self.crashes,
+            self.raises,
+            self.evicts,
+            self.passes,
+            self.cancels,
+            self.max_generation,
+            self.aborted,
+            self.unknowns,
+            tuple(self.findings),
+            frozenset(self.received),
+            net,
+            tuple(e.state_key(rank, mark) for e in self.executors),
+            self.ledger.state_key(),
+            self.server.state_key(),
+        )
 
     # ---------------------------------------------------------------------------------- traces
 

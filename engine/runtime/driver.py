@@ -191,6 +191,15 @@ class Driver:
     def _effects(self, t: Transition) -> None:
         now = self.clock.now()
         op = t.after
+        if t.before.state is S.UNKNOWN and op.state is not S.UNKNOWN and isinstance(t.event, StatusObserved):
+            # The server answered for the operation again: nothing is left for a person to find.
+            self.ledger.resolve_open(
+                op.operation_id,
+                kind="unknown",
+                actor="finality",
+                resolution=f"server reported the task {t.event.status} again; resumed as {op.state}",
+                at=now,
+            )
         for effect in t.effects:
             match effect:
                 case OpenReconciliation(reason=reason):

@@ -112,6 +112,9 @@ class Executor:
     async def start(self) -> None:
         """Negotiate with every configured server, then resume every non-terminal operation."""
         self.ledger.warm_up()
+        now = self.clock.now()
+        self.ledger.put_setting("global_qps", repr(self.config.global_qps), now)
+        self.ledger.put_setting("rollout_salt", self.config.rollout_salt, now)
         if self.client is None:
             self.client = httpx.AsyncClient(
                 limits=httpx.Limits(max_connections=200, max_keepalive_connections=100)
@@ -415,6 +418,48 @@ class Executor:
         self._ops[stored.operation_id] = stored
         self._schedule(stored.operation_id, self.clock.now())
         return stored
+
+    async def submit_many(self, calls: list[tuple[str, str, Json]]) -> list[Operation]:
+        """Record many calls ``(call_node, tool, arguments)`` in one transaction and schedule them.
+
+        For load generators and imports; each call follows the same rules as ``submit``.
+        """
+
+        async def create() -> list[Operation]:
+            items = []
+            targets = []
+            for call_node, tool, arguments in calls:
+                tool_config = self.config.tools.get(tool)
+                if tool_config is None:
+                    raise ServiceError(400, f"unknown tool {tool!r}")
+                target = self._servers[tool_config.server]
+                plan_call(
+                    target.caps, tool, sync_limit=tool_config.sync_limit, wait_budget=tool_config.wait_budget
+                )
+                request = CallRequest(
+                    CallNodeId(call_node), tool_config.ref, arguments, Principal(target.config.principal)
+                )
+                op = new_operation(
+                    request,
+                    operation_id=OperationId(str(uuid.uuid4())),
+                    protocol=target.protocol,
+                    adapter_version=ADAPTER_VERSION,
+                    server=target.config.url,
+                    epoch=self.epoch,
+                    now=self.clock.now(),
+                )
+                items.append((op, arguments))
+                targets.append(target)
+            stored = self.ledger.create_many(items)
+            now = self.clock.now()
+            for (op, created), target in zip(stored, targets, strict=True):
+                if created:
+                    target.driver.mark_fresh(op)
+                self._ops[op.operation_id] = op
+                self._schedule(op.operation_id, now)
+            return [op for op, _ in stored]
+
+        return await self._between_ticks(create)
 
     async def cancel(self, call_node: str, *, actor: str, reason: str) -> Operation:
         """Raise the cancel generation and record CANCEL_REQUESTED; the request goes out next tick."""

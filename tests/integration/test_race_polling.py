@@ -73,13 +73,6 @@ async def test_two_poll_replies_out_of_order_never_move_a_terminal_status_back(s
     assert path[path.index("TERMINAL_OBSERVED") :] == ["TERMINAL_OBSERVED", "FETCHING_RESULT", "ACCEPTED"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine/ledger.py Ledger._apply_one appends a transition that changes nothing without its "
-    "compare-and-swap, so the stale 'working' reply is logged as an ACCEPTED WORKING->WORKING transition "
-    "after TERMINAL_OBSERVED (state is not regressed; the audit log is). 2026-07-28 passes only because "
-    "its ttl drifts between reads, which turns the no-op into a real write that the CAS refuses.",
-)
 @pytest.mark.parametrize("server", ["mcp25", "aip"], indirect=True)
 async def test_a_late_poll_reply_is_logged_as_refused_not_as_accepted_from_a_state_already_left(
     server, ledger
@@ -140,13 +133,6 @@ async def test_a_404_before_expiry_goes_to_unknown_and_resumes_when_the_server_a
     assert "before expiry" in str(entry["reason"])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine/machine.py step(): an UNKNOWN operation whose server reappears is stepped as "
-    "`resumed` (state WORKING) and that copy becomes the transition's `before`, so the log records "
-    "WORKING -> TERMINAL_OBSERVED although the stored state was UNKNOWN (the CAS still holds: same "
-    "row_version). Same for _accept_cancel(resumed, ...).",
-)
 @pytest.mark.parametrize("server", PLAIN, indirect=True)
 async def test_leaving_unknown_is_logged_from_unknown(server, ledger):
     """The transition that takes an operation out of UNKNOWN names UNKNOWN as where it came from."""

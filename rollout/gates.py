@@ -1,0 +1,182 @@
+"""The six release gates, evaluated from raw ledger inputs against thresholds.
+
+Pure: takes the inputs ``Ledger.gate_inputs`` read and a ``Thresholds`` value, returns verdicts that
+carry their raw inputs. A gate without data fails with "no data"; it never passes silently. The
+what-if in the console runs this same function with other thresholds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.ledger import GateRecord
+
+GATES = (
+    "terminal_divergence",
+    "duplicate_operations",
+    "poll_amplification",
+    "cancel_confirmation",
+    "unknown_reconciliation",
+    "traceability",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    min_interleavings: int = 10_000
+    max_divergent: int = 0
+    max_duplicates: int = 0
+    qps: float | None = None
+    """Overrides the QPS the service recorded; None uses the recorded one."""
+    cancel_p99_s: float = 60.0
+    unknown_max_age_s: float = 15 * 60.0
+    min_traceable_share: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class GateReport:
+    results: list[GateRecord] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.results) and all(r.passed for r in self.results)
+
+    def failing(self) -> list[GateRecord]:
+        return [r for r in self.results if not r.passed]
+
+
+def _num(value: object) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    try:
+        return float(str(value))
+    except ValueError:
+        return None
+
+
+def _no_data(gate: str, threshold: float | None, inputs: dict[str, object], what: str) -> GateRecord:
+    return GateRecord(gate, False, None, threshold, f"no data: {what}", inputs)
+
+
+def evaluate(inputs: dict[str, dict[str, object]], thresholds: Thresholds = Thresholds()) -> GateReport:
+    """Verdicts for all six gates."""
+    out: list[GateRecord] = []
+
+    d = inputs["terminal_divergence"]
+    explored = _num(d["interleavings"]) or 0.0
+    divergent = _num(d["divergent"]) or 0.0
+    if not d["explorer_runs"]:
+        out.append(
+            _no_data(
+                "terminal_divergence", 0, d, "no explorer run recorded (run `finality explore --ledger`)"
+            )
+        )
+    elif explored < thresholds.min_interleavings:
+        out.append(
+            GateRecord(
+                "terminal_divergence",
+                False,
+                divergent,
+                thresholds.max_divergent,
+                f"only {explored:.0f} of {thresholds.min_interleavings} interleavings explored",
+                d,
+            )
+        )
+    else:
+        ok = divergent <= thresholds.max_divergent
+        out.append(
+            GateRecord(
+                "terminal_divergence",
+                ok,
+                divergent,
+                thresholds.max_divergent,
+                f"{divergent:.0f} divergent of {explored:.0f} interleavings",
+                d,
+            )
+        )
+
+    d = inputs["duplicate_operations"]
+    if not d["operations"]:
+        out.append(_no_data("duplicate_operations", thresholds.max_duplicates, d, "no operations"))
+    else:
+        dup = _num(d["operations_with_second_server_task"]) or 0.0
+        out.append(
+            GateRecord(
+                "duplicate_operations",
+                dup <= thresholds.max_duplicates,
+                dup,
+                thresholds.max_duplicates,
+                f"{dup:.0f} operations created a second server-side operation",
+                d,
+            )
+        )
+
+    d = inputs["poll_amplification"]
+    cap = thresholds.qps if thresholds.qps is not None else _num(d["configured_qps"])
+    if not d["requests"]:
+        out.append(_no_data("poll_amplification", cap, d, "no protocol requests recorded"))
+    elif cap is None:
+        out.append(_no_data("poll_amplification", None, d, "no configured QPS recorded"))
+    else:
+        busiest = _num(d["busiest_1s_window"]) or 0.0
+        out.append(
+            GateRecord(
+                "poll_amplification",
+                busiest <= cap,
+                busiest,
+                cap,
+                f"busiest 1 s window {busiest:.0f} requests, cap {cap:g}",
+                d,
+            )
+        )
+
+    d = inputs["cancel_confirmation"]
+    p99 = _num(d["p99_s"])
+    pending_age = _num(d["oldest_pending_s"]) or 0.0
+    if not d["confirmed"] and not d["pending"]:
+        out.append(_no_data("cancel_confirmation", thresholds.cancel_p99_s, d, "no cancels"))
+    else:
+        worst = max(p99 or 0.0, pending_age)
+        ok = worst < thresholds.cancel_p99_s
+        verdict = f"p99 {p99:.2f} s" if p99 is not None else "no confirmed cancel yet"
+        if pending_age:
+            verdict += f"; oldest unconfirmed {pending_age:.1f} s"
+        out.append(GateRecord("cancel_confirmation", ok, worst, thresholds.cancel_p99_s, verdict, d))
+
+    d = inputs["unknown_reconciliation"]
+    if not d["operations"]:
+        out.append(_no_data("unknown_reconciliation", thresholds.unknown_max_age_s, d, "no operations"))
+    else:
+        oldest = _num(d["oldest_open_s"]) or 0.0
+        slowest = _num(d["slowest_resolution_s"]) or 0.0
+        worst = max(oldest, slowest)
+        out.append(
+            GateRecord(
+                "unknown_reconciliation",
+                worst <= thresholds.unknown_max_age_s,
+                worst,
+                thresholds.unknown_max_age_s,
+                f"{d['open']} open, oldest {oldest / 60:.1f} min; slowest resolution {slowest / 60:.1f} min",
+                d,
+            )
+        )
+
+    d = inputs["traceability"]
+    rows = _num(d["outbox_rows"]) or 0.0
+    if not rows:
+        out.append(_no_data("traceability", thresholds.min_traceable_share, d, "no outbox rows"))
+    else:
+        share = (rows - (_num(d["untraceable"]) or 0.0)) / rows
+        out.append(
+            GateRecord(
+                "traceability",
+                share >= thresholds.min_traceable_share,
+                share,
+                thresholds.min_traceable_share,
+                f"{share:.2%} of {rows:.0f} downstream advances join a terminal receipt",
+                d,
+            )
+        )
+    return GateReport(out)
