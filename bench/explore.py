@@ -5,6 +5,10 @@ transitions forgotten), exactly what ``finality explore`` does. Reported: the me
 with min and max, by wall clock and by process CPU time (the latter is steadier on a shared machine).
 
     python bench/explore.py [--runs 5] [--permutations 10000] [--seed 0] [--json]
+    python bench/explore.py --prune [--runs 1] [--json]
+
+``--prune`` instead explores every interleaving of the whole catalogue with equivalent
+interleavings merged (each distinct state run once) and reports interleavings covered per second.
 """
 
 from __future__ import annotations
@@ -19,16 +23,19 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.explore import SCENARIOS, explore, selected_pairs
+from engine.explore.prune import explore_all_pruned
 from engine.explore.rules import clear_caches
 
 
-def one_run(permutations: int, seed: int) -> tuple[int, int, float, float]:
-    """(explored, divergent, wall seconds, cpu seconds) of one cold exploration."""
+def one_run(permutations: int, seed: int, prune: bool) -> tuple[int, int, float, float, int]:
+    """(interleavings, divergent, wall seconds, cpu seconds, states) of one cold exploration."""
     clear_caches()
+    pairs = selected_pairs(SCENARIOS)
     wall, cpu = time.perf_counter(), time.process_time()
-    results = explore(selected_pairs(SCENARIOS), permutations=permutations, seed=seed)
+    results = explore_all_pruned(pairs) if prune else explore(pairs, permutations=permutations, seed=seed)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return sum(r.explored for r in results), sum(r.divergent for r in results), wall, cpu
+    explored = sum(r.explored for r in results)
+    return explored, sum(r.divergent for r in results), wall, cpu, sum(r.states for r in results)
 
 
 def summary(rates: list[float]) -> dict[str, float]:
@@ -45,14 +52,18 @@ def main() -> int:
     parser.add_argument("--permutations", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--prune", action="store_true", help="merge equivalent interleavings, explore everything"
+    )
     args = parser.parse_args()
-    runs = [one_run(args.permutations, args.seed) for _ in range(args.runs)]
+    runs = [one_run(args.permutations, args.seed, args.prune) for _ in range(args.runs)]
     explored = runs[0][0]
     report = {
-        "benchmark": "explore",
+        "benchmark": "explore --prune" if args.prune else "explore",
         "runs": args.runs,
-        "permutations": args.permutations,
+        "permutations": None if args.prune else args.permutations,
         "explored_per_run": explored,
+        "distinct_states_per_run": runs[0][4],
         "divergent": max(r[1] for r in runs),
         "seconds_per_run": summary([r[2] for r in runs]),
         "interleavings_per_second": summary([r[0] / r[2] for r in runs]),

@@ -1,7 +1,8 @@
 """``finality explore``: run the race explorer, print what it found, exit 1 on any divergence.
 
 Usage: ``finality explore [--permutations N] [--scenario NAME|all] [--seed S] [--json]
-[--ledger PATH] [--rules NAME] [--strategy sample|dfs] [--list]``. Exit codes: 0 no divergence,
+[--ledger PATH] [--rules NAME] [--strategy sample|dfs] [--prune [--max-states N]] [--list]``.
+Exit codes: 0 no divergence,
 1 at least one divergent interleaving (the shortest is printed as a trace), 2 usage error.
 Presentation only: the rules live in ``engine.machine`` and the explorer in ``engine.explore``.
 """
@@ -18,6 +19,7 @@ from typing import TextIO
 from engine.clock import SystemClock, monotonic_seconds
 from engine.errors import EngineError
 from engine.explore.explorer import MAX_STEPS, STRATEGIES, PairResult, explore, selected_pairs
+from engine.explore.prune import MAX_STATES, StateLimit, explore_all_pruned
 from engine.explore.rules import RULES
 from engine.explore.scenario import FINDINGS, SCENARIOS, Scenario
 
@@ -71,6 +73,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--strategy", default="sample", choices=STRATEGIES, help="order of unexplored branches"
     )
+    parser.add_argument(
+        "--prune",
+        action="store_true",
+        help="explore every interleaving of each selected scenario, running each distinct state once "
+        "(equivalent interleavings merged); --permutations is then not used",
+    )
+    parser.add_argument(
+        "--max-states",
+        type=_positive,
+        default=MAX_STATES,
+        metavar="N",
+        help=f"with --prune: distinct states one scenario/protocol may expand (default {MAX_STATES:,})",
+    )
     parser.add_argument("--max-steps", type=_positive, default=MAX_STEPS, help=argparse.SUPPRESS)
     parser.add_argument("--list", action="store_true", help="list the scenarios and rule sets, then exit")
     return parser
@@ -109,10 +124,10 @@ def _listing(out: TextIO) -> None:
 
 
 def _row(r: PairResult) -> str:
-    mode = "exhaustive" if r.exhaustive else "sampled"
+    mode = "merged" if r.states else "exhaustive" if r.exhaustive else "sampled"
     return (
-        f"{r.scenario:<26} {r.protocol:<15} {r.explored:>13} {mode:<10} "
-        f"{r.receipts:>8} {r.parked:>7} {r.divergent:>9}"
+        f"{r.scenario:<26} {r.protocol:<15} {r.explored:>19,} {mode:<10} "
+        f"{r.receipts:>19,} {r.parked:>17,} {r.divergent:>15,}"
     )
 
 
@@ -140,6 +155,7 @@ def _as_json(results: Sequence[PairResult], rules: str, seed: int, requested: in
                 "explored": r.explored,
                 "distinct_interleavings": r.explored,
                 "exhaustive": r.exhaustive,
+                "states": r.states,
                 "receipts": r.receipts,
                 "parked": r.parked,
                 "divergent": r.divergent,
@@ -164,7 +180,7 @@ def _record(path: str, results: Sequence[PairResult], started: datetime, finishe
                     scenario=r.scenario,
                     protocol=r.protocol.value,
                     seed=r.seed,
-                    explored=r.explored,
+                    explored=r.states or r.explored,
                     distinct_interleavings=r.explored,
                     divergent=r.divergent,
                     exhaustive=r.exhaustive,
@@ -199,14 +215,22 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
     clock = SystemClock()
     started_at = clock.now()
     started = monotonic_seconds()
-    results = explore(
-        selected_pairs(scenarios),
-        permutations=args.permutations,
-        rules=RULES[args.rules],
-        seed=args.seed,
-        strategy=args.strategy,
-        max_steps=args.max_steps,
-    )
+    pairs = selected_pairs(scenarios)
+    if args.prune:
+        try:
+            results = explore_all_pruned(pairs, rules=RULES[args.rules], max_states=args.max_states)
+        except StateLimit as exc:
+            print(f"finality explore: {exc}; raise --max-states or drop --prune", file=err)
+            return EXIT_USAGE
+    else:
+        results = explore(
+            pairs,
+            permutations=args.permutations,
+            rules=RULES[args.rules],
+            seed=args.seed,
+            strategy=args.strategy,
+            max_steps=args.max_steps,
+        )
     seconds = monotonic_seconds() - started
     finished_at = clock.now()
     if args.ledger:
@@ -228,17 +252,19 @@ def _print_table(results: Sequence[PairResult], rules: str, seed: int, seconds: 
     divergent = sum(r.divergent for r in results)
     print(f"finality explore: rules {rules}, seed {seed}", file=out)
     print(
-        f"{'scenario':<26} {'protocol':<15} {'interleavings':>13} {'mode':<10} "
-        f"{'receipts':>8} {'parked':>7} {'divergent':>9}",
+        f"{'scenario':<26} {'protocol':<15} {'interleavings':>19} {'mode':<10} "
+        f"{'receipts':>19} {'parked':>17} {'divergent':>15}",
         file=out,
     )
     for r in results:
         print(_row(r), file=out)
     exhausted = sum(r.exhaustive for r in results)
+    states = sum(r.states for r in results)
     rate = f"{explored / seconds:,.0f} interleavings/s" if seconds > 0 else ""
+    merged = f", {states:,} distinct states run" if states else ""
     print(
-        f"{divergent} divergent of {explored:,} distinct interleavings "
-        f"({exhausted} of {len(results)} scenario/protocol pairs exhaustive) in {seconds:.1f} s, {rate}",
+        f"{divergent:,} divergent of {explored:,} distinct interleavings "
+        f"({exhausted} of {len(results)} scenario/protocol pairs exhaustive{merged}) in {seconds:.1f} s, {rate}",
         file=out,
     )
     for r in results:

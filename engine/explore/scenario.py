@@ -157,10 +157,16 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "stale-epoch",
         "rollback raises the epoch; replies to the old executor arrive afterwards",
-        script=("input", "complete"),
         epoch_raises=1,
         dups=1,
         fault_kinds=frozenset({Kind.GET, Kind.RESULT}),
+    ),
+    Scenario(
+        "stale-epoch-input",
+        "rollback in the middle of an input round: the old executor's replies and answers arrive late",
+        protocols=MCP,
+        script=("input", "complete"),
+        epoch_raises=1,
     ),
     Scenario(
         "task-id-reused",
