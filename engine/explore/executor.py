@@ -85,9 +85,12 @@ class Reactions:
     new_key_on_unknown: bool = False
     """From SUBMISSION_UNKNOWN, resubmit under a fresh key instead of looking up by the old one."""
     stamp_current_epoch: bool = False
-    """Stamp the status in a creating/lookup response with the epoch of the operation as reloaded
-    (``Driver._apply_view(op, ...)`` after ``commit`` returned the reloaded operation) instead of
-    the epoch the request was sent under."""
+    """Stamp the status in a creating/lookup response with the epoch of the operation as reloaded,
+    instead of the epoch the request was sent under. This is what ``engine/runtime/driver.py`` does
+    today (``_apply_view(op, ...)`` with the operation ``commit`` returned); it lets a fenced
+    executor's late creating response past the epoch fence, so the explorer's ``engine`` rules keep
+    the driver's documented rule (events carry the epoch of the executor that sent the request)
+    and ``driver-epoch-stamp`` reproduces the code as written."""
 
 
 @dataclass(slots=True)
