@@ -189,10 +189,6 @@ class World:
 
     # ------------------------------------------------------------------------- Host (executor)
 
-    @property
-    def op(self) -> Operation | None:
-        return self.ledger.get(OP_ID)
-
     def next_rid(self) -> int:
         self._rid += 1
         return self._rid
