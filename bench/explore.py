@@ -75,8 +75,10 @@ def main() -> int:
         wall = report["interleavings_per_second"]
         cpu = report["interleavings_per_cpu_second"]
         secs = report["seconds_per_run"]
+        states = f" ({runs[0][4]:,} distinct states run)" if args.prune else ""
         print(
-            f"explore: {explored:,} distinct interleavings per run, {args.runs} runs, {report['divergent']} divergent"
+            f"{report['benchmark']}: {explored:,} distinct interleavings per run{states}, "
+            f"{args.runs} runs, {report['divergent']} divergent"
         )
         print(
             f"  interleavings/s (wall): median {wall['median']:,.0f}  min {wall['min']:,.0f}  max {wall['max']:,.0f}"
