@@ -324,8 +324,9 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
                     t = _accept_cancel(resumed, event, now, "server reports the task cancelled")
                 else:
                     t = _status_while_running(resumed, event, now)
-                # Decided as if running again, but recorded as what it is: a move out of UNKNOWN.
-                return replace(t, before=op, reason=t.reason or "server reappeared")
+                # Decided as if running again, but recorded as what it is: a move out of UNKNOWN,
+                # one write that raises the row version even when only the state changed.
+                return _ok(op, event, now, t.after, t.effects, reason=t.reason or "server reappeared")
             return _reject(op, event, now, f"no status is expected in {state}")
 
         case InputAnswered():
