@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol as TypingProtocol
 
 from engine.adapters.base import CancelResult, Created, Outcome, ServerView
-from engine.errors import DuplicateOperation
+from engine.errors import DuplicateOperation, StaleWrite
 from engine.explore.memledger import Held, MemLedger
 from engine.explore.server import Failure, Kind, Reply, Request
 from engine.model import (
@@ -102,8 +102,8 @@ class Memory:
     fetch_attempts: int = 0
     input_resends: int = 0
     resend_input: bool = False
-    poll_mark: tuple[int, int] | None = None
-    """(server version, row version) when the last status read went out: a poll that could not see
+    poll_mark: tuple[int, Operation] | None = None
+    """(server version, operation) when the last status read went out: a poll that could not see
     anything new is not scheduled (it would return the same status and change nothing)."""
 
 
@@ -163,7 +163,7 @@ class SimExecutor:
     def _poll_plan(self, op: Operation, busy: bool) -> str | None:
         if self.mem.resend_input and op.state is S.WORKING and not busy:
             return "poll"
-        if self.mem.poll_mark == (self.host.server_version(), op.row_version):
+        if self.mem.poll_mark == (self.host.server_version(), op):
             return None
         if not busy:
             return "poll"
@@ -221,7 +221,7 @@ class SimExecutor:
                 if mem.resend_input and op.state is S.WORKING:
                     mem.resend_input = False
                     self.send_answer(op)
-                mem.poll_mark = (host.server_version(), op.row_version)
+                mem.poll_mark = (host.server_version(), op)
                 self._send(op, Kind.GET, probe=op.state is S.UNKNOWN)
             case "cancel":
                 self._send(op, Kind.CANCEL, generation=op.cancel_generation)
@@ -377,6 +377,14 @@ class SimExecutor:
         mem = self.mem
         if view.outcome is not None and view.status.terminal:
             self._hold(op, view.outcome)
+        if (
+            view.input_request is None
+            and view.status is ServerStatus.INPUT_REQUIRED
+            and op.state is not S.CANCEL_REQUESTED
+        ):
+            # The driver opens no round without the server's request: it polls again instead.
+            mem.poll_mark = None
+            return
         answered_before = op.answered_round == op.input_round and op.input_round > 0
         replay = (
             view.status is ServerStatus.INPUT_REQUIRED
@@ -428,7 +436,11 @@ class SimExecutor:
         t = host.decide(op, event)
         if not t.accepted:
             self.mem.fetch_attempts += 1
-            host.ledger.apply(t)  # recorded as rejected, with its reason
+            try:
+                host.ledger.apply(t)  # recorded as rejected, with its reason
+            except StaleWrite:
+                # ``Driver.advance``: the row moved; the next advance starts from the fresh one.
+                return
             if epoch != op.epoch and self.mem.fetch_attempts < MAX_FETCH_ATTEMPTS:
                 return
             host.commit(op, ResultRejected(t.reason, op.epoch), request=request)
@@ -463,7 +475,7 @@ class SimExecutor:
         twin.alive = self.alive
         return twin
 
-    def state_key(self, rank: dict[int, int], mark: tuple[int, int] | None) -> tuple[object, ...]:
+    def state_key(self, rank: dict[int, int], mark: tuple[int, Operation] | None) -> tuple[object, ...]:
         """Memory and waiting requests, request ids by rank and the poll mark as "still current"."""
         mem = self.mem
         return (

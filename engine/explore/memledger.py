@@ -54,12 +54,13 @@ class OutboxEntry:
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """An open item for a person: ``kind`` is ``unknown``, ``effects`` or ``approval``."""
+    """An item for a person: ``kind`` is ``unknown``, ``effects`` or ``approval``."""
 
     operation_id: str
     kind: str
     detail: str
     input_round: int = 0
+    open: bool = True
 
 
 @dataclass(slots=True)
@@ -129,6 +130,9 @@ class MemLedger:
     def apply(self, transition: Transition) -> Operation:
         """Compare-and-swap one transition.
 
+        A transition that changes nothing (rejected, or a repeat) is only logged, but it too must
+        describe the row as it is.
+
         Raises:
             StaleWrite: the row moved since ``transition.before`` was read.
             DuplicateOperation: the new server task id is already bound to another operation.
@@ -141,7 +145,16 @@ class MemLedger:
             raise LedgerError("a transition to a receipt state goes through accept_terminal, never apply")
         if t.after != t.before:
             self._swap(t.before, t.after)
-        elif not t.accepted:
+            return t.after
+        # Nothing to write but the log line; it must still be about the row as it is.
+        current = self._ops.get(t.before.operation_id)
+        if (
+            current is None
+            or current.row_version != t.before.row_version
+            or current.cancel_generation != t.before.cancel_generation
+        ):
+            raise StaleWrite(t.before.operation_id, t.before.row_version)
+        if not t.accepted:
             self.rejected += 1
         return t.after
 
@@ -202,6 +215,15 @@ class MemLedger:
         """Open a reconciliation (``unknown``/``effects``) or approval item for a person."""
         self.entries.append(Entry(op.operation_id, kind, detail, op.input_round))
 
+    def resolve_open(self, operation_id: str, kind: str) -> int:
+        """Close every open item of one kind for an operation; returns how many."""
+        closed = 0
+        for i, e in enumerate(self.entries):
+            if e.open and e.operation_id == operation_id and e.kind == kind:
+                self.entries[i] = Entry(e.operation_id, e.kind, e.detail, e.input_round, open=False)
+                closed += 1
+        return closed
+
     # ----------------------------------------------------------------------------------- reads
 
     def get(self, operation_id: str) -> Operation | None:
@@ -226,8 +248,10 @@ class MemLedger:
         return list(self._ops.values())
 
     def has_entry(self, operation_id: str, kind: str, input_round: int | None = None) -> bool:
+        """Whether an open item of ``kind`` (for ``input_round``, if given) waits for a person."""
         return any(
-            e.operation_id == operation_id
+            e.open
+            and e.operation_id == operation_id
             and e.kind == kind
             and (input_round is None or e.input_round == input_round)
             for e in self.entries

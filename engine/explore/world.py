@@ -55,6 +55,7 @@ from engine.model import (
     Protocol,
     Reconciled,
     ServerStatus,
+    StatusObserved,
     Submitted,
     TaskId,
     Transition,
@@ -96,6 +97,8 @@ class Divergence(StrEnum):
     """The run ended without a receipt and without a person being told, or a recorded request vanished."""
     REFUSED = "refused"
     """The ledger refused a write the rules asked for."""
+    UNVERSIONED = "unversioned"
+    """A recorded change did not raise the row version by one, so compare-and-swap cannot see it."""
     UNSETTLED = "unsettled"
     """The run did not settle within the step bound."""
 
@@ -227,6 +230,13 @@ class World:
         raise StaleWrite(op.operation_id, op.row_version, "kept losing the race")
 
     def _effects(self, t: Transition) -> None:
+        if (
+            t.before.state is S.UNKNOWN
+            and t.after.state is not S.UNKNOWN
+            and isinstance(t.event, StatusObserved)
+        ):
+            # ``Driver._effects``: the server answered again, nothing is left for a person to find.
+            self.ledger.resolve_open(t.after.operation_id, "unknown")
         for effect in t.effects:
             if isinstance(effect, OpenReconciliation):
                 self.ledger.open_entry(t.after, "unknown", effect.reason)
@@ -247,6 +257,14 @@ class World:
         before, after = t.before, t.after
         if not t.accepted or after == before:
             return
+        if after.row_version != before.row_version + 1:
+            self.findings.append(
+                (
+                    Divergence.UNVERSIONED,
+                    f"{type(event).__name__} changed the operation ({before.state} -> {after.state}) at row "
+                    f"version {before.row_version} -> {after.row_version}: compare-and-swap cannot see it",
+                )
+            )
         if before.state in RECEIPT_STATES and after.state is not before.state:
             what = (
                 "a completion advanced after the cancel won"
@@ -610,7 +628,7 @@ class World:
         rids = sorted({*(m.rid for m in self.net), *(rid for e in self.executors for rid in e.pending)})
         rank = {rid: i for i, rid in enumerate(rids)}
         op = self.ledger.get(OP_ID)
-        mark = (self.server.version, op.row_version) if op is not None else None
+        mark = (self.server.version, op) if op is not None else None
         net = tuple(
             request_key(m, rank)
             if isinstance(m, Request)
