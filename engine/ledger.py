@@ -1369,17 +1369,23 @@ class Ledger:
 
     def hold_outcome(self, operation_id: str, held: HeldOutcome) -> None:
         """Keep a terminal outcome that arrived inline, so it survives a restart or the server's expiry."""
+        self.hold_many([(operation_id, held)])
+
+    def hold_many(self, items: Sequence[tuple[str, HeldOutcome]]) -> None:
         with self._tx() as tx:
-            tx.execute(
+            tx.executemany(
                 "INSERT OR REPLACE INTO held_outcomes VALUES (?,?,?,?,?,?,?)",
                 [
-                    operation_id,
-                    held.status,
-                    held.digest,
-                    canonical_json(held.payload),
-                    held.task_id,
-                    held.epoch_echo,
-                    held.held_at,
+                    [
+                        operation_id,
+                        held.status,
+                        held.digest,
+                        canonical_json(held.payload),
+                        held.task_id,
+                        held.epoch_echo,
+                        held.held_at,
+                    ]
+                    for operation_id, held in items
                 ],
             )
 

@@ -22,6 +22,8 @@ from engine.explore.world import Finding, World
 from engine.model import Protocol
 
 STRATEGIES = ("sample", "dfs")
+SHORTEST_SEARCH_STATES = 5_000
+"""Distinct states the search for the shortest divergent interleaving of a sampled pair may run."""
 MAX_STEPS = 250
 """Steps after which a run counts as unsettled (no scenario needs more than a few dozen)."""
 
@@ -176,14 +178,34 @@ class PairExplorer:
             result.receipts += 1
 
     def finish(self) -> PairResult:
-        """The result so far, with the shortest divergent run rendered as a trace."""
+        """The result so far, with the shortest divergent run rendered as a trace.
+
+        When the tree was only sampled, a search that merges equivalent interleavings (bounded by
+        ``SHORTEST_SEARCH_STATES``) looks for the shortest divergent interleaving of all; if the
+        scenario is too large for that, the shortest run found is shown.
+        """
         result = self.result
         if result.shortest is not None and result.trace is None:
             shortest = result.shortest
+            if not result.exhaustive:
+                shortest = self._shortest_of_all() or shortest
+                result.shortest = shortest
             result.trace = render_trace(
                 self.scenario, self.protocol, self.rules, shortest.choices, shortest.findings
             )
         return result
+
+    def _shortest_of_all(self) -> Failing | None:
+        # Imported here: prune builds on this module.
+        from engine.explore.prune import StateLimit, explore_pruned
+
+        try:
+            merged = explore_pruned(
+                self.scenario, self.protocol, rules=self.rules, max_states=SHORTEST_SEARCH_STATES, trace=False
+            )
+        except StateLimit:
+            return None
+        return merged.shortest
 
 
 def explore_pair(

@@ -107,6 +107,7 @@ def explore_pruned(
     *,
     rules: Rules = ENGINE,
     max_states: int = MAX_STATES,
+    trace: bool = True,
 ) -> PairResult:
     """Every interleaving of ``scenario`` under ``protocol``, each distinct state run once.
 
@@ -134,7 +135,8 @@ def explore_pruned(
     result.kinds = dict(summary.kinds)
     if summary.shortest is not None:
         result.shortest = Failing(summary.shortest, summary.findings)
-        result.trace = render_trace(scenario, protocol, rules, summary.shortest, summary.findings)
+        if trace:
+            result.trace = render_trace(scenario, protocol, rules, summary.shortest, summary.findings)
     result.seconds = monotonic_seconds() - started
     return result
 

@@ -96,6 +96,8 @@ class _Memory:
     input_resends: int = 0
     resend_input: bool = False
     candidates: list[TaskId] = field(default_factory=list)
+    arguments: Json | None = None
+    held: Outcome | None = None
     advised: timedelta | None = None
     pending_input: InputRequest | None = None
 
@@ -132,9 +134,17 @@ class Driver:
     def forget(self, op: Operation) -> None:
         self._memory.pop(op.operation_id, None)
 
-    def mark_fresh(self, op: Operation) -> None:
+    def mark_fresh(self, op: Operation, arguments: Json | None = None) -> None:
         """This process just recorded ``op`` in SUBMITTING and has not sent it yet."""
-        self._mem(op).fresh_submit = True
+        mem = self._mem(op)
+        mem.fresh_submit = True
+        mem.arguments = arguments
+
+    def _arguments(self, op: Operation) -> Json:
+        mem = self._mem(op)
+        if mem.arguments is None:
+            mem.arguments = self.ledger.arguments(op.operation_id)
+        return mem.arguments
 
     async def _request(self, op: Operation, method: str, call: Callable[[], Awaitable[T]]) -> T:
         """One protocol request: within the QPS budget, and recorded in the polls table."""
@@ -235,7 +245,7 @@ class Driver:
         """Record a new operation (or find the call node's existing one) and send it once."""
         stored, created = self.ledger.create_operation(op, arguments)
         if created:
-            self.mark_fresh(stored)
+            self.mark_fresh(stored, arguments)
         return await self.advance(stored)
 
     # ------------------------------------------------------------------------------- advancing
@@ -294,7 +304,7 @@ class Driver:
             # not have reached the server. Never send it blindly again; look it up by key.
             return Wake(self.commit(op, SubmissionLost(op.epoch, "executor restarted while submitting")), now)
         mem.fresh_submit = False
-        arguments = self.ledger.arguments(op.operation_id)
+        arguments = self._arguments(op)
         try:
             result = await self._request(
                 op, "submit", lambda: self.backend.submit(SubmitRequest(op, arguments, self.ttl))
@@ -327,7 +337,7 @@ class Driver:
     async def _look_up(self, op: Operation) -> Wake:
         now = self.clock.now()
         mem = self._mem(op)
-        arguments = self.ledger.arguments(op.operation_id)
+        arguments = self._arguments(op)
         try:
             view = await self._request(op, "lookup", lambda: self.backend.look_up(op, arguments))
         except (NegotiationError, BackendRejected, ProtocolViolation) as exc:
@@ -453,8 +463,8 @@ class Driver:
 
     async def _fetch(self, op: Operation, mem: _Memory) -> Wake:
         now = self.clock.now()
-        held = self.ledger.held_outcome(op.operation_id)
-        outcome: Outcome | None = None
+        outcome: Outcome | None = mem.held
+        held = self.ledger.held_outcome(op.operation_id) if outcome is None and op.result_held else None
         if held is not None:
             outcome = Outcome(
                 status=ServerStatus(held.status),
@@ -463,7 +473,7 @@ class Driver:
                 task_id=TaskId(held.task_id) if held.task_id else None,
                 epoch_echo=held.epoch_echo,
             )
-        else:
+        if outcome is None:
             try:
                 outcome = await self._request(op, "result", lambda: self.backend.fetch_result(op))
             except NotFoundOnServer:
@@ -495,6 +505,7 @@ class Driver:
         return self._apply_view(op, self._mem(op), view)
 
     def _hold(self, op: Operation, outcome: Outcome) -> None:
+        self._mem(op).held = outcome
         self.ledger.hold_outcome(
             op.operation_id,
             HeldOutcome(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from engine.ledger import BatchOutcome, Json, Ledger, PollRecord
+from engine.ledger import BatchOutcome, HeldOutcome, Json, Ledger, PollRecord
 from engine.model import Operation, Receipt, Transition
 
 
@@ -24,6 +24,7 @@ class BatchingLedger(Ledger):
         self._pending: list[Transition] = []
         self._overlay: dict[str, Operation] = {}
         self._polls: list[PollRecord] = []
+        self._held: list[tuple[str, HeldOutcome]] = []
         self.flushed_transitions = 0
         self._immediate = 0
 
@@ -50,6 +51,12 @@ class BatchingLedger(Ledger):
     def record_polls(self, rows: Sequence[PollRecord]) -> None:
         self._polls.extend(rows)
 
+    def hold_outcome(self, operation_id: str, held: HeldOutcome) -> None:
+        if self._immediate:
+            super().hold_outcome(operation_id, held)
+            return
+        self._held.append((operation_id, held))
+
     def get(self, operation_id: str) -> Operation | None:
         pending = self._overlay.get(operation_id)
         return pending if pending is not None else super().get(operation_id)
@@ -65,6 +72,9 @@ class BatchingLedger(Ledger):
         pending, self._pending = self._pending, []
         self._overlay.clear()
         polls, self._polls = self._polls, []
+        held, self._held = self._held, []
+        if held:
+            super().hold_many(held)
         refused: list[tuple[Transition, BatchOutcome]] = []
         if pending:
             outcomes = super().apply_many(pending)
@@ -76,4 +86,4 @@ class BatchingLedger(Ledger):
 
     @property
     def pending(self) -> int:
-        return len(self._pending) + len(self._polls)
+        return len(self._pending) + len(self._polls) + len(self._held)

@@ -101,6 +101,7 @@ class Executor:
     _running: dict[str, asyncio.Future[Wake]] = field(default_factory=dict)
     _finished: list[Wake] = field(default_factory=list)
     _rerun: set[str] = field(default_factory=set)
+    _dirty: set[str] = field(default_factory=set)
     _stopping: bool = False
     stats: dict[str, int] = field(default_factory=lambda: {"ticks": 0, "advances": 0, "refused": 0})
 
@@ -286,10 +287,16 @@ class Executor:
 
     def _after(self, wake: Wake) -> None:
         op = wake.operation
-        known = self._ops.get(op.operation_id)
-        if known is not None and known.row_version > op.row_version:
-            # A person acted while this advance was in flight; their version is newer.
-            op = known
+        if op.operation_id in self._dirty:
+            # While this advance was in flight a person acted on the operation, or one of its
+            # writes lost its compare-and-swap: what it ended with is not the truth. Start again
+            # from the ledger.
+            self._dirty.discard(op.operation_id)
+            fresh = self.ledger.get(op.operation_id)
+            if fresh is None:
+                self._ops.pop(op.operation_id, None)
+                return
+            op = fresh
             wake = Wake(op, self.clock.now())
         if op.operation_id in self._rerun:
             self._rerun.discard(op.operation_id)
@@ -325,13 +332,22 @@ class Executor:
         except EngineError as exc:
             logger.warning("budget cancel of %s failed: %s", op.operation_id, exc)
             return
-        self._ops[op.operation_id] = after
-        self._schedule(op.operation_id, self.clock.now())
+        self._touched(after)
+
+    def _touched(self, after: Operation) -> None:
+        """A person's action just changed ``after`` in the ledger; make the loop follow it."""
+        if after.operation_id in self._running:
+            self._dirty.add(after.operation_id)
+        self._ops[after.operation_id] = after
+        self._schedule(after.operation_id, self.clock.now())
 
     def _flush(self) -> None:
         for transition, outcome in self._store.flush():
             self.stats["refused"] += 1
             op_id = transition.after.operation_id
+            if op_id in self._running:
+                self._dirty.add(op_id)
+                continue
             fresh = self.ledger.get(op_id)
             if fresh is None:
                 continue
@@ -414,7 +430,7 @@ class Executor:
         )
         stored, created = self.ledger.create_operation(op, arguments)
         if created:
-            target.driver.mark_fresh(stored)
+            target.driver.mark_fresh(stored, arguments)
         self._ops[stored.operation_id] = stored
         self._schedule(stored.operation_id, self.clock.now())
         return stored
@@ -452,9 +468,9 @@ class Executor:
                 targets.append(target)
             stored = self.ledger.create_many(items)
             now = self.clock.now()
-            for (op, created), target in zip(stored, targets, strict=True):
+            for (op, created), target, (_, arguments) in zip(stored, targets, items, strict=True):
                 if created:
-                    target.driver.mark_fresh(op)
+                    target.driver.mark_fresh(op, arguments)
                 self._ops[op.operation_id] = op
                 self._schedule(op.operation_id, now)
             return [op for op, _ in stored]
@@ -474,8 +490,7 @@ class Executor:
                     after = driver.request_cancel(op, actor=actor, reason=reason)
             except EngineError as exc:
                 raise ServiceError(409, str(exc)) from exc
-            self._ops[after.operation_id] = after
-            self._schedule(after.operation_id, self.clock.now())
+            self._touched(after)
             return after
 
         return await self._between_ticks(do)
@@ -495,8 +510,7 @@ class Executor:
                     after = await driver.answer(op, input_round=input_round, answer=answer, actor=actor)
             except StaleRound as exc:
                 raise ServiceError(409, str(exc)) from exc
-            self._ops[after.operation_id] = after
-            self._schedule(after.operation_id, self.clock.now())
+            self._touched(after)
             return after
 
         return await self._between_ticks(do)
@@ -527,8 +541,7 @@ class Executor:
                     after = driver.commit(op, Reconciled(actor, reason, TaskId(task_id) if task_id else None))
                 if after.state is S.UNKNOWN:
                     raise ServiceError(409, "the operation could not be reconciled that way")
-                self._ops[after.operation_id] = after
-                self._schedule(after.operation_id, self.clock.now())
+                self._touched(after)
             return self.ledger.resolve_reconciliation(
                 entry_id, actor=actor, resolution=reason, at=self.clock.now()
             )
