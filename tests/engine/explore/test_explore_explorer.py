@@ -9,8 +9,19 @@ from engine.explore.rules import ENGINE
 from engine.explore.scenario import FINDINGS
 from engine.explore.server import Kind, Request
 from engine.explore.world import OP_ID, Divergence, World
-from engine.model import LocalState, Protocol
+from engine.machine import step
+from engine.model import (
+    Epoch,
+    LocalState,
+    NotFound,
+    Protocol,
+    ServerStatus,
+    StatusObserved,
+    Submitted,
+    TaskId,
+)
 from engine.runtime import driver
+from engine.testing import EPOCH_START, make_operation
 
 P = Protocol
 
@@ -137,3 +148,17 @@ def test_the_open_finding_on_rollback_with_a_creation_epoch_echo_is_reported() -
     assert set(result.kinds) == {Divergence.UNSETTLED}
     assert result.trace is not None
     assert "UNKNOWN entered" in result.trace
+
+
+def test_leaving_unknown_on_a_repeated_status_raises_the_row_version() -> None:
+    """Regression found by the explorer: UNKNOWN -> WORKING must be a write compare-and-swap can see."""
+    op = make_operation("n1")
+    for event in (
+        Submitted(TaskId("t1"), Epoch(1)),
+        StatusObserved(TaskId("t1"), ServerStatus.WORKING, Epoch(1)),
+        NotFound(Epoch(1)),
+    ):
+        op = step(op, event, EPOCH_START).after
+    t = step(op, StatusObserved(TaskId("t1"), ServerStatus.WORKING, Epoch(1)), EPOCH_START)
+    assert (t.before.state, t.after.state) == (LocalState.UNKNOWN, LocalState.WORKING)
+    assert t.after.row_version == t.before.row_version + 1

@@ -85,3 +85,24 @@ def test_the_cli_prune_option_reports_merged_exhaustive_counts() -> None:
         == EXIT_USAGE
     )
     assert "max-states" in err.getvalue()
+
+
+def test_a_sampled_pair_prints_the_shortest_divergent_interleaving_of_all() -> None:
+    """Even when the budget only samples the tree, the trace is the globally shortest failure."""
+    scenario = scenario_named("cancel-ack-lost")
+    sampled = explore_pair(scenario, P.MCP_2026_07_28, rules=RULES["ack-as-terminal"], budget=50)
+    merged = explore_pruned(scenario, P.MCP_2026_07_28, rules=RULES["ack-as-terminal"])
+    assert not sampled.exhaustive
+    assert sampled.shortest is not None
+    assert merged.shortest is not None
+    assert sampled.shortest.choices == merged.shortest.choices
+
+
+def test_every_interleaving_around_expiry_keeps_the_row_version_honest() -> None:
+    """Found by the explorer: a stale status that moved UNKNOWN back to WORKING kept its row version.
+
+    Covers all interleavings of 404-after-expiry (two pollers) on every protocol; none diverges.
+    """
+    for protocol in scenario_named("not-found-after-expiry").protocols:
+        result = explore_pruned(scenario_named("not-found-after-expiry"), protocol)
+        assert result.divergent == 0, result.trace
