@@ -1,0 +1,121 @@
+"""`finality call` and `finality show` from the command line, against real reference servers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from refserver.testing import RefServer
+
+
+@pytest.fixture(scope="module")
+def mcp() -> Iterator[RefServer]:
+    with RefServer("mcp-2025-11-25", time_scale=0.02) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def aip() -> Iterator[RefServer]:
+    with RefServer("aip-151", time_scale=0.02) as server:
+        yield server
+
+
+def finality(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "engine", *args], capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+def call(server: RefServer, ledger: Path, node: str, *extra: str, args: str = '{"report": "q3"}') -> subprocess.CompletedProcess[str]:
+    url = server.url if server.protocol == "aip-151" else server.endpoint
+    tool = "analyze_upload" if server.protocol == "aip-151" else "generate_report"
+    return finality(
+        "call", "--server", url, "--tool", tool, "--args", args, "--call-node", node, "--ledger", str(ledger), "--json", *extra
+    )
+
+
+def test_a_completed_call_prints_its_receipt_and_exits_zero(mcp: RefServer, tmp_path: Path) -> None:
+    """--json prints one object with the documented fields; exit 0 means a receipt was written."""
+    done = call(mcp, tmp_path / "l.duckdb", "n1")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    for key in ("call_node", "operation_id", "protocol", "state", "server_status", "receipt", "result",
+                "effect_reconciliation_required", "transitions"):
+        assert key in report
+    assert report["protocol"] == "mcp-2025-11-25"  # --protocol auto discovered it
+    assert report["state"] == "ACCEPTED"
+    assert set(report["receipt"]) >= {"status", "result_digest", "epoch", "cancel_generation"}
+    assert report["result"]["structuredContent"]["echo"] == {"report": "q3"}
+    assert {"from", "to", "cause", "at"} <= set(report["transitions"][0])
+
+
+def test_show_prints_the_same_object_afterwards(mcp: RefServer, tmp_path: Path) -> None:
+    """`finality show` reads the ledger and prints the same operation object."""
+    ledger = tmp_path / "l.duckdb"
+    first = json.loads(call(mcp, ledger, "n2").stdout)
+    shown = finality("show", "--call-node", "n2", "--ledger", str(ledger), "--json")
+    assert shown.returncode == 0
+    assert json.loads(shown.stdout) == first
+
+
+def test_calling_again_resumes_and_never_submits_twice(aip: RefServer, tmp_path: Path) -> None:
+    """A second `finality call` for the same call node returns the same operation; the server saw one."""
+    aip.reset()
+    ledger = tmp_path / "l.duckdb"
+    first = json.loads(call(aip, ledger, "same").stdout)
+    again = json.loads(call(aip, ledger, "same").stdout)
+    assert again["operation_id"] == first["operation_id"]
+    assert aip.stats()["operations_created"]["total"] == 1
+
+
+def test_cancel_after_ends_cancelled_with_a_receipt(mcp: RefServer, tmp_path: Path) -> None:
+    """--cancel-after requests a cancel; the 2025-11-25 response is terminal evidence."""
+    done = call(mcp, tmp_path / "l.duckdb", "c1", "--cancel-after", "0.3", args='{"_sim": {"duration_ms": 60000}}')
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["state"] == "CANCELLED_ACCEPTED"
+    assert report["receipt"]["status"] == "cancelled"
+    assert report["result"] is None
+
+
+def test_leaving_early_is_not_a_cancel(aip: RefServer, tmp_path: Path) -> None:
+    """A caller that stops waiting exits 3; the operation and the server's task go on."""
+    aip.reset()
+    done = call(aip, tmp_path / "l.duckdb", "gone", "--wait-budget", "0.5", args='{"_sim": {"duration_ms": 60000}}')
+    assert done.returncode == 3
+    report = json.loads(done.stdout)
+    assert report["state"] == "WORKING"
+    assert report["receipt"] is None
+    (task,) = aip.stats()["tasks"]
+    assert task["status"] == "working"
+    assert task["cancel_requested_at"] is None
+
+
+def test_usage_errors_exit_two(mcp: RefServer, tmp_path: Path) -> None:
+    """Bad JSON arguments, an unknown tool, or an unreadable ledger are usage errors."""
+    assert call(mcp, tmp_path / "l.duckdb", "u1", args="[1, 2]").returncode == 2
+    unknown = finality(
+        "call", "--server", mcp.endpoint, "--tool", "no_such_tool", "--call-node", "u2", "--ledger", str(tmp_path / "l.duckdb")
+    )
+    assert unknown.returncode == 2
+    assert "no_such_tool" in unknown.stderr
+    bad_ledger = tmp_path / "bad.duckdb"
+    bad_ledger.write_text("not a ledger" * 100)
+    assert call(mcp, bad_ledger, "u3").returncode == 2
+
+
+def test_a_long_tool_without_tasks_is_refused_unless_its_sync_limit_fits(mcp: RefServer, tmp_path: Path) -> None:
+    """quick_lookup forbids tasks: it runs synchronously only when its published limit fits the budget."""
+    ledger = str(tmp_path / "l.duckdb")
+    base = ["call", "--server", mcp.endpoint, "--tool", "quick_lookup", "--ledger", ledger, "--json"]
+    refused = finality(*base, "--call-node", "s1")
+    assert refused.returncode == 2
+    assert "synchronous limit" in refused.stderr
+    ran = finality(*base, "--call-node", "s2", "--sync-limit", "5", "--wait-budget", "30")
+    assert ran.returncode == 0, ran.stderr
+    assert json.loads(ran.stdout)["protocol"] == "legacy-sync"
