@@ -105,6 +105,9 @@ class ServiceClient:
     def sql(self, query: str, *, max_rows: int = 1000) -> Json:
         return self._call("POST", "/api/v1/sql", json={"query": query, "max_rows": max_rows})
 
+    def gates(self, *, record: bool = False) -> Json:
+        return self._call("POST" if record else "GET", "/api/v1/gates")
+
     def metrics(self) -> str:
         try:
             return self._http.get("/metrics").text

@@ -12,6 +12,7 @@ Routes (all JSON; errors are ``{"error": "..."}`` with a meaningful status):
     GET  /api/v1/reconciliation                           open entries
     POST /api/v1/reconciliation/{entry_id}/resolve        {actor, reason, task_id?, absent?}
     POST /api/v1/sql                                      {query, max_rows?} read-only, sandboxed
+    GET  /api/v1/gates                                    the six gates with raw inputs (POST: also record the run)
     GET  /metrics                                         Prometheus text format
 
 Presentation only: every decision is the executor's or the engine's.
@@ -216,6 +217,31 @@ def build_api(
             raise ServiceError(400, "'max_rows' must be a positive integer")
         return JSON(sql(query, min(max_rows, 100_000)))
 
+    async def gates(request: Request) -> Response:
+        # Imported here: rollout sits above the engine and the API only presents its verdicts.
+        from rollout.gates import Thresholds, evaluate
+
+        now = executor.clock.now()
+        report = evaluate(ledger.gate_inputs(now), Thresholds())
+        run_id = ledger.record_gate_run(report.results, now) if request.method == "POST" else None
+        return JSON(
+            {
+                "run_id": run_id,
+                "passed": report.passed,
+                "gates": [
+                    {
+                        "gate": r.gate,
+                        "passed": r.passed,
+                        "value": r.value,
+                        "threshold": r.threshold,
+                        "verdict": r.verdict,
+                        "inputs": r.inputs,
+                    }
+                    for r in report.results
+                ],
+            }
+        )
+
     async def metrics(request: Request) -> Response:
         in_flight.clear()
         for state, protocol, count in ledger.state_counts():
@@ -240,6 +266,7 @@ def build_api(
         Route("/api/v1/reconciliation", _guard(reconciliation)),
         Route("/api/v1/reconciliation/{entry_id}/resolve", _guard(resolve), methods=["POST"]),
         Route("/api/v1/sql", _guard(run_sql), methods=["POST"]),
+        Route("/api/v1/gates", _guard(gates), methods=["GET", "POST"]),
         Route("/metrics", _guard(metrics)),
     ]
     return Starlette(routes=routes)
