@@ -98,6 +98,7 @@ class _Memory:
     candidates: list[TaskId] = field(default_factory=list)
     arguments: Json | None = None
     held: Outcome | None = None
+    refetch: bool = False
     advised: timedelta | None = None
     pending_input: InputRequest | None = None
 
@@ -463,8 +464,9 @@ class Driver:
 
     async def _fetch(self, op: Operation, mem: _Memory) -> Wake:
         now = self.clock.now()
-        outcome: Outcome | None = mem.held
-        held = self.ledger.held_outcome(op.operation_id) if outcome is None and op.result_held else None
+        outcome: Outcome | None = None if mem.refetch else mem.held
+        use_ledger_copy = outcome is None and op.result_held and not mem.refetch
+        held = self.ledger.held_outcome(op.operation_id) if use_ledger_copy else None
         if held is not None:
             outcome = Outcome(
                 status=ServerStatus(held.status),
@@ -489,6 +491,9 @@ class Driver:
         if not t.accepted:
             mem.fetch_attempts += 1
             self.ledger.apply(t)  # recorded as rejected, with its reason (a stale epoch is fenced here)
+            # A held copy that was refused is never offered again: ask the server afresh.
+            mem.refetch = True
+            mem.held = None
             if epoch != op.epoch and mem.fetch_attempts < MAX_FETCH_ATTEMPTS:
                 return Wake(op, now + retry_delay(self.policy, mem.fetch_attempts, None, self.rng))
             return Wake(self.commit(op, ResultRejected(t.reason, op.epoch)), None)
