@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.ledger import Ledger  # noqa: E402
-from engine.machine import step  # noqa: E402
-from engine.model import Epoch, Operation, ServerStatus, StatusObserved, Submitted, TaskId  # noqa: E402
-from engine.testing import EPOCH_START, make_operation  # noqa: E402
+from engine.ledger import Ledger
+from engine.machine import step
+from engine.model import Epoch, Operation, ServerStatus, StatusObserved, Submitted, TaskId
+from engine.testing import EPOCH_START, make_operation
 
 
 def prepare(ledger: Ledger, n: int, prefix: str) -> list[Operation]:

@@ -24,13 +24,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.clock import SystemClock  # noqa: E402
-from engine.ledger import Ledger  # noqa: E402
-from engine.model import RECEIPT_STATES  # noqa: E402
-from engine.schedule import busiest_window  # noqa: E402
-from engine.service.config import parse_config  # noqa: E402
-from engine.service.executor import Executor  # noqa: E402
-from refserver.testing import RefServer  # noqa: E402
+import contextlib
+
+from engine.clock import SystemClock
+from engine.ledger import Ledger
+from engine.model import RECEIPT_STATES
+from engine.schedule import busiest_window
+from engine.service.config import parse_config
+from engine.service.executor import Executor
+from refserver.testing import RefServer
 
 
 async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[str, object]:
@@ -46,7 +48,11 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
     executor = Executor(ledger=ledger, config=config, clock=SystemClock())
     await executor.start()
     runner = asyncio.create_task(executor.run())
-    sim = {"duration_ms": args.duration_s * 1000, "poll_interval_ms": args.interval_s * 1000, "ttl_ms": 3_600_000}
+    sim = {
+        "duration_ms": args.duration_s * 1000,
+        "poll_interval_ms": args.interval_s * 1000,
+        "ttl_ms": 3_600_000,
+    }
     cpu0 = time.process_time()
     wall0 = time.perf_counter()
     nodes = [f"scale-{i}" for i in range(args.ops)]
@@ -56,10 +62,8 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
     cancel_nodes = nodes[:: max(1, int(1 / args.cancel_share))] if args.cancel_share > 0 else []
     await asyncio.sleep(args.duration_s / 3)
     for node in cancel_nodes:
-        try:
+        with contextlib.suppress(Exception):
             await executor.cancel(node, actor="bench", reason="scale benchmark cancel")
-        except Exception:  # noqa: BLE001 - already terminal or still submitting: counted below
-            pass
     deadline = time.perf_counter() + args.timeout_s
     peak_in_flight = 0
     while time.perf_counter() < deadline:
@@ -83,7 +87,9 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
     ledger.close()
     minimum = math.ceil(args.duration_s / args.interval_s)
     polls_completed = sum(
-        1 for row in polls if row["method"] == "get" and row["operation_id"] in {op.operation_id for op in completed}
+        1
+        for row in polls
+        if row["method"] == "get" and row["operation_id"] in {op.operation_id for op in completed}
     )
     return {
         "ops": args.ops,
@@ -100,7 +106,9 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
         "requests_per_completed_op": round(len(polls) / max(1, len(ops)), 3),
         "gets": gets,
         "cancelled": len(cancel_latencies),
-        "cancel_p99_s": round(statistics.quantiles(cancel_latencies, n=100)[98], 3) if len(cancel_latencies) > 1 else None,
+        "cancel_p99_s": round(statistics.quantiles(cancel_latencies, n=100)[98], 3)
+        if len(cancel_latencies) > 1
+        else None,
         "busiest_window": busiest_window(sent, timedelta(seconds=1)),
         "qps_cap": args.qps,
     }

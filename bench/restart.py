@@ -1,0 +1,115 @@
+"""kill -9 of the service at random points, many trials: 0 lost, 0 second operations, 0 double receipts.
+
+    python bench/restart.py [--trials 100] [--calls 8] [--json]
+
+Each trial uses a fresh ledger against shared reference servers (MCP 2025-11-25 with key lookup,
+AIP-151, MCP 2026-07-28 without key lookup), rotating the protocol per trial.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine.service.crashtrial import run_trial
+from refserver.testing import RefServer
+
+CONFIG = """
+global_qps = 200
+[poll]
+default_interval_ms = 100
+min_interval_ms = 20
+max_interval_ms = 500
+retry_backoff_ms = 50
+[servers.mcp]
+url = "{mcp}"
+protocol = "mcp-2025-11-25"
+qps = 200
+[servers.aip]
+url = "{aip}"
+protocol = "aip-151"
+qps = 200
+[servers.ext]
+url = "{ext}"
+protocol = "mcp-2026-07-28"
+qps = 200
+[tools.generate_report]
+server = "mcp"
+side_effect_free = true
+[tools.analyze_upload]
+server = "aip"
+side_effect_free = true
+[tools.apply_batch_change]
+server = "ext"
+"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--calls", type=int, default=8)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    servers = {
+        "mcp": RefServer("mcp-2025-11-25", time_scale=0.05, idempotency=True),
+        "aip": RefServer("aip-151", time_scale=0.05),
+        "ext": RefServer("mcp-2026-07-28", time_scale=0.05),
+    }
+    totals: Counter[str] = Counter()
+    states: Counter[str] = Counter()
+    started = time.perf_counter()
+    try:
+        for server in servers.values():
+            server.start()
+        for trial in range(args.trials):
+            name, tool = [
+                ("aip", "analyze_upload"),
+                ("mcp", "generate_report"),
+                ("ext", "apply_batch_change"),
+            ][trial % 3]
+            with tempfile.TemporaryDirectory() as tmp:
+                config = Path(tmp) / "finality.toml"
+                config.write_text(
+                    CONFIG.format(
+                        mcp=servers["mcp"].endpoint, aip=servers["aip"].url, ext=servers["ext"].endpoint
+                    )
+                )
+                result = run_trial(
+                    config=config,
+                    ledger=Path(tmp) / "crash.duckdb",
+                    server_stats=servers[name].stats,
+                    tool=tool,
+                    calls=args.calls,
+                    seed=50_000 + trial,
+                    kill_window=0.8,
+                )
+            for key in (
+                "submitted",
+                "acknowledged",
+                "lost",
+                "second_operations",
+                "double_receipts",
+                "double_executions",
+                "unfinished",
+            ):
+                totals[key] += getattr(result, key)
+            states.update(result.states)
+            totals["trials"] += 1
+            totals["clean_trials"] += int(result.clean)
+    finally:
+        for server in servers.values():
+            server.stop()
+    summary = {**totals, "end_states": dict(states), "seconds": round(time.perf_counter() - started, 1)}
+    print(json.dumps(summary) if args.json else "\n".join(f"{k:20} {v}" for k, v in summary.items()))
+    return 0 if totals["clean_trials"] == totals["trials"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
