@@ -17,7 +17,7 @@ from typing import Protocol as TypingProtocol
 from engine.adapters.base import CancelResult, Created, Outcome, ServerView
 from engine.errors import DuplicateOperation, StaleWrite
 from engine.explore.memledger import Held, MemLedger
-from engine.explore.server import Failure, Kind, Reply, Request
+from engine.explore.server import Failure, Kind, Reply, Request, value_key
 from engine.model import (
     CancelAcknowledged,
     CancelConfirmed,
@@ -105,6 +105,8 @@ class Memory:
     poll_mark: tuple[int, Operation] | None = None
     """(server version, operation) when the last status read went out: a poll that could not see
     anything new is not scheduled (it would return the same status and change nothing)."""
+    held: Outcome | None = None
+    """The last terminal outcome this process held (the driver fetches from it first)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,11 +230,17 @@ class SimExecutor:
             case "fetch-start":
                 host.commit(op, FetchStarted(op.epoch))
             case "fetch":
-                held = host.ledger.held_outcome(op.operation_id)
+                # ``Driver._fetch``: the outcome this process held, else the ledger's if the row
+                # says one is held, else ask the server.
+                outcome = mem.held
+                held = (
+                    host.ledger.held_outcome(op.operation_id) if outcome is None and op.result_held else None
+                )
                 if held is not None:
                     outcome = Outcome(
                         ServerStatus(held.status), held.payload, held.digest, held.task_id, held.epoch_echo
                     )
+                if outcome is not None:
                     self._verify(op, outcome)
                 elif self.reactions.skip_fetch:
                     made_up: Json = {}
@@ -448,6 +456,7 @@ class SimExecutor:
         host.commit(op, event, payload=outcome.payload, request=request)
 
     def _hold(self, op: Operation, outcome: Outcome) -> None:
+        self.mem.held = outcome
         self.host.ledger.hold_outcome(
             op.operation_id,
             Held(
@@ -470,6 +479,7 @@ class SimExecutor:
             mem.input_resends,
             mem.resend_input,
             mem.poll_mark,
+            mem.held,
         )
         twin.pending = dict(self.pending)
         twin.alive = self.alive
@@ -488,6 +498,7 @@ class SimExecutor:
             mem.input_resends,
             mem.resend_input,
             mem.poll_mark is not None and mem.poll_mark == mark,
+            value_key(mem.held) if mem.held is not None else None,
             tuple(
                 (rank[rid], request_key(p.request, rank), p.op, p.probe)
                 for rid, p in sorted(self.pending.items())
