@@ -19,36 +19,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine.service.crashtrial import run_trial
+from engine.service.testing import config_text
 from refserver.testing import RefServer
-
-CONFIG = """
-global_qps = 200
-[poll]
-default_interval_ms = 100
-min_interval_ms = 20
-max_interval_ms = 500
-retry_backoff_ms = 50
-[servers.mcp]
-url = "{mcp}"
-protocol = "mcp-2025-11-25"
-qps = 200
-[servers.aip]
-url = "{aip}"
-protocol = "aip-151"
-qps = 200
-[servers.ext]
-url = "{ext}"
-protocol = "mcp-2026-07-28"
-qps = 200
-[tools.generate_report]
-server = "mcp"
-side_effect_free = true
-[tools.analyze_upload]
-server = "aip"
-side_effect_free = true
-[tools.apply_batch_change]
-server = "ext"
-"""
 
 
 def main() -> int:
@@ -76,11 +48,7 @@ def main() -> int:
             ][trial % 3]
             with tempfile.TemporaryDirectory() as tmp:
                 config = Path(tmp) / "finality.toml"
-                config.write_text(
-                    CONFIG.format(
-                        mcp=servers["mcp"].endpoint, aip=servers["aip"].url, ext=servers["ext"].endpoint
-                    )
-                )
+                config.write_text(config_text(servers, global_qps=200))
                 result = run_trial(
                     config=config,
                     ledger=Path(tmp) / "crash.duckdb",

@@ -13,12 +13,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
 from engine.client import ServiceClient
+from refserver.testing import RefServer
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -172,3 +173,44 @@ def wait_until(predicate: Callable[[], bool], *, timeout: float = 30.0, what: st
 def all_terminal(client: ServiceClient, call_nodes: list[str]) -> bool:
     """Every call node's operation holds a receipt."""
     return all(client.show(node)["terminal"] for node in call_nodes)
+
+
+def config_text(servers: Mapping[str, RefServer], *, global_qps: float = 100, extra: str = "") -> str:
+    """A service config over reference servers named ``mcp`` (2025-11-25), ``aip`` and ``ext`` (2026-07-28)."""
+    return f"""
+global_qps = {global_qps}
+rollout_salt = "test"
+
+[poll]
+default_interval_ms = 100
+min_interval_ms = 20
+max_interval_ms = 500
+retry_backoff_ms = 50
+
+[servers.mcp]
+url = "{servers["mcp"].endpoint}"
+protocol = "mcp-2025-11-25"
+qps = 200
+
+[servers.aip]
+url = "{servers["aip"].url}"
+protocol = "aip-151"
+qps = 200
+
+[servers.ext]
+url = "{servers["ext"].endpoint}"
+protocol = "mcp-2026-07-28"
+qps = 200
+
+[tools.generate_report]
+server = "mcp"
+side_effect_free = true
+
+[tools.analyze_upload]
+server = "aip"
+side_effect_free = true
+
+[tools.apply_batch_change]
+server = "ext"
+{extra}
+"""
