@@ -27,7 +27,7 @@ class Scenario:
     summary: str
     protocols: tuple[Protocol, ...] = ALL
     script: tuple[str, ...] = ("complete",)
-    """The server work: ``input`` (ask for input), then ``complete`` or ``fail``."""
+    """The server work: ``progress``, ``input`` (ask for input), then ``complete`` or ``fail``."""
     lookup_by_key: bool = True
     """The server can find a submission by its key (AIP-155 request_id, SEP-3182 idempotency key)."""
     cancels: int = 0
@@ -137,7 +137,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     ),
     Scenario(
         "poll-throttled",
-        "status reads and cancels answered 429/503 (no effect on the server), then retried",
+        "status reads and cancels answered 429/503 (no effect on the server) while the work progresses",
+        script=("progress", "complete"),
         cancels=1,
         throttles=2,
         fault_kinds=frozenset({Kind.GET, Kind.CANCEL}),

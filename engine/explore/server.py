@@ -153,7 +153,7 @@ class SimServer:
 
     protocol: Protocol
     script: tuple[str, ...]
-    """What the work does, in order: ``input`` (ask for input), ``complete`` or ``fail``."""
+    """What the work does, in order: ``progress``, ``input`` (ask for input), ``complete`` or ``fail``."""
     lookup_by_key: bool
     ttl: timedelta
     reuse_id: TaskId | None = None
@@ -304,6 +304,10 @@ class SimServer:
     def do_work(self, action: str, task_id: TaskId) -> None:
         task = self.tasks[task_id]
         match action:
+            case "progress":
+                # The work moves on without changing status (a new status message on the next read).
+                task.script_pos += 1
+                self.version += 1
             case "input":
                 task.input_seq += 1
                 task.status = ServerStatus.INPUT_REQUIRED
