@@ -107,6 +107,8 @@ class Memory:
     anything new is not scheduled (it would return the same status and change nothing)."""
     held: Outcome | None = None
     """The last terminal outcome this process held (the driver fetches from it first)."""
+    refetch: bool = False
+    """A held copy was refused: fetch from the server from now on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,10 +234,9 @@ class SimExecutor:
             case "fetch":
                 # ``Driver._fetch``: the outcome this process held, else the ledger's if the row
                 # says one is held, else ask the server.
-                outcome = mem.held
-                held = (
-                    host.ledger.held_outcome(op.operation_id) if outcome is None and op.result_held else None
-                )
+                outcome = None if mem.refetch else mem.held
+                use_ledger_copy = outcome is None and op.result_held and not mem.refetch
+                held = host.ledger.held_outcome(op.operation_id) if use_ledger_copy else None
                 if held is not None:
                     outcome = Outcome(
                         ServerStatus(held.status), held.payload, held.digest, held.task_id, held.epoch_echo
@@ -449,6 +450,9 @@ class SimExecutor:
             except StaleWrite:
                 # ``Driver.advance``: the row moved; the next advance starts from the fresh one.
                 return
+            # A held copy that was refused is never offered again: ask the server afresh.
+            self.mem.refetch = True
+            self.mem.held = None
             if epoch != op.epoch and self.mem.fetch_attempts < MAX_FETCH_ATTEMPTS:
                 return
             host.commit(op, ResultRejected(t.reason, op.epoch), request=request)
@@ -480,6 +484,7 @@ class SimExecutor:
             mem.resend_input,
             mem.poll_mark,
             mem.held,
+            mem.refetch,
         )
         twin.pending = dict(self.pending)
         twin.alive = self.alive
@@ -499,6 +504,7 @@ class SimExecutor:
             mem.resend_input,
             mem.poll_mark is not None and mem.poll_mark == mark,
             value_key(mem.held) if mem.held is not None else None,
+            mem.refetch,
             tuple(
                 (rank[rid], request_key(p.request, rank), p.op, p.probe)
                 for rid, p in sorted(self.pending.items())
