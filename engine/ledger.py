@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -1407,6 +1407,78 @@ class Ledger:
             epoch_echo=int(row[4]) if row[4] is not None else None,
             held_at=_as_dt(row[5], "held_at") or datetime.min.replace(tzinfo=UTC),
         )
+
+    # ------------------------------------------------------------ bulk import (seeding only)
+
+    def import_rows(self, tables: Mapping[str, pa.Table]) -> dict[str, int]:
+        """Append pre-built rows to ledger tables in ONE transaction: for seeded demo/test/bench ledgers only.
+
+        This bypasses ``engine.machine`` and ``accept_terminal``: the caller (``engine.seeding``)
+        vouches that the rows are one consistent history. The service never calls it. The database's
+        own keys still hold, so a second receipt or outbox row for a call node fails the whole import.
+        Columns are matched by name. Sequence-backed ids (``transitions.seq``,
+        ``reconciliation.entry_id``) must be left out: they are numbered here, in the order of the
+        rows given, and the sequence is advanced past them so later writes continue after them.
+        ``gate_runs`` and ``explorer_runs`` are not importable (use ``record_gate_run`` and
+        ``record_explorer_run``), nor are the rollout's state and hash-chained events.
+
+        Returns:
+            Rows imported per table.
+
+        Raises:
+            LedgerError: a table is not importable, or its columns do not match the schema.
+        """
+        sequenced = {
+            "transitions": ("seq", "transition_seq"),
+            "reconciliation": ("entry_id", "reconciliation_seq"),
+        }
+        # The rollout's state and its hash chain are written only by the rollout module.
+        importable = _TABLES - {
+            "operations",
+            "gate_runs",
+            "explorer_runs",
+            "settings",
+            "rollout_state",
+            "rollout_events",
+        }
+        schema = self.table_columns()
+        prepared: list[tuple[str, pa.Table]] = []
+        for table, rows in tables.items():
+            if table not in importable:
+                raise LedgerError(f"table {table!r} cannot be bulk-imported")
+            expected = list(schema[table])
+            if table in sequenced:
+                column, _ = sequenced[table]
+                if column in rows.column_names:
+                    raise LedgerError(f"{table}.{column} is numbered by the ledger; leave it out")
+                expected.remove(column)
+            if sorted(rows.column_names) != sorted(expected):
+                missing = sorted(set(expected) - set(rows.column_names))
+                extra = sorted(set(rows.column_names) - set(expected))
+                raise LedgerError(f"{table}: columns do not match (missing {missing}, unexpected {extra})")
+            prepared.append((table, rows))
+        counts: dict[str, int] = {}
+        with self._tx() as tx:
+            for table, rows in prepared:
+                if table in sequenced and rows.num_rows:
+                    column, sequence = sequenced[table]
+                    # fetchall: a half-read result would block registering the rows below
+                    (row,) = tx.execute(
+                        f"SELECT min(v), max(v) FROM (SELECT nextval('{sequence}') AS v FROM range(?))",
+                        [rows.num_rows],
+                    ).fetchall()
+                    first = int(row[0])
+                    if int(row[1]) - first + 1 != rows.num_rows:
+                        raise LedgerError(f"{sequence} moved during the import; another writer is active")
+                    ids = pa.array(range(first, first + rows.num_rows), pa.int64())
+                    rows = rows.append_column(column, ids)
+                tx.register("imported_rows", rows)
+                try:
+                    tx.execute(f"INSERT INTO {table} BY NAME SELECT * FROM imported_rows")
+                finally:
+                    tx.unregister("imported_rows")
+                counts[table] = counts.get(table, 0) + rows.num_rows
+        return counts
 
     def record_explorer_run(self, run: ExplorerRun) -> int:
         """Append one explorer result (per scenario and protocol); returns its run id."""

@@ -1,0 +1,843 @@
+"""A seeded ledger for demos, console tests, the notebook and benchmarks: N operations of realistic history.
+
+Builds, with numpy and Arrow (no Python loop per operation), operations across protocols, tools,
+roles and rollout arms, each with its chain of transitions, its protocol requests (``polls``), and,
+when terminal, its receipt, outbox entry and result; cancels with their confirmation latency (a
+long tail, a few past 60 s); ``input_required`` rounds (answered and pending); UNKNOWN operations
+with open reconciliation entries of various ages (some past 15 minutes) and resolved ones;
+leftover-effect entries; explorer runs and a history of gate runs. One million operations take well
+under a few minutes. The rows are written by ``Ledger.import_rows`` (one transaction), which exists for
+this module only; the service never writes this way.
+
+Arms: a shadow operation has role ``shadow``; a primary operation is on the ``canary`` arm when its
+adapter version is ``CANARY_ADAPTER_VERSION`` and on ``control`` otherwise (see ``engine.insights``).
+
+    python -m engine.seeding --ops 100000 --out data/seeded.duckdb [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.clock import SystemClock
+from engine.ledger import ExplorerRun, GateRecord, Ledger
+from engine.model import SCHEMA_VERSION
+
+CANARY_ADAPTER_VERSION = "finality-0.2"
+"""The adapter version of operations routed through the new adapter (the canary arm)."""
+CONTROL_ADAPTER_VERSION = "finality-0.1"
+
+PROTOCOLS = ("mcp-2025-11-25", "mcp-2026-07-28", "aip-151", "legacy-sync")
+_PROTOCOL_WEIGHTS = (0.45, 0.25, 0.25, 0.05)
+_SERVERS = {
+    "mcp-2025-11-25": "http://reports.seed.invalid/mcp",
+    "mcp-2026-07-28": "http://batch.seed.invalid/mcp",
+    "aip-151": "http://uploads.seed.invalid",
+    "legacy-sync": "http://legacy.seed.invalid/rpc",
+}
+# tool -> side effects
+TOOLS = {
+    "generate_report": False,
+    "analyze_upload": False,
+    "apply_batch_change": True,
+    "export_archive": True,
+}
+_TOOL_WEIGHTS = (0.4, 0.3, 0.2, 0.1)
+_PRINCIPALS = ("svc-reports", "svc-uploads", "alice", "bob", "svc-batch")
+_TS = pa.timestamp("us", tz="UTC")
+_S = np.float64
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    event: str
+    to_state: str
+    cause: str
+    at: str
+    """Name of the per-operation time column (seconds after creation) at which the step happened."""
+
+
+def _path(*steps: tuple[str, str, str, str]) -> tuple[Step, ...]:
+    created = Step("Created", "SUBMITTING", "operation recorded before submission", "t0")
+    return (created, *(Step(*s) for s in steps))
+
+
+_SUBMITTED = ("Submitted", "WORKING", "server returned a queryable id", "t_sub")
+_DONE = ("StatusObserved", "TERMINAL_OBSERVED", "server reported a terminal status", "t_term")
+_FETCH = ("FetchStarted", "FETCHING_RESULT", "fetching the result", "t_fetch")
+_ACCEPT = ("ResultVerified", "ACCEPTED", "result verified and accepted", "t_accept")
+_CANCEL = ("CancelRequested", "CANCEL_REQUESTED", "oncall: user asked to stop", "t_cancel")
+
+PATHS: dict[str, tuple[Step, ...]] = {
+    "completed": _path(_SUBMITTED, _DONE, _FETCH, _ACCEPT),
+    "failed": _path(_SUBMITTED, _DONE, _FETCH, _ACCEPT),
+    "cancelled": _path(
+        _SUBMITTED,
+        _CANCEL,
+        ("CancelConfirmed", "CANCELLED_ACCEPTED", "cancel response is evidence of cancelled", "t_accept"),
+    ),
+    "cancel_lost": _path(
+        _SUBMITTED,
+        _CANCEL,
+        (
+            "CancelRefusedTerminal",
+            "TERMINAL_OBSERVED",
+            "the task ended before the cancel took effect",
+            "t_term",
+        ),
+        _FETCH,
+        _ACCEPT,
+    ),
+    "input": _path(
+        _SUBMITTED,
+        ("StatusObserved", "INPUT_REQUIRED", "server asked for input", "t_input"),
+        ("InputAnswered", "WORKING", "answered by approver", "t_answer"),
+        _DONE,
+        _FETCH,
+        _ACCEPT,
+    ),
+    "unknown_resolved": _path(
+        ("SubmissionLost", "SUBMISSION_UNKNOWN", "no usable reply to the submission", "t_sub"),
+        ("LookupUnavailable", "UNKNOWN", "lookup by key unavailable; a person must find it", "t_lost"),
+        ("Reconciled", "WORKING", "oncall: found on the server by key", "t_resolve"),
+        _DONE,
+        _FETCH,
+        _ACCEPT,
+    ),
+    "inline": _path(
+        ("InlineResultReturned", "TERMINAL_OBSERVED", "the server answered inline", "t_term"),
+        _FETCH,
+        _ACCEPT,
+    ),
+    # live (not terminal): cut short where they stand now
+    "working": _path(_SUBMITTED),
+    "submitting": _path(),
+    "terminal_observed": _path(_SUBMITTED, _DONE),
+    "fetching": _path(_SUBMITTED, _DONE, _FETCH),
+    "cancel_requested": _path(_SUBMITTED, _CANCEL),
+    "input_pending": _path(
+        _SUBMITTED, ("StatusObserved", "INPUT_REQUIRED", "server asked for input", "t_input")
+    ),
+    "submission_unknown": _path(
+        ("SubmissionLost", "SUBMISSION_UNKNOWN", "no usable reply to the submission", "t_sub")
+    ),
+    "unknown_open": _path(
+        ("SubmissionLost", "SUBMISSION_UNKNOWN", "no usable reply to the submission", "t_sub"),
+        ("LookupUnavailable", "UNKNOWN", "lookup by key unavailable; a person must find it", "t_lost"),
+    ),
+}
+_HISTORIC = {
+    "completed": 0.872,
+    "failed": 0.04,
+    "cancelled": 0.055,
+    "cancel_lost": 0.005,
+    "input": 0.015,
+    "unknown_resolved": 0.003,
+    "inline": 0.01,
+}
+_TERMINAL_STATUS = {
+    "completed": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "cancel_lost": "completed",
+    "input": "completed",
+    "unknown_resolved": "completed",
+    "inline": "completed",
+}
+_SERVER_STATUS_OF_STATE = {
+    "WORKING": "working",
+    "INPUT_REQUIRED": "input_required",
+    "CANCEL_REQUESTED": "working",
+}
+UNKNOWN_AGES_MIN = (1.5, 4.0, 7.5, 11.0, 14.0, 22.0, 47.0, 190.0)
+"""Ages (minutes) of the open UNKNOWN entries a small ledger gets; larger ledgers repeat the pattern."""
+
+
+@dataclass(frozen=True, slots=True)
+class SeedSummary:
+    path: str
+    operations: int
+    rows: dict[str, int]
+    now: datetime
+    seconds: float
+
+
+def _live_counts(n: int) -> dict[str, int]:
+    return {
+        "unknown_open": max(len(UNKNOWN_AGES_MIN), n // 2000),
+        "input_pending": max(4, n // 3000),
+        "working": max(12, n // 150),
+        "submitting": max(2, n // 5000),
+        "terminal_observed": max(2, n // 5000),
+        "fetching": max(2, n // 5000),
+        "cancel_requested": max(3, n // 4000),
+        "submission_unknown": max(2, n // 10000),
+    }
+
+
+def _hex_ids(rng: np.random.Generator, n: int, width: int) -> np.ndarray:
+    raw = rng.integers(0, 256, size=n * (width // 2), dtype=np.uint8).tobytes().hex()
+    return np.frombuffer(raw.encode(), dtype=f"S{width}").astype(f"U{width}")
+
+
+def _numbered(prefix: str, idx: np.ndarray) -> pa.Array:
+    return pc.binary_join_element_wise(pa.scalar(prefix), pc.cast(pa.array(idx), pa.string()), "")
+
+
+def _ts(base_us: np.ndarray, offset_s: np.ndarray) -> pa.Array:
+    return pa.array((base_us + np.round(offset_s * 1e6)).astype("int64"), type=pa.int64()).cast(_TS)
+
+
+def seed_ledger(
+    path: str | Path,
+    *,
+    operations: int,
+    seed: int = 0,
+    now: datetime | None = None,
+    span: timedelta = timedelta(days=7),
+    global_qps: float = 200.0,
+    gate_run_count: int = 48,
+) -> SeedSummary:
+    """Write a new ledger at ``path`` (which must not exist) holding ``operations`` operations.
+
+    Args:
+        path: the ledger file to create.
+        operations: how many operations (at least 100).
+        seed: the random seed; the same seed and ``now`` give the same ledger.
+        now: the instant the history ends at (live operations are a few minutes old then).
+        span: how far back the history goes.
+        global_qps: the configured QPS recorded in ``settings`` (the poll-amplification gate's cap).
+        gate_run_count: how many gate evaluations the history holds.
+    """
+    clock = SystemClock()
+    started = clock.now()
+    if now is None:
+        now = started
+    if operations < 100:
+        raise ValueError("a seeded ledger needs at least 100 operations")
+    target = Path(path)
+    if target.exists():
+        raise FileExistsError(f"{target} exists; seeding only creates new ledgers")
+    rng = np.random.default_rng(seed)
+    n = operations
+    now_us = int(now.timestamp() * 1e6)
+
+    live = _live_counts(n)
+    n_hist = n - sum(live.values())
+    names = list(_HISTORIC)
+    weights = np.array([_HISTORIC[k] for k in names], dtype=_S)
+    hist_cat = rng.choice(len(names), size=n_hist, p=weights / weights.sum())
+    cat_names = names + list(live)
+    cat = np.concatenate([hist_cat, np.repeat(np.arange(len(names), len(cat_names)), list(live.values()))])
+
+    # ---------------------------------------------------------------- per-operation attributes
+    protocol = rng.choice(len(PROTOCOLS), size=n, p=_PROTOCOL_WEIGHTS)
+    tool_names = list(TOOLS)
+    tool = rng.choice(len(tool_names), size=n, p=_TOOL_WEIGHTS)
+    inline = cat == cat_names.index("inline")
+    protocol[inline] = PROTOCOLS.index("legacy-sync")
+    protocol[(protocol == PROTOCOLS.index("legacy-sync")) & ~inline] = 0
+    side_effects = np.array([TOOLS[t] for t in tool_names])[tool]
+    shadow = (~side_effects) & (rng.random(n) < 0.08)
+    canary = (~shadow) & (rng.random(n) < 0.05)
+
+    span_s = span.total_seconds()
+    age_s = np.empty(n, dtype=_S)
+    historic = np.arange(n) < n_hist
+    # Older history is thinner: the rollout ramps up over the span.
+    age_s[historic] = 3600 + (span_s - 3600) * (1 - np.sqrt(rng.random(n_hist)))
+    live_idx = np.flatnonzero(~historic)
+    age_s[live_idx] = rng.uniform(20, 900, size=live_idx.size)
+    unknown_open = np.flatnonzero(cat == cat_names.index("unknown_open"))
+    ages_min = np.resize(np.array(UNKNOWN_AGES_MIN), unknown_open.size)
+    age_s[unknown_open] = ages_min * 60 + 30
+    pending = np.flatnonzero(cat == cat_names.index("input_pending"))
+    age_s[pending] = rng.uniform(120, 3 * 3600, size=pending.size)
+    created_us = now_us - np.round(age_s * 1e6).astype("int64")
+
+    # per-operation times, seconds after creation
+    t: dict[str, np.ndarray] = {"t0": np.zeros(n)}
+    t["t_sub"] = 0.05 + rng.lognormal(np.log(0.25), 0.6, n)
+    work = np.clip(rng.lognormal(np.log(90), 0.9, n), 2, 1800)
+    t["t_term"] = t["t_sub"] + work
+    t["t_fetch"] = t["t_term"] + rng.uniform(0.01, 0.3, n)
+    t["t_accept"] = t["t_fetch"] + rng.uniform(0.01, 0.4, n)
+    t["t_cancel"] = t["t_sub"] + rng.uniform(0.1, 0.9, n) * work
+    cancel_latency = np.clip(rng.lognormal(np.log(2.5), 0.9, n), 0.08, 400)
+    cancelled = cat == cat_names.index("cancelled")
+    t["t_accept"][cancelled] = t["t_cancel"][cancelled] + cancel_latency[cancelled]
+    lost = cat == cat_names.index("cancel_lost")
+    t["t_term"][lost] = t["t_cancel"][lost] + rng.uniform(0.05, 2, lost.sum())
+    t["t_input"] = t["t_sub"] + 0.3 * work
+    t["t_answer"] = t["t_input"] + np.clip(rng.lognormal(np.log(150), 1.0, n), 5, 7200)
+    inp = cat == cat_names.index("input")
+    t["t_term"][inp] = t["t_answer"][inp] + 0.7 * work[inp]
+    t["t_lost"] = t["t_sub"] + rng.uniform(5, 30, n)
+    t["t_resolve"] = t["t_lost"] + rng.uniform(90, 13 * 60, n)
+    unk = cat == cat_names.index("unknown_resolved")
+    t["t_term"][unk] = t["t_resolve"][unk] + work[unk]
+    for later in ("t_fetch", "t_accept"):
+        base = t["t_term"] + (0.02 if later == "t_fetch" else 0.1)
+        fix = lost | inp | unk
+        t[later][fix] = base[fix] + rng.uniform(0.01, 0.3, fix.sum())
+    t["t_term"][inline] = t["t_sub"][inline] + np.minimum(work[inline], 20)
+    t["t_fetch"][inline] = t["t_term"][inline] + 0.01
+    t["t_accept"][inline] = t["t_fetch"][inline] + 0.01
+    # live operations must not be ahead of now
+    for name in t:
+        t[name] = np.where(historic, t[name], np.minimum(t[name], age_s - 1.0))
+        t[name] = np.maximum(t[name], 0)
+    t["t_lost"][unknown_open] = 30.0
+    asking = np.flatnonzero(cat == cat_names.index("cancel_requested"))
+    t["t_cancel"][asking] = np.maximum(
+        age_s[asking] - rng.uniform(2, 25, asking.size), t["t_sub"][asking] + 0.1
+    )
+
+    idx = np.arange(n)
+    op_id = _numbered("op-", idx)
+    node = pc.if_else(pa.array(shadow), _numbered("shadow-node-", idx), _numbered("node-", idx))
+    keys = pc.binary_join_element_wise(pa.scalar("key-"), pa.array(_hex_ids(rng, n, 32)), "")
+    digests = pc.binary_join_element_wise(pa.scalar("sha256:"), pa.array(_hex_ids(rng, n, 64)), "")
+    proto_arr = pa.array(np.array(PROTOCOLS)[protocol])
+    server_arr = pa.array(np.array([_SERVERS[p] for p in PROTOCOLS])[protocol])
+    tool_arr = pa.array(np.array(tool_names)[tool])
+    created = _ts(created_us, np.zeros(n))
+
+    # ---------------------------------------------------------------- transitions per path
+    step_count = np.zeros(n, dtype=np.int64)
+    final_state = np.empty(n, dtype=object)
+    last_at = np.zeros(n)
+    log_parts: list[pa.Table] = []
+    for ci, cname in enumerate(cat_names):
+        members = np.flatnonzero(cat == ci)
+        if members.size == 0:
+            continue
+        steps = PATHS[cname]
+        prev: str | None = None
+        for k, s in enumerate(steps):
+            at = t[s.at][members]
+            log_parts.append(
+                pa.table(
+                    {
+                        "op_index": pa.array(members),
+                        "from_state": pa.array([prev] * members.size, pa.string()),
+                        "to_state": pa.array([s.to_state] * members.size, pa.string()),
+                        "event": pa.array([s.event] * members.size, pa.string()),
+                        "cause": pa.array([s.cause] * members.size, pa.string()),
+                        "row_version": pa.array(np.full(members.size, k), pa.int64()),
+                        "recorded_at": _ts(created_us[members], at),
+                        "_at_us": pa.array(created_us[members] + np.round(at * 1e6).astype("int64")),
+                    }
+                )
+            )
+            prev = s.to_state
+        step_count[members] = len(steps)
+        final_state[members] = steps[-1].to_state
+        last_at[members] = t[steps[-1].at][members]
+    log = pa.concat_tables(log_parts).sort_by([("_at_us", "ascending"), ("op_index", "ascending")])
+    li = log.column("op_index").to_numpy()
+    detail = pc.binary_join_element_wise(
+        pa.scalar('{"epoch":1,"key":"'), pc.take(keys, pa.array(li)), pa.scalar('"}'), ""
+    )
+    transitions = pa.table(
+        {
+            "operation_id": pc.take(op_id, pa.array(li)),
+            "call_node_id": pc.take(node, pa.array(li)),
+            "from_state": log.column("from_state"),
+            "to_state": log.column("to_state"),
+            "event": log.column("event"),
+            "detail": detail,
+            "cause": log.column("cause"),
+            "accepted": pa.array(np.ones(len(li), dtype=bool)),
+            "epoch": pa.array(np.ones(len(li), dtype=np.int64)),
+            "row_version": log.column("row_version"),
+            "recorded_at": log.column("recorded_at"),
+        }
+    )
+
+    # ---------------------------------------------------------------- operations
+    final_state_arr = pa.array(final_state.astype(str))
+    terminal = np.isin(final_state.astype(str), ["ACCEPTED", "CANCELLED_ACCEPTED"])
+    status_of_cat = np.array([_TERMINAL_STATUS.get(c) or "" for c in cat_names])[cat]
+    has_task = ~np.isin(
+        np.array(cat_names)[cat], ["submitting", "submission_unknown", "unknown_open", "inline"]
+    )
+    task_ids = pc.if_else(pa.array(has_task), _numbered("task-", idx), pa.nulls(n, pa.string()))
+    server_status = np.array([_SERVER_STATUS_OF_STATE.get(s) for s in final_state.astype(str)], dtype=object)
+    observed = np.isin(
+        final_state.astype(str), ["TERMINAL_OBSERVED", "FETCHING_RESULT", "ACCEPTED", "CANCELLED_ACCEPTED"]
+    )
+    server_status[observed] = status_of_cat[observed]
+    server_status[np.array(cat_names)[cat] == "terminal_observed"] = "completed"
+    server_status[np.array(cat_names)[cat] == "fetching"] = "completed"
+    cancel_cats = np.isin(np.array(cat_names)[cat], ["cancelled", "cancel_lost", "cancel_requested"])
+    input_cats = np.isin(np.array(cat_names)[cat], ["input", "input_pending"])
+    effects = cancelled & side_effects & (rng.random(n) < 0.3)
+    result_digest = pc.if_else(
+        pa.array(terminal & (status_of_cat != "cancelled")), digests, pa.nulls(n, pa.string())
+    )
+    adapter = np.where(canary, CANARY_ADAPTER_VERSION, CONTROL_ADAPTER_VERSION)
+    identity = pa.table(
+        {
+            "operation_id": op_id,
+            "call_node_id": node,
+            "role": pa.array(np.where(shadow, "shadow", "primary")),
+            "request_digest": digests,
+            "tool_name": tool_arr,
+            "tool_version": pa.array(np.full(n, "1.4.0")),
+            "descriptor_version": pa.array(np.full(n, "1")),
+            "side_effects": pa.array(side_effects),
+            "principal": pa.array(np.array(_PRINCIPALS)[rng.integers(0, len(_PRINCIPALS), n)]),
+            "protocol": proto_arr,
+            "adapter_version": pa.array(adapter),
+            "server": server_arr,
+            "idempotency_key": keys,
+            "arguments": pc.binary_join_element_wise(
+                pa.scalar('{"n":'), pc.cast(pa.array(idx), pa.string()), pa.scalar("}"), ""
+            ),
+            "schema_version": pa.array(np.full(n, SCHEMA_VERSION)),
+            "created_at": created,
+        }
+    )
+    cancel_at = np.where(cancel_cats, t["t_cancel"], np.nan)
+    state = pa.table(
+        {
+            "operation_id": op_id,
+            "state": final_state_arr,
+            "server_status": pa.array(server_status, pa.string()),
+            "task_id": task_ids,
+            "poll_cursor": pa.nulls(n, pa.string()),
+            "input_round": pa.array(input_cats.astype(np.int32)),
+            "answered_round": pa.array((np.array(cat_names)[cat] == "input").astype(np.int32)),
+            "input_request_key": pc.if_else(
+                pa.array(input_cats), _numbered("elicit-", idx), pa.nulls(n, pa.string())
+            ),
+            "cancel_generation": pa.array(cancel_cats.astype(np.int32)),
+            "cancel_requested_at": pc.if_else(
+                pa.array(cancel_cats), _ts(created_us, np.nan_to_num(cancel_at)), pa.nulls(n, _TS)
+            ),
+            "expires_at": _ts(created_us, np.full(n, 3600.0 * 6)),
+            "result_digest": result_digest,
+            "result_held": pa.array(inline),
+            "effect_reconciliation_required": pa.array(effects),
+            "submit_attempts": pa.array(np.zeros(n, dtype=np.int32)),
+            "epoch": pa.array(np.ones(n, dtype=np.int64)),
+            "row_version": pa.array(step_count - 1),
+            "updated_at": _ts(created_us, last_at),
+        }
+    )
+
+    # ---------------------------------------------------------------- receipts, outbox, results
+    term_idx = np.flatnonzero(terminal)
+    ti = pa.array(term_idx)
+    accepted_at = _ts(created_us[term_idx], t["t_accept"][term_idx])
+    t_status = pa.array(status_of_cat[term_idx])
+    t_digest = pc.take(result_digest, ti)
+    is_cancel = status_of_cat[term_idx] == "cancelled"
+    receipts = pa.table(
+        {
+            "call_node_id": pc.take(node, ti),
+            "operation_id": pc.take(op_id, ti),
+            "request_digest": pc.take(digests, ti),
+            "task_id": pc.take(task_ids, ti),
+            "tool_version": pa.array(np.full(term_idx.size, "1.4.0")),
+            "epoch": pa.array(np.ones(term_idx.size, dtype=np.int64)),
+            "cancel_generation": pa.array(cancel_cats[term_idx].astype(np.int32)),
+            "status": t_status,
+            "result_digest": t_digest,
+            "cancel_evidence": pc.if_else(
+                pa.array(is_cancel),
+                pa.scalar("tasks/cancel answered: the task is cancelled"),
+                pa.nulls(term_idx.size, pa.string()),
+            ),
+            "role": pc.take(identity.column("role"), ti),
+            "accepted_at": accepted_at,
+        }
+    )
+    payload_ok = pa.scalar('{"content":[{"text":"done","type":"text"}],"isError":false}')
+    payload_fail = pa.scalar('{"content":[{"text":"tool error","type":"text"}],"isError":true}')
+    payloads = pc.if_else(pa.array(status_of_cat[term_idx] == "failed"), payload_fail, payload_ok)
+    primary_term = ~shadow[term_idx]
+    pt = pa.array(np.flatnonzero(primary_term))
+    outbox = pa.table(
+        {
+            "call_node_id": pc.take(receipts.column("call_node_id"), pt),
+            "operation_id": pc.take(receipts.column("operation_id"), pt),
+            "status": pa.array(np.full(len(pt), "ready")),
+            "terminal_status": pc.take(t_status, pt),
+            "result_digest": pc.take(t_digest, pt),
+            "payload": pc.take(
+                pc.if_else(pa.array(is_cancel), pa.nulls(term_idx.size, pa.string()), payloads), pt
+            ),
+            "created_at": pc.take(accepted_at, pt),
+        }
+    )
+    res = pa.array(np.flatnonzero(~is_cancel))
+    results = pa.table(
+        {
+            "operation_id": pc.take(receipts.column("operation_id"), res),
+            "digest": pc.take(t_digest, res),
+            "status": pc.take(t_status, res),
+            "payload": pc.take(payloads, res),
+            "stored_at": pc.take(accepted_at, res),
+        }
+    )
+    bound = np.flatnonzero(has_task)
+    task_bindings = pa.table(
+        {
+            "server": pc.take(server_arr, pa.array(bound)),
+            "task_id": pc.take(task_ids, pa.array(bound)),
+            "operation_id": pc.take(op_id, pa.array(bound)),
+            "bound_at": _ts(created_us[bound], t["t_sub"][bound]),
+        }
+    )
+
+    # ---------------------------------------------------------------- polls
+    polls = _polls(rng, n, cat, cat_names, has_task, created_us, t, work, op_id, server_arr)
+
+    # ---------------------------------------------------------------- approvals
+    approvals = _approvals(rng, cat, cat_names, created_us, t, op_id, now_us)
+
+    # ---------------------------------------------------------------- reconciliation
+    reconciliation = _reconciliation(
+        rng, cat, cat_names, created_us, t, op_id, keys, digests, task_ids, effects, now_us
+    )
+    audit_idx = np.flatnonzero(effects)
+    receipt_audit = pa.table(
+        {
+            "call_node_id": pc.take(node, pa.array(audit_idx)),
+            "operation_id": pc.take(op_id, pa.array(audit_idx)),
+            "kind": pa.array(np.full(audit_idx.size, "result_after_cancel")),
+            "digest": pc.take(digests, pa.array(audit_idx)),
+            "payload": pa.array(np.full(audit_idx.size, '{"content":[],"isError":false}')),
+            "recorded_at": _ts(created_us[audit_idx], t["t_accept"][audit_idx] + 1.0),
+        }
+    )
+
+    with Ledger.open(target) as ledger:
+        rows = ledger.import_rows(
+            {
+                "op_identity": identity,
+                "op_state": state,
+                "task_bindings": task_bindings,
+                "transitions": transitions,
+                "receipts": receipts,
+                "outbox": outbox,
+                "results": results,
+                "receipt_audit": receipt_audit,
+                "polls": polls,
+                "approvals": approvals,
+                "reconciliation": reconciliation,
+            }
+        )
+        ledger.put_setting("global_qps", repr(global_qps), now)
+        ledger.put_setting("rollout_salt", "seeded", now)
+        rows["explorer_runs"] = _explorer_runs(ledger, rng, now)
+        rows["gate_runs"] = _gate_runs(ledger, rng, now, gate_run_count)
+    return SeedSummary(str(target), n, rows, now, (clock.now() - started).total_seconds())
+
+
+def _polls(
+    rng: np.random.Generator,
+    n: int,
+    cat: np.ndarray,
+    cat_names: Sequence[str],
+    has_task: np.ndarray,
+    created_us: np.ndarray,
+    t: dict[str, np.ndarray],
+    work: np.ndarray,
+    op_id: pa.Array,
+    server_arr: pa.Array,
+) -> pa.Table:
+    names = np.array(cat_names)[cat]
+    # status polls between submission and the terminal observation (or cancel / input / now)
+    end = np.where(np.isin(names, ["cancelled", "cancel_requested"]), t["t_cancel"], t["t_term"])
+    end = np.where(np.isin(names, ["input", "input_pending"]), t["t_input"], end)
+    interval = np.clip(work / 4, 2, 60) * rng.uniform(0.9, 1.1, n)
+    count = np.where(has_task, np.floor(np.maximum(end - t["t_sub"], 0) / interval).astype(np.int64), 0)
+    count = np.minimum(count, 40)
+    op_rep = np.repeat(np.arange(n), count)
+    starts = np.repeat(np.cumsum(count) - count, count)
+    j = np.arange(op_rep.size) - starts + 1
+    sent = t["t_sub"][op_rep] + j * interval[op_rep]
+    parts = [(op_rep, sent, "get")]
+    sub = np.flatnonzero(~np.isin(names, ["submitting"]))
+    parts.append((sub, np.zeros(sub.size), "submit"))
+    fetch = np.flatnonzero(
+        np.isin(names, ["completed", "failed", "cancel_lost", "input", "unknown_resolved", "fetching"])
+    )
+    parts.append((fetch, t["t_fetch"][fetch], "result"))
+    cancel = np.flatnonzero(np.isin(names, ["cancelled", "cancel_lost", "cancel_requested"]))
+    parts.append((cancel, t["t_cancel"][cancel] + 0.01, "cancel"))
+    lookup = np.flatnonzero(np.isin(names, ["unknown_resolved", "unknown_open", "submission_unknown"]))
+    parts.append((lookup, t["t_sub"][lookup] + 2.0, "lookup"))
+    answered = np.flatnonzero(names == "input")
+    parts.append((answered, t["t_answer"][answered] + 0.01, "input"))
+    ops = np.concatenate([p[0] for p in parts])
+    offsets = np.concatenate([p[1] for p in parts])
+    methods = np.concatenate([np.full(p[0].size, p[2]) for p in parts])
+    submit_rows = methods == "submit"
+    offsets[submit_rows] = np.maximum(t["t_sub"][ops[submit_rows]] - 0.2, 0.001)
+    roll = rng.random(ops.size)
+    outcome = np.where(roll < 0.975, "ok", np.where(roll < 0.99, "unavailable", "rejected"))
+    outcome[methods == "lookup"] = np.where(
+        names[ops[methods == "lookup"]] == "unknown_resolved", "ok", "unavailable"
+    )
+    latency = rng.lognormal(np.log(0.04), 0.7, ops.size)
+    sent_us = created_us[ops] + np.round(offsets * 1e6).astype("int64")
+    order = np.argsort(sent_us, kind="stable")
+    ops, sent_us, latency, outcome, methods = (
+        ops[order],
+        sent_us[order],
+        latency[order],
+        outcome[order],
+        methods[order],
+    )
+    received = pa.array(sent_us + np.round(latency * 1e6).astype("int64")).cast(_TS)
+    no_reply = outcome == "unavailable"
+    oi = pa.array(ops)
+    return pa.table(
+        {
+            "operation_id": pc.take(op_id, oi),
+            "server": pc.take(server_arr, oi),
+            "method": pa.array(methods),
+            "epoch": pa.array(np.ones(ops.size, dtype=np.int64)),
+            "sent_at": pa.array(sent_us).cast(_TS),
+            "received_at": pc.if_else(pa.array(no_reply), pa.nulls(ops.size, _TS), received),
+            "outcome": pa.array(outcome),
+        }
+    )
+
+
+def _approvals(
+    rng: np.random.Generator,
+    cat: np.ndarray,
+    cat_names: Sequence[str],
+    created_us: np.ndarray,
+    t: dict[str, np.ndarray],
+    op_id: pa.Array,
+    now_us: int,
+) -> pa.Table:
+    names = np.array(cat_names)[cat]
+    rows = np.flatnonzero(np.isin(names, ["input", "input_pending"]))
+    answered = names[rows] == "input"
+    opened = created_us[rows] + np.round(t["t_input"][rows] * 1e6).astype("int64")
+    answered_at = created_us[rows] + np.round(t["t_answer"][rows] * 1e6).astype("int64")
+    messages = np.array(
+        [
+            "Approve applying the batch change to production?",
+            "Which region should the report cover?",
+            "Confirm deletion of 1,204 stale rows?",
+            "Upload contains PII columns: proceed with masking?",
+        ]
+    )
+    schema = '{"properties":{"approve":{"type":"boolean"},"note":{"type":"string"}},"required":["approve"],"type":"object"}'
+    return pa.table(
+        {
+            "operation_id": pc.take(op_id, pa.array(rows)),
+            "input_round": pa.array(np.ones(rows.size, dtype=np.int32)),
+            "request_key": _numbered("elicit-", rows),
+            "message": pa.array(messages[rng.integers(0, messages.size, rows.size)]),
+            "requested_schema": pa.array(np.full(rows.size, schema)),
+            "schema_digest": pa.array(np.full(rows.size, "sha256:5e1f0c" + "0" * 58)),
+            "deadline": pa.array(opened + int(4 * 3600 * 1e6)).cast(_TS),
+            "status": pa.array(np.where(answered, "answered", "pending")),
+            "answer": pc.if_else(
+                pa.array(answered), pa.scalar('{"approve":true}'), pa.nulls(rows.size, pa.string())
+            ),
+            "actor": pc.if_else(
+                pa.array(answered), pa.scalar("approver-1"), pa.nulls(rows.size, pa.string())
+            ),
+            "opened_at": pa.array(opened).cast(_TS),
+            "answered_at": pc.if_else(
+                pa.array(answered), pa.array(answered_at).cast(_TS), pa.nulls(rows.size, _TS)
+            ),
+        }
+    )
+
+
+def _reconciliation(
+    rng: np.random.Generator,
+    cat: np.ndarray,
+    cat_names: Sequence[str],
+    created_us: np.ndarray,
+    t: dict[str, np.ndarray],
+    op_id: pa.Array,
+    keys: pa.Array,
+    digests: pa.Array,
+    task_ids: pa.Array,
+    effects: np.ndarray,
+    now_us: int,
+) -> pa.Table:
+    names = np.array(cat_names)[cat]
+    unknown = np.flatnonzero(np.isin(names, ["unknown_open", "unknown_resolved"]))
+    eff = np.flatnonzero(effects)
+    rows = np.concatenate([unknown, eff])
+    kind = np.concatenate([np.full(unknown.size, "unknown"), np.full(eff.size, "effects")])
+    is_open = np.concatenate([names[unknown] == "unknown_open", rng.random(eff.size) < 0.1])
+    opened_s = np.concatenate([t["t_lost"][unknown], t["t_accept"][eff] + 0.5])
+    resolved_s = np.concatenate(
+        [t["t_resolve"][unknown], t["t_accept"][eff] + rng.uniform(300, 7200, eff.size)]
+    )
+    opened = created_us[rows] + np.round(opened_s * 1e6).astype("int64")
+    resolved = np.minimum(created_us[rows] + np.round(resolved_s * 1e6).astype("int64"), now_us - 1_000_000)
+    reason = np.where(
+        kind == "unknown",
+        "no usable reply to the submission and no lookup by key: a person must find the operation",
+        "cancel won but the tool has side effects: check for leftover effects",
+    )
+    resolution = np.where(
+        kind == "unknown", "found on the server by submission key; resumed", "no leftover effects found"
+    )
+    ri = pa.array(rows)
+    return pa.table(
+        {
+            "operation_id": pc.take(op_id, ri),
+            "kind": pa.array(kind),
+            "reason": pa.array(reason),
+            "idempotency_key": pc.take(keys, ri),
+            "task_id": pc.take(task_ids, ri),
+            "request_digest": pc.take(digests, ri),
+            "window_start": pa.array(created_us[rows]).cast(_TS),
+            "window_end": pa.array(opened).cast(_TS),
+            "candidates": pa.array(np.full(rows.size, "[]")),
+            "status": pa.array(np.where(is_open, "open", "resolved")),
+            "opened_at": pa.array(opened).cast(_TS),
+            "resolved_at": pc.if_else(
+                pa.array(is_open), pa.nulls(rows.size, _TS), pa.array(resolved).cast(_TS)
+            ),
+            "actor": pc.if_else(pa.array(is_open), pa.nulls(rows.size, pa.string()), pa.scalar("oncall-1")),
+            "resolution": pc.if_else(
+                pa.array(is_open), pa.nulls(rows.size, pa.string()), pa.array(resolution)
+            ),
+        }
+    )
+
+
+_SCENARIOS = (
+    "lost-creation-response",
+    "out-of-order-pollers",
+    "input-replayed",
+    "complete-cancel-together",
+    "cancel-ack-lost",
+    "result-lost-after-completed",
+    "stale-epoch-callback",
+    "task-id-reused",
+    "not-found-before-expiry",
+    "not-found-after-expiry",
+    "poll-429-503",
+)
+
+
+def _explorer_runs(ledger: Ledger, rng: np.random.Generator, now: datetime) -> int:
+    count = 0
+    finished = now - timedelta(hours=3)
+    for scenario in _SCENARIOS:
+        for protocol in PROTOCOLS[:3]:
+            distinct = int(rng.integers(300, 1400))
+            ledger.record_explorer_run(
+                ExplorerRun(
+                    scenario=scenario,
+                    protocol=protocol,
+                    seed=int(rng.integers(0, 2**31)),
+                    explored=distinct,
+                    distinct_interleavings=distinct,
+                    divergent=0,
+                    exhaustive=True,
+                    rules="engine",
+                    shortest_trace=None,
+                    started_at=finished - timedelta(seconds=float(rng.uniform(5, 60))),
+                    finished_at=finished,
+                )
+            )
+            count += 1
+    # a deliberately broken rule set, which the explorer must catch (not an input of the gate)
+    ledger.record_explorer_run(
+        ExplorerRun(
+            scenario="complete-cancel-together",
+            protocol="mcp-2025-11-25",
+            seed=7,
+            explored=412,
+            distinct_interleavings=412,
+            divergent=37,
+            exhaustive=True,
+            rules="accept-late-completion",
+            shortest_trace="cancel sent; completed observed; cancel ack; late completion accepted",
+            started_at=finished - timedelta(minutes=2),
+            finished_at=finished - timedelta(minutes=1),
+        )
+    )
+    return count + 1
+
+
+def _gate_runs(ledger: Ledger, rng: np.random.Generator, now: datetime, runs: int) -> int:
+    """An hourly history of gate evaluations; the UNKNOWN gate fails now and then, as it does today."""
+    thresholds = {
+        "terminal_divergence": 0.0,
+        "duplicate_operations": 0.0,
+        "poll_amplification": 200.0,
+        "cancel_confirmation": 60.0,
+        "unknown_reconciliation": 900.0,
+        "traceability": 1.0,
+    }
+    for k in range(runs):
+        at = now - timedelta(hours=runs - k)
+        values = {
+            "terminal_divergence": 0.0,
+            "duplicate_operations": 0.0,
+            "poll_amplification": float(rng.integers(20, 60)),
+            "cancel_confirmation": float(rng.uniform(12, 30)),
+            "unknown_reconciliation": float(
+                rng.choice([180, 420, 780, 1320, 2820], p=[0.3, 0.3, 0.2, 0.1, 0.1])
+            ),
+            "traceability": 1.0,
+        }
+        records = []
+        for gate, value in values.items():
+            cap = thresholds[gate]
+            if gate == "traceability":
+                ok = value >= cap
+            elif gate == "unknown_reconciliation":
+                ok = value <= cap
+            elif gate == "cancel_confirmation":
+                ok = value < cap
+            else:
+                ok = value <= cap
+            records.append(
+                GateRecord(gate, ok, value, cap, "seeded history", {"value": value, "threshold": cap})
+            )
+        ledger.record_gate_run(records, at)
+    return runs * 6
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.seeding", description=__doc__.split("\n")[0])
+    parser.add_argument("--ops", type=int, default=10_000)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    summary = seed_ledger(args.out, operations=args.ops, seed=args.seed)
+    print(
+        json.dumps(
+            {
+                "path": summary.path,
+                "operations": summary.operations,
+                "rows": summary.rows,
+                "seconds": round(summary.seconds, 1),
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
