@@ -108,6 +108,17 @@ class ServiceClient:
     def gates(self, *, record: bool = False) -> Json:
         return self._call("POST" if record else "GET", "/api/v1/gates")
 
+    # ------------------------------------------------------------------ rollout (used by the console)
+    # The contract of the rollout routes: GET /api/v1/rollout/status; POST /api/v1/rollout/{action}
+    # with {actor, reason, ...} for shadow, canary (percentage), promote, rollback,
+    # disable-protocol / enable-protocol (protocol).
+
+    def rollout_status(self) -> Json:
+        return self._call("GET", "/api/v1/rollout/status")
+
+    def rollout(self, action: str, body: Json) -> Json:
+        return self._call("POST", f"/api/v1/rollout/{action}", json=body)
+
     def metrics(self) -> str:
         try:
             return self._http.get("/metrics").text
