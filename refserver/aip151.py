@@ -172,7 +172,10 @@ class Aip151:
 
     # -- rendering ---------------------------------------------------------------------------------
 
-    def _operation(self, task: Task, view: View, op_id: str | None = None) -> dict[str, Any]:
+    def _operation(
+        self, task: Task, view: View, op_id: str | None = None, request_epoch: int | None = None
+    ) -> dict[str, Any]:
+        echo = task.echo_for(request_epoch)
         metadata: dict[str, Any] = {
             "@type": METADATA_TYPE,
             "tool": task.tool,
@@ -202,13 +205,13 @@ class Aip151:
                 "structuredContent": dict(view.outcome.structured),
                 "isError": view.outcome.is_error,
             }
-            if task.result_epoch is not None:
-                response["epoch"] = task.result_epoch
+            if echo is not None:
+                response["epoch"] = echo
             op["response"] = response
         elif isinstance(view.outcome, ToolFailure):
             info: dict[str, str] = {"tool": task.tool}
-            if task.result_epoch is not None:
-                info["epoch"] = str(task.result_epoch)
+            if echo is not None:
+                info["epoch"] = str(echo)
             op["error"] = {
                 "code": CODE_INTERNAL,
                 "message": view.outcome.message,
@@ -310,7 +313,7 @@ class Aip151:
         try:
             principal = self._principal(request)
             if method == "GET":
-                return self._get(op_id, principal)
+                return self._get(op_id, principal, _header_epoch(request))
             if method == "DELETE":
                 return self._delete(op_id, principal)
             if verb != "cancel" or not op_id:
@@ -319,7 +322,7 @@ class Aip151:
         except AipError as exc:
             return exc.reply()
 
-    def _get(self, op_id: str, principal: str | None) -> Response:
+    def _get(self, op_id: str, principal: str | None, request_epoch: int | None = None) -> Response:
         task = self._lookup(op_id, principal)
         for fault, status, reason in (
             (Fault.POLL_429, 429, "RATE_LIMITED"),
@@ -351,7 +354,9 @@ class Aip151:
             delivery = Delivery.TRUNCATED
         else:
             delivery, delay_s = self.ctx.delivery_for(task, "GetOperation")
-        return Reply(self._operation(task, view), delivery=delivery, delay_s=delay_s)
+        return Reply(
+            self._operation(task, view, request_epoch=request_epoch), delivery=delivery, delay_s=delay_s
+        )
 
     def _cancel(self, op_id: str, principal: str | None) -> Response:
         task = self._lookup(op_id, principal)
@@ -396,3 +401,17 @@ class Aip151:
             return Reply(body)
         except AipError as exc:
             return exc.reply()
+
+
+EPOCH_HEADER: Final = "x-finality-epoch"
+
+
+def _header_epoch(request: Request) -> int | None:
+    """The asking executor's epoch, from the ``X-Finality-Epoch`` header (GET has no body)."""
+    raw = request.headers.get(EPOCH_HEADER)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise AipError(400, f"{EPOCH_HEADER} must be an integer", "INVALID_EPOCH") from exc

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from refserver.context import SERVER_NAME, SERVER_VERSION, ServerContext, Unauthenticated
+from refserver.context import EPOCH_META_KEY, SERVER_NAME, SERVER_VERSION, ServerContext, Unauthenticated
 from refserver.fault import Fault
 from refserver.jsonrpc import (
     INTERNAL_ERROR,
@@ -29,8 +29,10 @@ from refserver.jsonrpc import (
     RpcNotification,
     RpcRequest,
     RpcResponse,
+    epoch_of,
     error_message,
     fault_reply,
+    meta_of,
     optional_int,
     parse_message,
     reply,
@@ -204,12 +206,13 @@ class Mcp2025:
             out["statusMessage"] = view.status_message
         return out
 
-    def _final_message(self, request_id: Any, task: Task) -> dict[str, Any]:
+    def _final_message(self, request_id: Any, task: Task, request_epoch: int | None = None) -> dict[str, Any]:
         outcome = task.outcome
+        echo = task.echo_for(request_epoch)
         if isinstance(outcome, ToolOutput):
-            return result_message(request_id, call_tool_result(outcome, task.result_epoch, task.task_id))
+            return result_message(request_id, call_tool_result(outcome, echo, task.task_id))
         if isinstance(outcome, ToolFailure):
-            return error_message(request_id, failure_fault(outcome, task.result_epoch, task.task_id))
+            return error_message(request_id, failure_fault(outcome, echo, task.task_id))
         data = {"_meta": {RELATED_TASK_KEY: {"taskId": task.task_id}}}
         return error_message(
             request_id, RpcFault(INTERNAL_ERROR, "task was cancelled; no result stored", data)
@@ -319,7 +322,12 @@ class Mcp2025:
         if task.deleted:
             raise RpcFault(INVALID_PARAMS, f"Invalid params: task not found: {task.task_id}")
         delivery, delay_s = self._final_delivery(task)
-        return reply(request, self._final_message(message.id, task), delivery=delivery, delay_s=delay_s)
+        return reply(
+            request,
+            self._final_message(message.id, task, epoch_of(meta_of(message.params), EPOCH_META_KEY)),
+            delivery=delivery,
+            delay_s=delay_s,
+        )
 
     async def _result_events(
         self, request: Request, message: RpcRequest, task: Task
@@ -345,7 +353,10 @@ class Mcp2025:
                 delivery, delay_s = self._final_delivery(task)
                 if delay_s > 0:
                     await asyncio.sleep(delay_s)
-                for chunk in sse_chunks(self._final_message(message.id, task), delivery):
+                for chunk in sse_chunks(
+                    self._final_message(message.id, task, epoch_of(meta_of(message.params), EPOCH_META_KEY)),
+                    delivery,
+                ):
                     yield chunk
                 return
             pending = task.pending_round()

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from refserver.context import SERVER_NAME, SERVER_VERSION, ServerContext, Unauthenticated
+from refserver.context import EPOCH_META_KEY, SERVER_NAME, SERVER_VERSION, ServerContext, Unauthenticated
 from refserver.fault import Fault
 from refserver.jsonrpc import (
     INVALID_PARAMS,
@@ -29,8 +29,10 @@ from refserver.jsonrpc import (
     RpcNotification,
     RpcRequest,
     RpcResponse,
+    epoch_of,
     error_message,
     fault_reply,
+    meta_of,
     parse_message,
     reply,
     require_str,
@@ -210,17 +212,18 @@ class Mcp2026:
             out["statusMessage"] = view.status_message
         return out
 
-    def _detailed(self, task: Task, view: View) -> dict[str, Any]:
+    def _detailed(self, task: Task, view: View, request_epoch: int | None = None) -> dict[str, Any]:
+        echo = task.echo_for(request_epoch)
         out = self._task_base(task, view)
         out["resultType"] = "complete"
         if view.status is Status.COMPLETED and isinstance(view.outcome, ToolOutput):
             out["result"] = {
-                **call_tool_result(view.outcome, task.result_epoch, None),
+                **call_tool_result(view.outcome, echo, None),
                 "resultType": "complete",
             }
         elif view.status is Status.FAILED:
             if isinstance(view.outcome, ToolFailure):
-                out["error"] = failure_fault(view.outcome, task.result_epoch, None).error()
+                out["error"] = failure_fault(view.outcome, echo, None).error()
             elif isinstance(view.outcome, ToolOutput):  # not reached: isError completes on this version
                 out["error"] = {"code": -32603, "message": view.outcome.text}
         elif view.status is Status.INPUT_REQUIRED and view.input_round is not None:
@@ -338,7 +341,9 @@ class Mcp2026:
             delivery, delay_s = self.ctx.delivery_for(task, "tasks/get")
         return reply(
             request,
-            result_message(message.id, self._detailed(task, view)),
+            result_message(
+                message.id, self._detailed(task, view, epoch_of(meta_of(message.params), EPOCH_META_KEY))
+            ),
             delivery=delivery,
             delay_s=delay_s,
         )

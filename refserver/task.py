@@ -296,6 +296,19 @@ class Task:
         if outcome is not None and self.faults.take(Fault.STALE_EPOCH_RESULT, "result"):
             self.result_epoch = (self.epoch or 0) - 1
 
+    def echo_for(self, request_epoch: int | None) -> int | None:
+        """The execution epoch a reply carrying the result echoes.
+
+        A reply belongs to the request that fetched it: when that request states its executor's
+        epoch, that is echoed; otherwise the creating request's. The ``stale_epoch_result`` fault
+        makes the echo one less, as a reply from an older executor would be.
+        """
+        stale = self.result_epoch is not None and self.result_epoch != self.epoch
+        base = request_epoch if request_epoch is not None else self.epoch
+        if base is None:
+            return self.result_epoch
+        return base - 1 if stale else base
+
     def answer(self, key: str, response: Mapping[str, Any], now: float) -> AnswerResult:
         """Apply the client's answer to input round ``key``; stale and unknown keys change nothing.
 

@@ -99,6 +99,9 @@ class _ErrorBody(BaseModel):
     error: _Error
 
 
+EPOCH_HEADER = "X-Finality-Epoch"
+
+
 def _epoch_echo(operation: AipOperation) -> int | None:
     """The executor epoch the server echoed: in ``response.epoch``, or in ``ErrorInfo.metadata.epoch``."""
     if operation.response is not None:
@@ -149,10 +152,15 @@ class Aip151Backend:
         body: Json | None = None,
         params: dict[str, str] | None = None,
         limit: timedelta | None = None,
+        epoch: int | None = None,
     ) -> Json:
         """One request; the JSON object it answered, or the engine error its failure means."""
         limit = limit or self._options.timeouts.request
         headers = {"Accept": "application/json", **bearer(self._token)}
+        if epoch is not None:
+            # GET has no body: the asking executor's epoch travels in a header, so that a reply
+            # can be told apart from one an older executor asked for.
+            headers[EPOCH_HEADER] = str(epoch)
         async with (
             guarded(what, limit),
             self._client.stream(
@@ -275,7 +283,9 @@ class Aip151Backend:
 
     async def _get(self, op: Operation) -> AipOperation:
         name = task_id_of(op)
-        data = await self._exchange("GET", self._operation_path(self._paths.get, name), what=f"get {name}")
+        data = await self._exchange(
+            "GET", self._operation_path(self._paths.get, name), what=f"get {name}", epoch=int(op.epoch)
+        )
         return parse_wire(AipOperation, data, f"get {name}")
 
     async def get(self, op: Operation) -> ServerView:

@@ -256,6 +256,8 @@ class Driver:
         now = self.clock.now()
         if op.epoch != self.epoch:
             # Another executor epoch owns it; a fenced driver never talks to the server for it.
+            # Every event below is stamped with ``self.epoch``, the epoch its request went out
+            # under, so a reply that arrives after a rollback is fenced by ``step``.
             return Wake(op, None)
         mem = self._mem(op)
         try:
@@ -265,7 +267,7 @@ class Driver:
                 case S.SUBMISSION_UNKNOWN:
                     return await self._look_up(op)
                 case S.NOT_FOUND_SAFE | S.NEVER_CREATED:
-                    op = self.commit(op, Resubmitted(op.epoch))
+                    op = self.commit(op, Resubmitted(self.epoch))
                     if op.state is S.SUBMITTING:
                         mem.fresh_submit = True
                     return Wake(op, now)
@@ -278,7 +280,7 @@ class Driver:
                 case S.INPUT_REQUIRED:
                     return Wake(op, None)
                 case S.TERMINAL_OBSERVED | S.EXPIRED_WITH_RECEIPT:
-                    return Wake(self.commit(op, FetchStarted(op.epoch)), now)
+                    return Wake(self.commit(op, FetchStarted(self.epoch)), now)
                 case S.FETCHING_RESULT:
                     return await self._fetch(op, mem)
                 case S.UNKNOWN:
@@ -303,7 +305,9 @@ class Driver:
         if not mem.fresh_submit:
             # Found in SUBMITTING without having sent it in this process: the request may or may
             # not have reached the server. Never send it blindly again; look it up by key.
-            return Wake(self.commit(op, SubmissionLost(op.epoch, "executor restarted while submitting")), now)
+            return Wake(
+                self.commit(op, SubmissionLost(self.epoch, "executor restarted while submitting")), now
+            )
         mem.fresh_submit = False
         arguments = self._arguments(op)
         try:
@@ -312,27 +316,27 @@ class Driver:
             )
         except (BackendUnavailable, ProtocolViolation) as exc:
             return Wake(
-                self.commit(op, SubmissionLost(op.epoch, f"no usable reply to the submission: {exc}")), now
+                self.commit(op, SubmissionLost(self.epoch, f"no usable reply to the submission: {exc}")), now
             )
         except BackendRejected as exc:
-            return Wake(self.commit(op, SubmissionLost(op.epoch, f"submission refused: {exc}")), now)
+            return Wake(self.commit(op, SubmissionLost(self.epoch, f"submission refused: {exc}")), now)
         if isinstance(result, Created):
             try:
-                op = self.commit(op, Submitted(result.view.task_id, op.epoch, result.view.expires_at))
+                op = self.commit(op, Submitted(result.view.task_id, self.epoch, result.view.expires_at))
             except DuplicateOperation as exc:
                 # The server handed out a task id that already belongs to another call: never
                 # adopt another request's task.
                 return Wake(self.task_reused(op, result.view.task_id, str(exc)), None)
             return self._apply_view(op, mem, result.view)
         self._hold(op, result.outcome)
-        return Wake(self.commit(op, InlineResultReturned(result.outcome.status, op.epoch)), now)
+        return Wake(self.commit(op, InlineResultReturned(result.outcome.status, self.epoch)), now)
 
     def task_reused(self, op: Operation, task_id: TaskId, why: str) -> Operation:
         op = self.commit(
-            op, SubmissionLost(op.epoch, f"server returned task id {task_id} already bound: {why}")
+            op, SubmissionLost(self.epoch, f"server returned task id {task_id} already bound: {why}")
         )
         return self.commit(
-            op, LookupUnavailable(op.epoch, f"server reused task id {task_id} for another request")
+            op, LookupUnavailable(self.epoch, f"server reused task id {task_id} for another request")
         )
 
     async def _look_up(self, op: Operation) -> Wake:
@@ -347,11 +351,11 @@ class Driver:
                 candidates = await self._request(op, "list", lambda: self.backend.candidates(op))
             reason = f"cannot look the submission up by key ({exc}); find it by key, digest and time window"
             mem.candidates = candidates
-            return Wake(self.commit(op, LookupUnavailable(op.epoch, reason)), None)
+            return Wake(self.commit(op, LookupUnavailable(self.epoch, reason)), None)
         if view is None:
-            return Wake(self.commit(op, LookupProvedAbsent(op.epoch)), now)
+            return Wake(self.commit(op, LookupProvedAbsent(self.epoch)), now)
         try:
-            op = self.commit(op, LookupFound(view.task_id, op.epoch))
+            op = self.commit(op, LookupFound(view.task_id, self.epoch))
         except DuplicateOperation as exc:
             return Wake(self.task_reused(op, view.task_id, str(exc)), None)
         return self._apply_view(op, mem, view)
@@ -364,7 +368,7 @@ class Driver:
             view = await self._request(op, "get", lambda: self.backend.get(op))
         except NotFoundOnServer:
             mem.failures = 0
-            return Wake(self.commit(op, NotFound(op.epoch)), self.clock.now())
+            return Wake(self.commit(op, NotFound(self.epoch)), self.clock.now())
         except ProtocolViolation as exc:
             # A malformed or foreign reply says nothing about the task: back off and ask again.
             mem.failures += 1
@@ -398,7 +402,7 @@ class Driver:
         event = StatusObserved(
             view.task_id,
             view.status,
-            op.epoch,
+            self.epoch,
             poll_cursor=view.cursor,
             input_request_key=view.input_request.key if view.input_request else None,
             expires_at=view.expires_at,
@@ -423,7 +427,7 @@ class Driver:
             result = await self._request(op, "cancel", lambda: self.backend.cancel(op))
         except NotFoundOnServer:
             mem.cancel_sent = generation
-            return Wake(self.commit(op, NotFound(op.epoch)), now)
+            return Wake(self.commit(op, NotFound(self.epoch)), now)
         except (BackendRejected, ProtocolViolation) as exc:
             # The request did not take; polling will show whether the task ended anyway.
             logger.warning("operation %s: cancel not accepted: %s", op.operation_id, exc)
@@ -441,15 +445,15 @@ class Driver:
         task = op.task_id or TaskId("")
         match result:
             case CancelResult.CONFIRMED:
-                op = self.commit(op, CancelConfirmed(task, generation, op.epoch))
+                op = self.commit(op, CancelConfirmed(task, generation, self.epoch))
                 if op.state is S.CANCELLED_ACCEPTED:
                     await self._audit_after_cancel(op)
                     return Wake(op, None)
                 return Wake(op, now)
             case CancelResult.ACKNOWLEDGED:
-                op = self.commit(op, CancelAcknowledged(task, generation, op.epoch))
+                op = self.commit(op, CancelAcknowledged(task, generation, self.epoch))
             case CancelResult.ALREADY_TERMINAL:
-                op = self.commit(op, CancelRefusedTerminal(task, generation, op.epoch))
+                op = self.commit(op, CancelRefusedTerminal(task, generation, self.epoch))
         return Wake(op, now)
 
     async def _audit_after_cancel(self, op: Operation) -> None:
@@ -460,7 +464,7 @@ class Driver:
             return
         self.ledger.attach_audit_result(op, "result-after-cancel", outcome.payload, self.clock.now())
         if outcome.status is ServerStatus.COMPLETED:
-            self.commit(op, StatusObserved(op.task_id or TaskId(""), ServerStatus.COMPLETED, op.epoch))
+            self.commit(op, StatusObserved(op.task_id or TaskId(""), ServerStatus.COMPLETED, self.epoch))
 
     async def _fetch(self, op: Operation, mem: _Memory) -> Wake:
         now = self.clock.now()
@@ -479,13 +483,13 @@ class Driver:
             try:
                 outcome = await self._request(op, "result", lambda: self.backend.fetch_result(op))
             except NotFoundOnServer:
-                return Wake(self.commit(op, NotFound(op.epoch)), now)
+                return Wake(self.commit(op, NotFound(self.epoch)), now)
             except ProtocolViolation as exc:
                 mem.fetch_attempts += 1
                 if mem.fetch_attempts >= MAX_FETCH_ATTEMPTS:
-                    return Wake(self.commit(op, ResultRejected(str(exc), op.epoch)), None)
+                    return Wake(self.commit(op, ResultRejected(str(exc), self.epoch)), None)
                 return Wake(op, now + retry_delay(self.policy, mem.fetch_attempts, None, self.rng))
-        epoch = Epoch(outcome.epoch_echo) if outcome.epoch_echo is not None else op.epoch
+        epoch = Epoch(outcome.epoch_echo) if outcome.epoch_echo is not None else self.epoch
         event = ResultVerified(outcome.task_id or op.task_id, outcome.status, outcome.digest, epoch)
         t = step(op, event, now)
         if not t.accepted:
@@ -494,9 +498,9 @@ class Driver:
             # A held copy that was refused is never offered again: ask the server afresh.
             mem.refetch = True
             mem.held = None
-            if epoch != op.epoch and mem.fetch_attempts < MAX_FETCH_ATTEMPTS:
+            if epoch != self.epoch and mem.fetch_attempts < MAX_FETCH_ATTEMPTS:
                 return Wake(op, now + retry_delay(self.policy, mem.fetch_attempts, None, self.rng))
-            return Wake(self.commit(op, ResultRejected(t.reason, op.epoch)), None)
+            return Wake(self.commit(op, ResultRejected(t.reason, self.epoch)), None)
         op = self.commit(op, event, payload=outcome.payload)
         self.forget(op)
         return Wake(op, None)
