@@ -1,0 +1,1393 @@
+"""The console's one data module: named, aggregated SQL behind every chart, plus the console's actions.
+
+Pages read only through ``Insights``; they never build SQL. Every query is a named template here
+(``QUERIES``) with its parameters turned into quoted literals, so the evidence bundle can show the
+exact SQL behind each chart. Queries run on one of two sources:
+
+* ``ServiceSource``: the running ``finality serve`` over its control API (``ServiceClient``):
+  ``POST /api/v1/sql`` for the queries (sandboxed, on a snapshot), ``/api/v1/gates``,
+  ``/api/v1/rollout/...`` and the approval/reconciliation/cancel routes for actions.
+* ``FileSource``: no service running; the ledger file is read read-only through the SQL sandbox
+  (``engine.sqlbox.run_query``) and ``Ledger.open(path, read_only=True)`` for the gate inputs.
+  Actions are refused: only the process that owns the ledger may write it.
+
+``Insights.from_env()`` picks the source from ``FINALITY_SERVICE_URL`` (preferred while the service
+answers) and ``FINALITY_LEDGER``. Queries aggregate in SQL; no page ever pulls a million rows.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import os
+import re
+import threading
+import zipfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import pandas as pd  # type: ignore[import-untyped]
+
+from engine.client import ServiceClient, ServiceRefused, ServiceUnavailable
+from engine.clock import Clock, SystemClock, monotonic_seconds
+from engine.errors import EngineError
+from engine.ledger import GateRecord
+from engine.model import RECEIPT_STATES, LocalState
+from engine.model import Protocol as WireProtocol
+from engine.sqlbox import run_query
+
+Json = dict[str, Any]
+
+ENV_SERVICE_URL: Final = "FINALITY_SERVICE_URL"
+ENV_LEDGER: Final = "FINALITY_LEDGER"
+ENV_CACHE_S: Final = "FINALITY_CONSOLE_CACHE_S"
+ENV_GATE_CACHE_S: Final = "FINALITY_CONSOLE_GATE_CACHE_S"
+
+CANCEL_SLO_S: Final = 60.0
+"""The cancel-confirmation line drawn on the latency charts (the gate's threshold)."""
+UNKNOWN_SLO_S: Final = 15 * 60.0
+"""The UNKNOWN reconciliation line drawn on the age charts (the gate's threshold)."""
+CANARY_ADAPTER_VERSION: Final = "finality-0.2"
+
+ARM_FALLBACK_SQL: Final = (
+    "CASE WHEN i.role = 'shadow' THEN 'shadow' "
+    f"WHEN i.adapter_version = '{CANARY_ADAPTER_VERSION}' THEN 'canary' ELSE 'control' END"
+)
+"""An operation's arm on a ledger without ``rollout_assignments``: shadow by role, canary by adapter version."""
+ARM_SQL: Final = "coalesce(ra.arm, 'unassigned')"
+"""An operation's arm as the rollout recorded it when routing it (``rollout_assignments``)."""
+ARM_JOIN_SQL: Final = "LEFT JOIN rollout_assignments ra ON ra.operation_id = i.operation_id"
+ARMS: Final = ("canary", "control", "shadow", "fixed", "unassigned")
+TERMINAL_SQL: Final = "('ACCEPTED', 'CANCELLED_ACCEPTED')"
+STATES: Final = tuple(s.value for s in LocalState)
+LIVE_STATES: Final = tuple(s.value for s in LocalState if s not in RECEIPT_STATES)
+PROTOCOLS: Final = tuple(p.value for p in WireProtocol)
+ROLLOUT_ACTIONS: Final = ("shadow", "canary", "promote", "rollback", "disable-protocol", "enable-protocol")
+
+
+class ConsoleError(EngineError):
+    """Root of the console's errors (shown to the user as a message, never a traceback)."""
+
+
+class NotConfigured(ConsoleError):
+    """Neither a service URL nor a ledger file was given."""
+
+
+class ReadOnlyConsole(ConsoleError):
+    """An action was asked of a console that reads a ledger file: only the running service writes."""
+
+
+class ActionRefused(ConsoleError):
+    """The service refused an action (its message says why)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class QueryFailed(ConsoleError):
+    """A query was refused or failed (analyst SQL, or a source that went away)."""
+
+
+# ------------------------------------------------------------------------------------ literals
+
+
+def lit(value: object) -> str:
+    """A SQL literal for a parameter value: the only way a value enters a named query's text."""
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"not a finite number: {value!r}")
+        return repr(value)
+    if isinstance(value, datetime):
+        instant = value if value.tzinfo else value.replace(tzinfo=UTC)
+        return f"TIMESTAMPTZ '{instant.astimezone(UTC).isoformat()}'"
+    if isinstance(value, timedelta):
+        return f"INTERVAL '{int(value.total_seconds() * 1_000_000)} microseconds'"
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError("NUL in a parameter")
+        return "'" + value.replace("'", "''") + "'"
+    raise TypeError(f"no SQL literal for {type(value).__name__}")
+
+
+def lit_list(values: Sequence[object]) -> str:
+    return "(" + ", ".join(lit(v) for v in values) + ")" if values else "(NULL)"
+
+
+# ----------------------------------------------------------------------------- named queries
+
+
+@dataclass(frozen=True, slots=True)
+class NamedQuery:
+    """One chart's or table's SQL, with ``{placeholders}`` filled by ``Insights`` from literals only."""
+
+    name: str
+    title: str
+    template: str
+    times: tuple[str, ...] = ()
+    max_rows: int = 1000
+
+    def render(self, **params: str) -> str:
+        return self.template.format(**params).strip()
+
+
+_OPS = "op_state s JOIN op_identity i USING (operation_id) {arm_join}"
+
+QUERIES: Final[dict[str, NamedQuery]] = {
+    q.name: q
+    for q in (
+        NamedQuery(
+            "gate_inputs",
+            "Raw inputs of the six gates (same definitions as Ledger.gate_inputs; the poll window is pruned by 1 s buckets)",
+            """
+WITH
+explorer AS (
+  SELECT count(*) AS runs, coalesce(sum(distinct_interleavings), 0) AS interleavings,
+         coalesce(sum(divergent), 0) AS divergent, max(finished_at) AS last_run_at
+  FROM explorer_runs WHERE rules = 'engine'
+),
+ops AS (SELECT count(*) AS n, count(*) FILTER (WHERE submit_attempts > 0) AS resubmitted FROM op_state),
+dups AS (SELECT count(*) AS n FROM (SELECT operation_id FROM task_bindings GROUP BY operation_id HAVING count(*) > 1)),
+b AS (SELECT epoch_us(sent_at) // 1000000 AS sec, count(*) AS n FROM polls GROUP BY ALL),
+best AS (SELECT coalesce(max(n), 0) AS n FROM b),
+cand AS (
+  SELECT b.sec FROM b LEFT JOIN b AS nxt ON nxt.sec = b.sec + 1
+  WHERE b.n + coalesce(nxt.n, 0) > (SELECT n FROM best)
+),
+near AS (SELECT sec FROM cand UNION SELECT sec + 1 FROM cand),
+w AS (
+  SELECT count(*) OVER (ORDER BY sent_at RANGE BETWEEN CURRENT ROW AND INTERVAL 999999 MICROSECONDS FOLLOWING) AS n
+  FROM polls WHERE epoch_us(sent_at) // 1000000 IN (SELECT sec FROM near)
+),
+cancels AS (
+  SELECT count(*) AS confirmed,
+         quantile_cont(epoch(r.accepted_at) - epoch(s.cancel_requested_at), 0.99) AS p99_s,
+         max(epoch(r.accepted_at) - epoch(s.cancel_requested_at)) AS max_s
+  FROM op_state s JOIN receipts r USING (operation_id) WHERE s.cancel_requested_at IS NOT NULL
+),
+pending AS (
+  SELECT count(*) AS n, max(epoch({now}) - epoch(cancel_requested_at)) AS oldest_s FROM op_state
+  WHERE cancel_requested_at IS NOT NULL AND state NOT IN ('ACCEPTED', 'CANCELLED_ACCEPTED')
+),
+unknown AS (
+  SELECT count(*) AS entries, count(*) FILTER (WHERE status = 'open') AS open,
+         max(CASE WHEN status = 'open' THEN epoch({now}) - epoch(opened_at) END) AS oldest_open_s,
+         quantile_cont(CASE WHEN status = 'open' THEN epoch({now}) - epoch(opened_at)
+                       ELSE epoch(resolved_at) - epoch(opened_at) END, 0.99) AS p99_age_s,
+         max(CASE WHEN status = 'resolved' THEN epoch(resolved_at) - epoch(opened_at) END) AS slowest_resolution_s
+  FROM reconciliation WHERE kind = 'unknown'
+),
+trace AS (
+  SELECT count(*) AS outbox_rows,
+         count(*) FILTER (WHERE r.call_node_id IS NULL OR r.status <> o.terminal_status
+                          OR r.result_digest IS DISTINCT FROM o.result_digest) AS untraceable
+  FROM outbox o LEFT JOIN receipts r USING (call_node_id)
+)
+SELECT explorer.runs AS explorer_runs, explorer.interleavings, explorer.divergent, explorer.last_run_at,
+       ops.n AS operations, dups.n AS operations_with_second_server_task, ops.resubmitted,
+       (SELECT count(*) FROM polls) AS requests,
+       greatest((SELECT n FROM best), coalesce((SELECT max(n) FROM w), 0)) AS busiest_1s_window,
+       (SELECT TRY_CAST(value AS DOUBLE) FROM settings WHERE key = 'global_qps') AS configured_qps,
+       cancels.confirmed, cancels.p99_s, cancels.max_s, pending.n AS pending, pending.oldest_s AS oldest_pending_s,
+       unknown.entries, unknown.open, unknown.oldest_open_s, unknown.p99_age_s, unknown.slowest_resolution_s,
+       trace.outbox_rows, trace.untraceable
+FROM explorer, ops, dups, cancels, pending, unknown, trace""",
+            times=("last_run_at",),
+        ),
+        NamedQuery(
+            "arms",
+            "Operations per rollout arm",
+            f"""
+WITH totals AS (
+  SELECT {{arm}} AS arm, count(*) AS operations, max(i.created_at) AS last_created_at
+  FROM op_identity i {{arm_join}} GROUP BY ALL
+),
+live AS (
+  SELECT {{arm}} AS arm, count(*) AS in_flight
+  FROM (SELECT operation_id FROM op_state WHERE state NOT IN {TERMINAL_SQL}) s
+  JOIN op_identity i USING (operation_id) {{arm_join}} GROUP BY ALL
+)
+SELECT arm, operations, coalesce(in_flight, 0) AS in_flight, last_created_at
+FROM totals LEFT JOIN live USING (arm)
+ORDER BY arm""",
+            times=("last_created_at",),
+        ),
+        NamedQuery(
+            "in_flight",
+            "In-flight operations by state and protocol",
+            f"""
+SELECT s.state, i.protocol, count(*) AS operations,
+       min(i.created_at) AS oldest_created_at
+FROM {_OPS}
+WHERE s.state NOT IN {TERMINAL_SQL}
+GROUP BY ALL ORDER BY s.state, i.protocol""",
+            times=("oldest_created_at",),
+        ),
+        NamedQuery(
+            "alerts",
+            "Alerts",
+            f"""
+SELECT
+  (SELECT count(*) FROM reconciliation WHERE kind = 'unknown' AND status = 'open') AS unknown_open,
+  (SELECT max(epoch({{now}}) - epoch(opened_at)) FROM reconciliation
+     WHERE kind = 'unknown' AND status = 'open') AS unknown_oldest_s,
+  (SELECT count(*) FROM reconciliation WHERE kind = 'unknown' AND status = 'open'
+     AND epoch({{now}}) - epoch(opened_at) > {UNKNOWN_SLO_S}) AS unknown_over_slo,
+  (SELECT count(*) FROM reconciliation WHERE kind = 'effects' AND status = 'open') AS effects_open,
+  (SELECT count(*) FROM approvals WHERE status = 'pending') AS approvals_pending,
+  (SELECT count(*) FROM approvals WHERE status = 'pending' AND deadline < {{now}}) AS approvals_overdue,
+  (SELECT count(*) FROM op_state WHERE cancel_requested_at IS NOT NULL
+     AND state NOT IN {TERMINAL_SQL}) AS cancels_pending,
+  (SELECT count(*) FROM op_state WHERE cancel_requested_at IS NOT NULL AND state NOT IN {TERMINAL_SQL}
+     AND epoch({{now}}) - epoch(cancel_requested_at) > {CANCEL_SLO_S}) AS cancels_over_slo""",
+        ),
+        NamedQuery(
+            "cancel_latency_over_time",
+            "Cancel confirmation latency (p50/p95/p99) over time",
+            """
+WITH c AS (
+  SELECT time_bucket({bucket}, r.accepted_at) AS bucket, i.protocol, {arm} AS arm,
+         epoch(r.accepted_at) - epoch(s.cancel_requested_at) AS latency_s
+  FROM op_state s JOIN receipts r USING (operation_id) JOIN op_identity i USING (operation_id) {arm_join}
+  WHERE s.cancel_requested_at IS NOT NULL
+    AND r.accepted_at >= {since} AND r.accepted_at < {until}
+)
+SELECT bucket, {group} AS series, count(*) AS cancels,
+       quantile_cont(latency_s, 0.5) AS p50_s, quantile_cont(latency_s, 0.95) AS p95_s,
+       quantile_cont(latency_s, 0.99) AS p99_s, max(latency_s) AS max_s
+FROM c WHERE protocol IN {protocols} AND arm IN {arms}
+GROUP BY ALL ORDER BY bucket, series""",
+            times=("bucket",),
+            max_rows=20_000,
+        ),
+        NamedQuery(
+            "cancel_latency_summary",
+            "Cancel confirmation latency per protocol and arm",
+            f"""
+WITH c AS (
+  SELECT i.protocol, {{arm}} AS arm,
+         epoch(r.accepted_at) - epoch(s.cancel_requested_at) AS latency_s
+  FROM op_state s JOIN receipts r USING (operation_id) JOIN op_identity i USING (operation_id) {{arm_join}}
+  WHERE s.cancel_requested_at IS NOT NULL
+    AND r.accepted_at >= {{since}} AND r.accepted_at < {{until}}
+)
+SELECT protocol, arm, count(*) AS cancels,
+       quantile_cont(latency_s, 0.5) AS p50_s, quantile_cont(latency_s, 0.95) AS p95_s,
+       quantile_cont(latency_s, 0.99) AS p99_s, max(latency_s) AS max_s,
+       count(*) FILTER (WHERE latency_s >= {CANCEL_SLO_S}) AS over_60s
+FROM c WHERE protocol IN {{protocols}} AND arm IN {{arms}}
+GROUP BY ALL ORDER BY protocol, arm""",
+        ),
+        NamedQuery(
+            "slowest_cancels",
+            "Slowest cancel confirmations (and unconfirmed cancels)",
+            """
+SELECT i.call_node_id, s.operation_id, i.protocol, {arm} AS arm, i.tool_name, s.state,
+       s.cancel_requested_at, r.accepted_at,
+       coalesce(epoch(r.accepted_at), epoch({now})) - epoch(s.cancel_requested_at) AS latency_s,
+       r.accepted_at IS NULL AS unconfirmed
+FROM op_state s JOIN op_identity i USING (operation_id) {arm_join} LEFT JOIN receipts r USING (operation_id)
+WHERE s.cancel_requested_at IS NOT NULL
+  AND (r.accepted_at IS NULL OR (r.accepted_at >= {since} AND r.accepted_at < {until}))
+  AND i.protocol IN {protocols} AND {arm} IN {arms}
+ORDER BY latency_s DESC LIMIT {limit}""",
+            times=("cancel_requested_at", "accepted_at"),
+        ),
+        NamedQuery(
+            "unknown_age_histogram",
+            "Open reconciliation entries by age",
+            """
+WITH a AS (
+  SELECT kind, (epoch({now}) - epoch(opened_at)) / 60.0 AS age_min
+  FROM reconciliation WHERE status = 'open' AND kind IN {kinds}
+)
+SELECT kind, least(floor(age_min / {bin_min}) * {bin_min}, {cap_min}) AS age_bin_min, count(*) AS entries
+FROM a GROUP BY ALL ORDER BY kind, age_bin_min""",
+        ),
+        NamedQuery(
+            "reconciliation_aging",
+            "Open reconciliation entries, oldest first",
+            f"""
+SELECT r.entry_id, r.kind, r.operation_id, i.call_node_id, i.protocol, i.tool_name, s.state,
+       r.task_id, r.idempotency_key, r.reason, r.opened_at,
+       epoch({{now}}) - epoch(r.opened_at) AS age_s,
+       epoch({{now}}) - epoch(r.opened_at) > {UNKNOWN_SLO_S} AS over_15_min
+FROM reconciliation r JOIN op_identity i USING (operation_id) JOIN op_state s USING (operation_id)
+WHERE r.status = 'open' AND r.kind IN {{kinds}}
+ORDER BY r.opened_at LIMIT {{limit}}""",
+            times=("opened_at",),
+        ),
+        NamedQuery(
+            "reconciliation_resolved",
+            "Recently resolved reconciliation entries",
+            """
+SELECT entry_id, kind, operation_id, actor, resolution, opened_at, resolved_at,
+       epoch(resolved_at) - epoch(opened_at) AS took_s
+FROM reconciliation WHERE status = 'resolved'
+ORDER BY resolved_at DESC LIMIT {limit}""",
+            times=("opened_at", "resolved_at"),
+        ),
+        NamedQuery(
+            "gate_history",
+            "Gate runs",
+            """
+SELECT run_id, gate, passed, value, threshold, verdict, evaluated_at
+FROM gate_runs WHERE run_id IN (SELECT DISTINCT run_id FROM gate_runs ORDER BY run_id DESC LIMIT {runs})
+ORDER BY run_id, gate""",
+            times=("evaluated_at",),
+            max_rows=10_000,
+        ),
+        NamedQuery(
+            "explorer_coverage",
+            "Race explorer coverage",
+            """
+SELECT rules, count(*) AS runs, count(DISTINCT scenario) AS scenarios, count(DISTINCT protocol) AS protocols,
+       sum(explored) AS explored, sum(distinct_interleavings) AS interleavings, sum(divergent) AS divergent,
+       bool_and(exhaustive) AS exhaustive, max(finished_at) AS last_finished_at
+FROM explorer_runs GROUP BY rules ORDER BY rules <> 'engine', rules""",
+            times=("last_finished_at",),
+        ),
+        NamedQuery(
+            "explorer_runs",
+            "Race explorer runs",
+            """
+SELECT run_id, scenario, protocol, rules, explored, distinct_interleavings, divergent, exhaustive,
+       shortest_trace, finished_at
+FROM explorer_runs ORDER BY run_id DESC LIMIT {limit}""",
+            times=("finished_at",),
+        ),
+        NamedQuery(
+            "filter_options",
+            "Values to filter operations by",
+            """
+SELECT 'protocol' AS field, protocol AS value FROM (SELECT DISTINCT protocol FROM op_identity)
+UNION ALL SELECT 'tool', tool_name FROM (SELECT DISTINCT tool_name FROM op_identity)
+UNION ALL SELECT 'bounds', CAST(min(created_at) AS VARCHAR) FROM op_identity
+UNION ALL SELECT 'bounds', CAST(max(created_at) AS VARCHAR) FROM op_identity
+ORDER BY 1, 2""",
+        ),
+        NamedQuery(
+            "operations",
+            "Operations (filtered), newest first",
+            """
+WITH picked AS (
+  SELECT i.operation_id FROM {candidates}
+  WHERE {where}
+  ORDER BY i.created_at DESC, i.operation_id LIMIT {limit}
+)
+SELECT i.call_node_id, s.operation_id, s.state, i.protocol, i.tool_name, {arm} AS arm, i.role,
+       s.server_status, s.epoch, s.cancel_generation, s.input_round, i.created_at, s.updated_at, s.task_id
+FROM picked JOIN op_identity i USING (operation_id) JOIN op_state s USING (operation_id) {arm_join}
+ORDER BY i.created_at DESC, s.operation_id""",
+            times=("created_at", "updated_at"),
+        ),
+        NamedQuery(
+            "operations_by_state",
+            "Operations (filtered) per state",
+            f"""
+SELECT s.state, count(*) AS operations FROM {_OPS}
+WHERE {{where}} GROUP BY ALL ORDER BY operations DESC""",
+        ),
+        NamedQuery(
+            "operation",
+            "One operation",
+            f"""
+SELECT i.*, s.* EXCLUDE (operation_id), {{arm}} AS arm FROM {_OPS}
+WHERE s.operation_id = (
+  SELECT operation_id FROM op_identity WHERE call_node_id = {{key}} OR operation_id = {{key}} LIMIT 1
+)""",
+            times=("created_at", "updated_at", "cancel_requested_at", "expires_at"),
+        ),
+        NamedQuery(
+            "operation_timeline",
+            "One call node's timeline: transitions, protocol requests, receipt",
+            """
+WITH op AS (SELECT operation_id FROM op_identity WHERE call_node_id = {key} OR operation_id = {key} LIMIT 1)
+SELECT 'transition' AS kind, recorded_at AS occurred_at, event AS what,
+       coalesce(from_state, '') || ' -> ' || to_state AS detail, cause AS note, accepted AS ok, seq AS ord
+FROM transitions WHERE operation_id = (SELECT operation_id FROM op)
+UNION ALL
+SELECT 'request', sent_at, method, outcome,
+       CASE WHEN received_at IS NULL THEN 'no reply'
+            ELSE CAST(round((epoch(received_at) - epoch(sent_at)) * 1000, 1) AS VARCHAR) || ' ms' END,
+       outcome = 'ok', NULL
+FROM polls WHERE operation_id = (SELECT operation_id FROM op)
+UNION ALL
+SELECT 'receipt', accepted_at, status, coalesce(result_digest, cancel_evidence, ''),
+       'epoch ' || epoch || ', cancel generation ' || cancel_generation, TRUE, NULL
+FROM receipts WHERE operation_id = (SELECT operation_id FROM op)
+ORDER BY occurred_at, ord NULLS LAST""",
+            times=("occurred_at",),
+            max_rows=5000,
+        ),
+        NamedQuery(
+            "approvals_pending",
+            "Pending input_required approvals",
+            """
+SELECT a.operation_id, a.input_round, i.call_node_id, i.tool_name, i.protocol, s.state,
+       s.input_round AS current_round, a.message, a.requested_schema, a.schema_digest, a.deadline, a.opened_at,
+       a.request_key
+FROM approvals a JOIN op_identity i USING (operation_id) JOIN op_state s USING (operation_id)
+WHERE a.status = 'pending' ORDER BY a.opened_at LIMIT {limit}""",
+            times=("deadline", "opened_at"),
+        ),
+        NamedQuery(
+            "approvals_answered",
+            "Recently answered approvals",
+            """
+SELECT operation_id, input_round, actor, answer, opened_at, answered_at,
+       epoch(answered_at) - epoch(opened_at) AS waited_s
+FROM approvals WHERE status = 'answered' ORDER BY answered_at DESC LIMIT {limit}""",
+            times=("opened_at", "answered_at"),
+        ),
+        NamedQuery(
+            "has_table",
+            "Whether the ledger has a table",
+            """
+SELECT count(*) AS present FROM information_schema.tables
+WHERE table_catalog = current_database() AND table_name = {table}""",
+        ),
+        NamedQuery(
+            "audit_log",
+            "Rollout audit log (hash-chained)",
+            """
+SELECT * FROM rollout_events ORDER BY 1 DESC LIMIT {limit}""",
+            max_rows=5000,
+        ),
+    )
+}
+
+SQL_EXAMPLES: Final[dict[str, str]] = {
+    "Operations per state and protocol": (
+        "SELECT state, protocol, count(*) AS n FROM operations GROUP BY ALL ORDER BY n DESC"
+    ),
+    "Cancel latency percentiles per protocol": (
+        "SELECT i.protocol, count(*) AS cancels,\n"
+        "       quantile_cont(epoch(r.accepted_at) - epoch(s.cancel_requested_at), [0.5, 0.95, 0.99]) AS p50_p95_p99_s\n"
+        "FROM op_state s JOIN receipts r USING (operation_id) JOIN op_identity i USING (operation_id)\n"
+        "WHERE s.cancel_requested_at IS NOT NULL GROUP BY ALL ORDER BY 1"
+    ),
+    "Open UNKNOWN entries, oldest first": (
+        "SELECT entry_id, operation_id, idempotency_key, task_id, opened_at, reason\n"
+        "FROM reconciliation WHERE kind = 'unknown' AND status = 'open' ORDER BY opened_at"
+    ),
+    "Protocol requests per second, busiest windows": (
+        "SELECT date_trunc('second', sent_at) AS second, count(*) AS requests\n"
+        "FROM polls GROUP BY ALL ORDER BY requests DESC LIMIT 20"
+    ),
+    "Outbox rows without a receipt (must be none)": (
+        "SELECT o.* FROM outbox o LEFT JOIN receipts r USING (call_node_id) WHERE r.call_node_id IS NULL"
+    ),
+    "Polls per accepted operation": (
+        "SELECT o.protocol, avg(p.n) AS polls_per_operation FROM operations o\n"
+        "JOIN (SELECT operation_id, count(*) AS n FROM polls GROUP BY ALL) p USING (operation_id)\n"
+        "WHERE o.state = 'ACCEPTED' GROUP BY ALL ORDER BY 1"
+    ),
+}
+
+CHARTS: Final[dict[str, tuple[str, ...]]] = {
+    "Overview": ("arms", "in_flight", "alerts"),
+    "Cancel latency": ("cancel_latency_over_time", "cancel_latency_summary", "slowest_cancels"),
+    "UNKNOWN and reconciliation": (
+        "unknown_age_histogram",
+        "reconciliation_aging",
+        "reconciliation_resolved",
+    ),
+    "Gate compliance": ("gate_history", "explorer_coverage", "explorer_runs"),
+    "Operations": ("filter_options", "operations", "operations_by_state", "operation", "operation_timeline"),
+    "Approvals": ("approvals_pending", "approvals_answered"),
+    "Rollout control": ("audit_log",),
+}
+"""Which named queries each page's charts and tables come from (the evidence bundle's index)."""
+
+
+# ---------------------------------------------------------------------------------- value types
+
+
+@dataclass(frozen=True, slots=True)
+class GateView:
+    """All six gates as evaluated, with the raw inputs they were evaluated from."""
+
+    results: list[GateRecord]
+    inputs: dict[str, dict[str, object]]
+    evaluated_at: datetime
+    source: str
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.results) and all(r.passed for r in self.results)
+
+    def failing(self) -> list[GateRecord]:
+        return [r for r in self.results if not r.passed]
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            [
+                {
+                    "gate": r.gate,
+                    "passed": r.passed,
+                    "value": r.value,
+                    "threshold": r.threshold,
+                    "verdict": r.verdict,
+                    "inputs": json.dumps(r.inputs, default=str, sort_keys=True),
+                }
+                for r in self.results
+            ]
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AuditCheck:
+    verified: bool | None
+    """True when the hash chain verified, False when it broke, None when it could not be checked."""
+    events: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutStatus:
+    """The rollout as the service reports it (``GET /api/v1/rollout/status``)."""
+
+    stage: str
+    percentage: float | None
+    epoch: int | None
+    disabled_protocols: tuple[str, ...]
+    remaining: dict[str, int]
+    """Operations still in flight per disabled protocol (query and reconciliation keep working for them)."""
+    audit: AuditCheck
+    raw: Json = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SourceInfo:
+    kind: str
+    """``service`` or ``file``."""
+    location: str
+    writable: bool
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SqlResult:
+    frame: pd.DataFrame
+    truncated: bool
+    elapsed_ms: float
+    sql: str
+
+
+# -------------------------------------------------------------------------------------- sources
+
+
+class Source(Protocol):
+    info: SourceInfo
+
+    def query(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]: ...
+
+    def rollout_status(self) -> Json | None: ...
+
+    def resolve(self, entry_id: int, body: Json) -> Json: ...
+
+    def answer(self, operation_id: str, input_round: int, body: Json) -> Json: ...
+
+    def cancel(self, call_node: str, body: Json) -> Json: ...
+
+    def rollout(self, action: str, body: Json) -> Json: ...
+
+
+class ServiceSource:
+    """Reads and acts through the running service's control API."""
+
+    def __init__(self, client: ServiceClient) -> None:
+        self.client = client
+        self.info = SourceInfo("service", client.base_url, writable=True)
+
+    def query(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]:
+        try:
+            body = self.client.sql(sql, max_rows=max_rows)
+        except ServiceRefused as exc:
+            raise QueryFailed(exc.message) from exc
+        except ServiceUnavailable as exc:
+            raise QueryFailed(str(exc)) from exc
+        return (
+            list(body["columns"]),
+            [list(r) for r in body["rows"]],
+            bool(body.get("truncated")),
+            float(body.get("elapsed_ms", 0.0)),
+        )
+
+    def rollout_status(self) -> Json | None:
+        try:
+            return self.client.rollout_status()
+        except ServiceRefused as exc:
+            if exc.status in (404, 405, 501):
+                return None
+            raise ActionRefused(exc.status, exc.message) from exc
+        except ServiceUnavailable as exc:
+            raise ActionRefused(503, str(exc)) from exc
+
+    def _do(self, call: Callable[[], Json]) -> Json:
+        try:
+            return call()
+        except ServiceRefused as exc:
+            raise ActionRefused(exc.status, exc.message) from exc
+        except ServiceUnavailable as exc:
+            raise ActionRefused(503, str(exc)) from exc
+
+    def resolve(self, entry_id: int, body: Json) -> Json:
+        return self._do(lambda: self.client.resolve(entry_id, **body))
+
+    def answer(self, operation_id: str, input_round: int, body: Json) -> Json:
+        return self._do(lambda: self.client.answer(operation_id, input_round, **body))
+
+    def cancel(self, call_node: str, body: Json) -> Json:
+        return self._do(lambda: self.client.cancel(call_node, **body))
+
+    def rollout(self, action: str, body: Json) -> Json:
+        return self._do(lambda: self.client.rollout(action, body))
+
+
+class FileSource:
+    """Reads a ledger file read-only (no service running); refuses every action."""
+
+    def __init__(self, path: str | Path, note: str = "") -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise NotConfigured(f"ledger file {self.path} does not exist")
+        self.info = SourceInfo("file", str(self.path), writable=False, note=note)
+
+    def query(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]:
+        try:
+            result = run_query(self.path, sql, max_rows=max_rows)
+        except EngineError as exc:
+            raise QueryFailed(str(exc)) from exc
+        return result.columns, result.rows, result.truncated, result.elapsed_ms
+
+    def rollout_status(self) -> Json | None:
+        return None
+
+    def _refuse(self) -> Json:
+        raise ReadOnlyConsole(
+            "this console reads a ledger file read-only; start `finality serve` and set "
+            f"{ENV_SERVICE_URL} to act (only the service writes the ledger)"
+        )
+
+    def resolve(self, entry_id: int, body: Json) -> Json:
+        return self._refuse()
+
+    def answer(self, operation_id: str, input_round: int, body: Json) -> Json:
+        return self._refuse()
+
+    def cancel(self, call_node: str, body: Json) -> Json:
+        return self._refuse()
+
+    def rollout(self, action: str, body: Json) -> Json:
+        return self._refuse()
+
+
+def _float(value: object) -> float | None:
+    if value is None:
+        return None
+    try:
+        return float(str(value))
+    except ValueError:
+        return None
+
+
+# -------------------------------------------------------------------------------------- insights
+
+
+@dataclass
+class _Cached:
+    at: float
+    value: object
+
+
+class Insights:
+    """What the console pages read and do. Thread-safe; results of identical queries are cached briefly."""
+
+    def __init__(
+        self, source: Source, *, clock: Clock | None = None, cache_s: float = 2.0, gate_cache_s: float = 15.0
+    ) -> None:
+        self.source = source
+        self.gate_cache_s = gate_cache_s
+        self._gate_inputs: tuple[float, dict[str, dict[str, object]], datetime] | None = None
+        self.clock: Clock = clock or SystemClock()
+        self.cache_s = cache_s
+        self._cache: dict[tuple[str, int], _Cached] = {}
+        self._lock = threading.Lock()
+        self._arm_sql: tuple[float, tuple[str, str]] | None = None
+        self.last_sql: dict[str, str] = {}
+        """The SQL each named query last ran with (the evidence bundle's 'SQL behind each chart')."""
+
+    # ------------------------------------------------------------------------------ building
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, *, clock: Clock | None = None) -> Insights:
+        """The service at ``FINALITY_SERVICE_URL`` if it answers, else the file at ``FINALITY_LEDGER``.
+
+        Raises:
+            NotConfigured: neither is usable (the message says what to set).
+        """
+        env = os.environ if env is None else env
+        url = env.get(ENV_SERVICE_URL, "").strip()
+        ledger = env.get(ENV_LEDGER, "").strip()
+        cache_s = float(env.get(ENV_CACHE_S, "2") or 0)
+        gate_cache_s = float(env.get(ENV_GATE_CACHE_S, "15") or 0)
+        note = ""
+        if url:
+            client = ServiceClient(url, timeout=30.0)
+            try:
+                client.health()
+            except (ServiceUnavailable, ServiceRefused) as exc:
+                client.close()
+                if not ledger:
+                    raise NotConfigured(f"the Finality service at {url} does not answer: {exc}") from exc
+                note = f"service at {url} does not answer; reading the ledger file read-only"
+            else:
+                return cls(ServiceSource(client), clock=clock, cache_s=cache_s, gate_cache_s=gate_cache_s)
+        if ledger:
+            return cls(FileSource(ledger, note), clock=clock, cache_s=cache_s, gate_cache_s=gate_cache_s)
+        raise NotConfigured(
+            f"set {ENV_SERVICE_URL} (a running `finality serve`) or {ENV_LEDGER} (a ledger file, read-only)"
+        )
+
+    @property
+    def info(self) -> SourceInfo:
+        return self.source.info
+
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    # ------------------------------------------------------------------------------- queries
+
+    def sql_of(self, name: str, **params: object) -> str:
+        """The SQL a named query runs with these parameters (what the pages show under each chart)."""
+        arm, join = self._arm() if "{arm" in QUERIES[name].template else ("", "")
+        values = {k: _param(v) for k, v in params.items()}
+        return QUERIES[name].render(arm=arm, arm_join=join, **values)
+
+    def _arm(self) -> tuple[str, str]:
+        """How this ledger tells an operation's arm: from ``rollout_assignments`` once the ledger has it."""
+        now = monotonic_seconds()
+        if self._arm_sql is None or now - self._arm_sql[0] > 60:
+            present = self.has_table("rollout_assignments")
+            self._arm_sql = (now, (ARM_SQL, ARM_JOIN_SQL) if present else (ARM_FALLBACK_SQL, ""))
+        return self._arm_sql[1]
+
+    def has_table(self, table: str) -> bool:
+        frame = self._named("has_table", table=table)
+        return bool(len(frame)) and int(frame.iloc[0, 0]) > 0
+
+    def _named(self, name: str, **params: object) -> pd.DataFrame:
+        query = QUERIES[name]
+        sql = self.sql_of(name, **params)
+        self.last_sql[name] = sql
+        columns, rows, _, _ = self._run(sql, query.max_rows)
+        frame = pd.DataFrame(rows, columns=columns)
+        for column in query.times:
+            if column in frame.columns:
+                frame[column] = pd.to_datetime(frame[column], utc=True, format="ISO8601")
+        return frame
+
+    def _run(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]:
+        key = (sql, max_rows)
+        now = monotonic_seconds()
+        with self._lock:
+            hit = self._cache.get(key)
+            if hit is not None and now - hit.at <= self.cache_s:
+                return hit.value  # type: ignore[return-value]
+        value = self.source.query(sql, max_rows)
+        if self.cache_s > 0:
+            with self._lock:
+                if len(self._cache) > 256:
+                    self._cache.clear()
+                self._cache[key] = _Cached(now, value)
+        return value
+
+    def clear_cache(self) -> None:
+        with self._lock:
+            self._cache.clear()
+        self._gate_inputs = None
+
+    # overview -------------------------------------------------------------------------------
+
+    def arms(self) -> pd.DataFrame:
+        return self._named("arms")
+
+    def in_flight(self) -> pd.DataFrame:
+        return self._named("in_flight")
+
+    def alerts(self) -> dict[str, float]:
+        frame = self._named("alerts", now=self.now())
+        row = frame.iloc[0].to_dict() if len(frame) else {}
+        return {k: float(v) if v is not None and not pd.isna(v) else 0.0 for k, v in row.items()}
+
+    def gate_inputs(self) -> tuple[dict[str, dict[str, object]], datetime]:
+        """The six gates' raw inputs, read from the ledger now (the ``Ledger.gate_inputs`` shape)."""
+        now = self.now()
+        frame = self._named("gate_inputs", now=now)
+        row = {k: (None if _missing(v) else v) for k, v in frame.iloc[0].to_dict().items()}
+        return gate_inputs_from_row(row), now
+
+    def gates(self, thresholds: object | None = None, *, max_age_s: float | None = None) -> GateView:
+        """The six gates, by ``rollout.gates.evaluate``; with other ``Thresholds``, the what-if on the same inputs.
+
+        The inputs scan the whole ledger (about a second at a million operations), so they are
+        reused for ``max_age_s`` (default ``gate_cache_s``); ``evaluated_at`` says when they were read.
+        """
+        from rollout.gates import Thresholds, evaluate
+
+        age = self.gate_cache_s if max_age_s is None else max_age_s
+        cached = self._gate_inputs
+        if cached is not None and monotonic_seconds() - cached[0] <= age:
+            inputs, now = cached[1], cached[2]
+        else:
+            inputs, now = self.gate_inputs()
+            self._gate_inputs = (monotonic_seconds(), inputs, now)
+        chosen = thresholds if isinstance(thresholds, Thresholds) else Thresholds()
+        return GateView(evaluate(inputs, chosen).results, inputs, now, self.info.kind)
+
+    # cancel latency -------------------------------------------------------------------------
+
+    def cancel_latency_over_time(
+        self,
+        *,
+        since: datetime,
+        until: datetime,
+        bucket: timedelta = timedelta(hours=1),
+        by: str = "protocol",
+        protocols: Sequence[str] = PROTOCOLS,
+        arms: Sequence[str] = ARMS,
+    ) -> pd.DataFrame:
+        group = {"protocol": "protocol", "arm": "arm", "all": "'all'"}[by]
+        return self._named(
+            "cancel_latency_over_time",
+            since=since,
+            until=until,
+            bucket=bucket,
+            group=_Raw(group),
+            protocols=_choices(protocols, PROTOCOLS),
+            arms=_choices(arms, ARMS),
+        )
+
+    def cancel_latency_summary(
+        self,
+        *,
+        since: datetime,
+        until: datetime,
+        protocols: Sequence[str] = PROTOCOLS,
+        arms: Sequence[str] = ARMS,
+    ) -> pd.DataFrame:
+        return self._named(
+            "cancel_latency_summary",
+            since=since,
+            until=until,
+            protocols=_choices(protocols, PROTOCOLS),
+            arms=_choices(arms, ARMS),
+        )
+
+    def slowest_cancels(
+        self,
+        *,
+        since: datetime,
+        until: datetime,
+        protocols: Sequence[str] = PROTOCOLS,
+        arms: Sequence[str] = ARMS,
+        limit: int = 25,
+    ) -> pd.DataFrame:
+        return self._named(
+            "slowest_cancels",
+            now=self.now(),
+            since=since,
+            until=until,
+            protocols=_choices(protocols, PROTOCOLS),
+            arms=_choices(arms, ARMS),
+            limit=_limit(limit),
+        )
+
+    # reconciliation -------------------------------------------------------------------------
+
+    def unknown_age_histogram(
+        self, *, kinds: Sequence[str] = ("unknown",), bin_min: int = 5, cap_min: int = 240
+    ) -> pd.DataFrame:
+        return self._named(
+            "unknown_age_histogram",
+            now=self.now(),
+            kinds=_choices(kinds, ("unknown", "effects")),
+            bin_min=max(1, int(bin_min)),
+            cap_min=max(1, int(cap_min)),
+        )
+
+    def reconciliation_aging(
+        self, *, kinds: Sequence[str] = ("unknown", "effects"), limit: int = 500
+    ) -> pd.DataFrame:
+        return self._named(
+            "reconciliation_aging",
+            now=self.now(),
+            kinds=_choices(kinds, ("unknown", "effects")),
+            limit=_limit(limit),
+        )
+
+    def reconciliation_resolved(self, *, limit: int = 50) -> pd.DataFrame:
+        return self._named("reconciliation_resolved", limit=_limit(limit))
+
+    def resolve(
+        self, entry_id: int, *, actor: str, reason: str, task_id: str | None = None, absent: bool = False
+    ) -> Json:
+        """Resolve a reconciliation entry (through the service: a person's decision, with actor and reason)."""
+        actor, reason = _required(actor, "actor"), _required(reason, "reason")
+        body: Json = {
+            "actor": actor,
+            "reason": reason,
+            "absent": absent,
+            "task_id": (task_id or "").strip() or None,
+        }
+        result = self.source.resolve(int(entry_id), body)
+        self.clear_cache()
+        return result
+
+    # gates ----------------------------------------------------------------------------------
+
+    def gate_history(self, *, runs: int = 200) -> pd.DataFrame:
+        return self._named("gate_history", runs=_limit(runs))
+
+    def explorer_coverage(self) -> pd.DataFrame:
+        return self._named("explorer_coverage")
+
+    def explorer_runs(self, *, limit: int = 200) -> pd.DataFrame:
+        return self._named("explorer_runs", limit=_limit(limit))
+
+    # operations -----------------------------------------------------------------------------
+
+    def filter_options(self) -> dict[str, list[str]]:
+        frame = self._named("filter_options")
+        out: dict[str, list[str]] = {"protocol": [], "tool": [], "bounds": []}
+        for field_name, value in frame.itertuples(index=False):
+            if value is not None:
+                out.setdefault(str(field_name), []).append(str(value))
+        out["state"] = list(STATES)
+        out["arm"] = list(ARMS)
+        return out
+
+    def operations(
+        self,
+        *,
+        states: Sequence[str] = (),
+        protocols: Sequence[str] = (),
+        tools: Sequence[str] = (),
+        arms: Sequence[str] = (),
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 200,
+    ) -> pd.DataFrame:
+        arm, join = self._arm()
+        where = _op_filter(arm, states, protocols, tools, arms, since, until)
+        # Pick the newest ids first and join the rest to those only: a top-N over a million-row
+        # join is what makes this slow, not the filters.
+        candidates = f"op_identity i {join}" + (" JOIN op_state s USING (operation_id)" if states else "")
+        return self._named("operations", where=_Raw(where), candidates=_Raw(candidates), limit=_limit(limit))
+
+    def operations_by_state(
+        self,
+        *,
+        states: Sequence[str] = (),
+        protocols: Sequence[str] = (),
+        tools: Sequence[str] = (),
+        arms: Sequence[str] = (),
+        since: datetime | None = None,
+        until: datetime | None = None,
+    ) -> pd.DataFrame:
+        where = _op_filter(self._arm()[0], states, protocols, tools, arms, since, until)
+        return self._named("operations_by_state", where=_Raw(where))
+
+    def operation(self, key: str) -> dict[str, object] | None:
+        """One operation by call node id or operation id (None if there is none)."""
+        frame = self._named("operation", key=key.strip())
+        if frame.empty:
+            return None
+        return {k: (None if _missing(v) else v) for k, v in frame.iloc[0].to_dict().items()}
+
+    def timeline(self, key: str) -> pd.DataFrame:
+        """Transitions, protocol requests and the receipt of one call node, in time order."""
+        return self._named("operation_timeline", key=key.strip())
+
+    def cancel(self, call_node: str, *, actor: str, reason: str) -> Json:
+        body = {"actor": _required(actor, "actor"), "reason": _required(reason, "reason")}
+        result = self.source.cancel(_path_part(call_node), body)
+        self.clear_cache()
+        return result
+
+    # approvals ------------------------------------------------------------------------------
+
+    def approvals_pending(self, *, limit: int = 200) -> pd.DataFrame:
+        return self._named("approvals_pending", limit=_limit(limit))
+
+    def approvals_answered(self, *, limit: int = 50) -> pd.DataFrame:
+        return self._named("approvals_answered", limit=_limit(limit))
+
+    def answer(self, operation_id: str, input_round: int, *, actor: str, answer: Json) -> Json:
+        """Answer one input round; the service refuses (409) an answer to a round that is no longer open."""
+        if not isinstance(answer, dict):
+            raise ActionRefused(400, "an answer must be a JSON object")
+        body = {"actor": _required(actor, "actor"), "answer": answer}
+        result = self.source.answer(_path_part(operation_id), int(input_round), body)
+        self.clear_cache()
+        return result
+
+    # rollout --------------------------------------------------------------------------------
+
+    def rollout_status(self) -> RolloutStatus | None:
+        """The rollout as the service reports it; None when no service runs or it has no rollout API yet."""
+        raw = self.source.rollout_status()
+        return parse_rollout_status(raw) if raw is not None else None
+
+    def rollout_action(
+        self,
+        action: str,
+        *,
+        actor: str,
+        reason: str,
+        percentage: float | None = None,
+        protocol: str | None = None,
+    ) -> Json:
+        """Ask the service for a rollout action (``shadow``, ``canary``, ``promote``, ``rollback``, ...)."""
+        if action not in ROLLOUT_ACTIONS:
+            raise ActionRefused(400, f"unknown rollout action {action!r}")
+        body: Json = {"actor": _required(actor, "actor"), "reason": _required(reason, "reason")}
+        if percentage is not None:
+            body["percentage"] = percentage
+        if protocol is not None:
+            body["protocol"] = _choices([protocol], PROTOCOLS)[0]
+        result = self.source.rollout(action, body)
+        self.clear_cache()
+        return result
+
+    def audit_log(self, *, limit: int = 200) -> pd.DataFrame | None:
+        """The rollout audit log (newest first), or None while the ledger has no ``rollout_events`` table."""
+        if not self.has_table("rollout_events"):
+            return None
+        frame = self._named("audit_log", limit=_limit(limit))
+        for column in frame.columns:
+            if column.endswith("_at"):
+                frame[column] = pd.to_datetime(frame[column], utc=True, format="ISO8601")
+        return frame
+
+    # SQL ------------------------------------------------------------------------------------
+
+    def run_sql(self, sql: str, *, max_rows: int = 1000) -> SqlResult:
+        """An analyst's own read-only query, through the sandbox (never cached)."""
+        columns, rows, truncated, elapsed = self.source.query(sql, max(1, min(int(max_rows), 100_000)))
+        return SqlResult(pd.DataFrame(rows, columns=columns), truncated, elapsed, sql)
+
+    # evidence -------------------------------------------------------------------------------
+
+    def evidence_bundle(self, *, decision: str = "", actor: str = "") -> bytes:
+        """A zip for a rollout decision: gate verdicts and raw inputs, gate history, explorer coverage,
+        the audit chain and its verification, and the SQL behind each chart (with its result)."""
+        now = self.now()
+        files: dict[str, bytes] = {}
+        gates = self.gates()
+        files["gates.json"] = _json_bytes(
+            {
+                "evaluated_at": gates.evaluated_at,
+                "passed": gates.passed,
+                "gates": [asdict(r) for r in gates.results],
+                "inputs": gates.inputs,
+            }
+        )
+        files["gate_history.csv"] = _csv_bytes(self.gate_history(runs=500))
+        files["explorer_coverage.csv"] = _csv_bytes(self.explorer_coverage())
+        status = None
+        try:
+            status = self.rollout_status()
+        except ConsoleError as exc:
+            files["rollout_status_error.txt"] = str(exc).encode()
+        files["rollout_status.json"] = _json_bytes(asdict(status) if status else None)
+        audit = self.audit_log(limit=5000)
+        files["audit_log.csv"] = _csv_bytes(audit) if audit is not None else b""
+        files["audit_verification.json"] = _json_bytes(
+            asdict(status.audit) if status else {"verified": None, "detail": "no rollout status available"}
+        )
+        since, until = now - timedelta(days=7), now + timedelta(seconds=1)
+        produced: dict[str, Callable[[], pd.DataFrame]] = {
+            "arms": self.arms,
+            "in_flight": self.in_flight,
+            "cancel_latency_over_time": lambda: self.cancel_latency_over_time(since=since, until=until),
+            "cancel_latency_summary": lambda: self.cancel_latency_summary(since=since, until=until),
+            "slowest_cancels": lambda: self.slowest_cancels(since=since, until=until),
+            "unknown_age_histogram": self.unknown_age_histogram,
+            "reconciliation_aging": self.reconciliation_aging,
+            "explorer_runs": self.explorer_runs,
+            "approvals_pending": self.approvals_pending,
+        }
+        index_lines = ["# The SQL behind each chart", ""]
+        for page, names in CHARTS.items():
+            index_lines.append(f"## {page}")
+            for name in names:
+                index_lines.append(f"- `{name}`: {QUERIES[name].title} -> queries/{name}.sql")
+            index_lines.append("")
+        for name, run in produced.items():
+            frame = run()
+            files[f"queries/{name}.csv"] = _csv_bytes(frame)
+        for name in QUERIES:
+            sql = self.last_sql.get(name)
+            if sql is None:
+                sql = (
+                    "-- template (parameters in braces are filled with SQL literals at run time)\n"
+                    + QUERIES[name].template.strip()
+                )
+            files[f"queries/{name}.sql"] = (sql + "\n").encode()
+        files["queries/README.md"] = "\n".join(index_lines).encode()
+        manifest = {
+            "kind": "finality evidence bundle",
+            "generated_at": now,
+            "decision": decision,
+            "actor": actor,
+            "source": asdict(self.info),
+            "gates_passed": gates.passed,
+            "failing_gates": [r.gate for r in gates.failing()],
+            "files": {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())},
+        }
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
+            bundle.writestr("manifest.json", _json_bytes(manifest))
+            for name, data in sorted(files.items()):
+                bundle.writestr(name, data)
+        return buffer.getvalue()
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+
+class _Raw(str):
+    """A fragment this module composed itself from validated pieces (never user text)."""
+
+
+def _param(value: object) -> str:
+    if isinstance(value, _Raw):
+        return str(value)
+    if isinstance(value, _Choices):
+        return lit_list(list(value))
+    return lit(value)
+
+
+class _Choices(tuple[str, ...]):
+    pass
+
+
+def _choices(values: Sequence[str], allowed: Sequence[str]) -> _Choices:
+    chosen = [v for v in values if v in allowed]
+    unknown = [v for v in values if v not in allowed]
+    if unknown:
+        raise ValueError(f"unknown values {unknown}; allowed: {list(allowed)}")
+    return _Choices(chosen)
+
+
+def _limit(value: int) -> int:
+    return max(1, min(int(value), 10_000))
+
+
+def _required(value: str, what: str) -> str:
+    text = (value or "").strip()
+    if not text:
+        raise ActionRefused(400, f"{what} is required")
+    return text
+
+
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9._:@\-]+$")
+
+
+def _path_part(value: str) -> str:
+    text = value.strip()
+    if not _SAFE_PATH.match(text):
+        raise ActionRefused(400, f"not a valid id: {value!r}")
+    return text
+
+
+def _op_filter(
+    arm_sql: str,
+    states: Sequence[str],
+    protocols: Sequence[str],
+    tools: Sequence[str],
+    arms: Sequence[str],
+    since: datetime | None,
+    until: datetime | None,
+) -> str:
+    parts = ["TRUE"]
+    if states:
+        parts.append(f"s.state IN {lit_list(_choices(states, STATES))}")
+    if protocols:
+        parts.append(f"i.protocol IN {lit_list(list(protocols))}")
+    if tools:
+        parts.append(f"i.tool_name IN {lit_list(list(tools))}")
+    if arms:
+        parts.append(f"{arm_sql} IN {lit_list(_choices(arms, ARMS))}")
+    if since is not None:
+        parts.append(f"i.created_at >= {lit(since)}")
+    if until is not None:
+        parts.append(f"i.created_at < {lit(until)}")
+    return " AND ".join(parts)
+
+
+def _missing(value: object) -> bool:
+    try:
+        return bool(pd.isna(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def gate_inputs_from_row(row: Mapping[str, object]) -> dict[str, dict[str, object]]:
+    """The ``gate_inputs`` query's one row in the shape ``rollout.gates.evaluate`` takes."""
+
+    def num(key: str) -> object:
+        value = row.get(key)
+        return int(value) if isinstance(value, float) and value.is_integer() and key in _COUNTS else value
+
+    return {
+        "terminal_divergence": {
+            "explorer_runs": num("explorer_runs"),
+            "interleavings": num("interleavings"),
+            "divergent": num("divergent"),
+            "last_run_at": row.get("last_run_at"),
+        },
+        "duplicate_operations": {
+            "operations": num("operations"),
+            "operations_with_second_server_task": num("operations_with_second_server_task"),
+            "resubmitted_after_proof_of_absence": num("resubmitted"),
+        },
+        "poll_amplification": {
+            "requests": num("requests"),
+            "busiest_1s_window": num("busiest_1s_window"),
+            "configured_qps": _float(row.get("configured_qps")),
+        },
+        "cancel_confirmation": {
+            "confirmed": num("confirmed"),
+            "p99_s": row.get("p99_s"),
+            "max_s": row.get("max_s"),
+            "pending": num("pending"),
+            "oldest_pending_s": row.get("oldest_pending_s"),
+        },
+        "unknown_reconciliation": {
+            "operations": num("operations"),
+            "entries": num("entries"),
+            "open": num("open"),
+            "oldest_open_s": row.get("oldest_open_s"),
+            "p99_age_s": row.get("p99_age_s"),
+            "slowest_resolution_s": row.get("slowest_resolution_s"),
+        },
+        "traceability": {"outbox_rows": num("outbox_rows"), "untraceable": num("untraceable")},
+    }
+
+
+_COUNTS: Final = frozenset(
+    {
+        "explorer_runs",
+        "interleavings",
+        "divergent",
+        "operations",
+        "operations_with_second_server_task",
+        "resubmitted",
+        "requests",
+        "busiest_1s_window",
+        "confirmed",
+        "pending",
+        "entries",
+        "open",
+        "outbox_rows",
+        "untraceable",
+    }
+)
+
+
+def parse_rollout_status(raw: Json) -> RolloutStatus:
+    """Read the service's rollout status, tolerating the field names either side may settle on."""
+    audit_raw = raw.get("audit") or raw.get("audit_chain") or raw.get("chain") or {}
+    if isinstance(audit_raw, bool):
+        audit = AuditCheck(audit_raw)
+    elif isinstance(audit_raw, dict):
+        verified = audit_raw.get("verified", audit_raw.get("ok", audit_raw.get("valid")))
+        audit = AuditCheck(
+            None if verified is None else bool(verified),
+            int(audit_raw["events"]) if isinstance(audit_raw.get("events"), int) else None,
+            str(audit_raw.get("detail") or audit_raw.get("problem") or audit_raw.get("error") or ""),
+        )
+    else:
+        audit = AuditCheck(None, None, str(audit_raw))
+    disabled = raw.get("disabled_protocols") or raw.get("disabled") or []
+    remaining_raw = raw.get("remaining") or raw.get("remaining_ops") or raw.get("remaining_operations") or {}
+    remaining = {str(k): int(v) for k, v in remaining_raw.items()} if isinstance(remaining_raw, dict) else {}
+    percentage = raw.get("percentage", raw.get("percent", raw.get("canary_percentage")))
+    epoch = raw.get("epoch", raw.get("execution_epoch"))
+    return RolloutStatus(
+        stage=str(raw.get("stage", "unknown")),
+        percentage=_float(percentage),
+        epoch=int(epoch) if isinstance(epoch, int | float) else None,
+        disabled_protocols=tuple(str(p) for p in disabled),
+        remaining=remaining,
+        audit=audit,
+        raw=raw,
+    )
+
+
+def _json_bytes(value: object) -> bytes:
+    return json.dumps(value, default=_json_default, indent=2, sort_keys=True).encode()
+
+
+def _json_default(value: object) -> object:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return str(value)
+
+
+def _csv_bytes(frame: pd.DataFrame) -> bytes:
+    buffer = io.StringIO()
+    frame.to_csv(buffer, index=False, quoting=csv.QUOTE_MINIMAL)
+    return buffer.getvalue().encode()
+
+
+def frame_to_parquet(frame: pd.DataFrame) -> bytes:
+    """A result as Parquet bytes (for downloads)."""
+    buffer = io.BytesIO()
+    frame.to_parquet(buffer, index=False)
+    return buffer.getvalue()
+
+
+def frame_to_csv(frame: pd.DataFrame) -> bytes:
+    return _csv_bytes(frame)
+
+
+__all__ = [
+    "ARMS",
+    "CANCEL_SLO_S",
+    "CHARTS",
+    "LIVE_STATES",
+    "PROTOCOLS",
+    "QUERIES",
+    "SQL_EXAMPLES",
+    "STATES",
+    "UNKNOWN_SLO_S",
+    "ActionRefused",
+    "ConsoleError",
+    "GateView",
+    "Insights",
+    "NotConfigured",
+    "QueryFailed",
+    "ReadOnlyConsole",
+    "RolloutStatus",
+    "frame_to_csv",
+    "frame_to_parquet",
+]
