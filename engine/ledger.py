@@ -287,6 +287,73 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             )""",
         ),
     ),
+    (
+        6,
+        "rollout: state, hash-chained events, arm assignments, shadow diffs",
+        (
+            """CREATE TABLE rollout_state (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                stage VARCHAR NOT NULL,
+                canary_bp INTEGER NOT NULL,
+                salt VARCHAR NOT NULL,
+                shadow_tools VARCHAR NOT NULL,
+                disabled_protocols VARCHAR NOT NULL,
+                epoch BIGINT NOT NULL,
+                head_seq BIGINT NOT NULL,
+                head_hash VARCHAR NOT NULL,
+                updated_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE rollout_events (
+                seq BIGINT PRIMARY KEY,
+                action VARCHAR NOT NULL,
+                actor VARCHAR NOT NULL,
+                reason VARCHAR NOT NULL,
+                override BOOLEAN NOT NULL,
+                before_state VARCHAR NOT NULL,
+                after_state VARCHAR NOT NULL,
+                detail VARCHAR NOT NULL,
+                gate_inputs VARCHAR NOT NULL,
+                gate_inputs_digest VARCHAR NOT NULL,
+                prev_hash VARCHAR NOT NULL,
+                hash VARCHAR NOT NULL,
+                recorded_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE rollout_assignments (
+                operation_id VARCHAR PRIMARY KEY,
+                call_node_id VARCHAR NOT NULL,
+                tool_name VARCHAR NOT NULL,
+                role VARCHAR NOT NULL,
+                arm VARCHAR NOT NULL,
+                stage VARCHAR NOT NULL,
+                bucket INTEGER NOT NULL,
+                canary_bp INTEGER NOT NULL,
+                server_name VARCHAR NOT NULL,
+                rerouted_from VARCHAR,
+                primary_operation_id VARCHAR,
+                rollout_seq BIGINT NOT NULL,
+                assigned_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE shadow_diffs (
+                primary_operation_id VARCHAR PRIMARY KEY,
+                shadow_operation_id VARCHAR NOT NULL UNIQUE,
+                call_node_id VARCHAR NOT NULL,
+                tool_name VARCHAR NOT NULL,
+                primary_status VARCHAR NOT NULL,
+                shadow_status VARCHAR NOT NULL,
+                primary_result_digest VARCHAR,
+                shadow_result_digest VARCHAR,
+                primary_content_digest VARCHAR,
+                shadow_content_digest VARCHAR,
+                primary_latency_ms DOUBLE NOT NULL,
+                shadow_latency_ms DOUBLE NOT NULL,
+                primary_polls INTEGER NOT NULL,
+                shadow_polls INTEGER NOT NULL,
+                diverged BOOLEAN NOT NULL,
+                differences VARCHAR NOT NULL,
+                recorded_at TIMESTAMPTZ NOT NULL
+            )""",
+        ),
+    ),
 )
 SUPPORTED_SCHEMA: Final[int] = MIGRATIONS[-1][0]
 
@@ -1666,6 +1733,254 @@ class Ledger:
     def gate_runs(self, limit: int = 500) -> list[dict[str, object]]:
         return self._rows("SELECT * FROM gate_runs ORDER BY run_id DESC, gate LIMIT ?", [limit])
 
+    # --------------------------------------------------------------------------------- rollout
+    # Persistence for ``rollout/``: the rollout state (with the execution epoch), its hash-chained
+    # audit log, each operation's arm and the shadow comparisons. The decisions are rollout's.
+
+    _ROLLOUT_EVENT_COLUMNS: Final = (
+        "seq",
+        "action",
+        "actor",
+        "reason",
+        "override",
+        "before_state",
+        "after_state",
+        "detail",
+        "gate_inputs",
+        "gate_inputs_digest",
+        "prev_hash",
+        "hash",
+        "recorded_at",
+    )
+    _ASSIGNMENT_COLUMNS: Final = (
+        "operation_id",
+        "call_node_id",
+        "tool_name",
+        "role",
+        "arm",
+        "stage",
+        "bucket",
+        "canary_bp",
+        "server_name",
+        "rerouted_from",
+        "primary_operation_id",
+        "rollout_seq",
+        "assigned_at",
+    )
+    _SHADOW_DIFF_COLUMNS: Final = (
+        "primary_operation_id",
+        "shadow_operation_id",
+        "call_node_id",
+        "tool_name",
+        "primary_status",
+        "shadow_status",
+        "primary_result_digest",
+        "shadow_result_digest",
+        "primary_content_digest",
+        "shadow_content_digest",
+        "primary_latency_ms",
+        "shadow_latency_ms",
+        "primary_polls",
+        "shadow_polls",
+        "diverged",
+        "differences",
+        "recorded_at",
+    )
+
+    def rollout_state(self) -> dict[str, object] | None:
+        """The one ``rollout_state`` row (list columns decoded), or None before the first action."""
+        rows = self._rows("SELECT * FROM rollout_state WHERE id = 1", [])
+        if not rows:
+            return None
+        row = rows[0]
+        for key in ("shadow_tools", "disabled_protocols"):
+            row[key] = json.loads(str(row[key]))
+        return row
+
+    def execution_epoch(self) -> int | None:
+        """The execution epoch the ledger records (raised only by a rollback), or None if never set."""
+        row = self._con.execute("SELECT epoch FROM rollout_state WHERE id = 1").fetchone()
+        return int(row[0]) if row else None
+
+    def append_rollout_event(
+        self, event: dict[str, object], state: dict[str, object], *, expected_seq: int, expected_epoch: int
+    ) -> None:
+        """Append one audit row and move ``rollout_state`` to ``state`` in one transaction.
+
+        Compare-and-swap on the chain head and the epoch: the write only lands if the state row is
+        still at ``expected_seq`` and ``expected_epoch`` (no row at all when ``expected_seq`` is 0),
+        so two actions can never fork the chain or both raise the epoch.
+
+        Raises:
+            StaleWrite: another action moved the rollout (or the epoch) first; nothing is written.
+        """
+        values = [event[c] for c in self._ROLLOUT_EVENT_COLUMNS]
+        if event["seq"] != expected_seq + 1:
+            raise LedgerError("a rollout event must follow the chain head")
+        columns = [
+            state["stage"],
+            state["canary_bp"],
+            state["salt"],
+            _json_text(_string_list(state["shadow_tools"])),
+            _json_text(_string_list(state["disabled_protocols"])),
+            state["epoch"],
+            event["seq"],
+            event["hash"],
+            event["recorded_at"],
+        ]
+        with self._tx() as tx:
+            current = tx.execute("SELECT head_seq, epoch FROM rollout_state WHERE id = 1").fetchone()
+            if current is None:
+                if expected_seq != 0:
+                    raise StaleWrite("rollout", expected_seq, "the rollout state row is missing")
+                tx.execute("INSERT INTO rollout_state VALUES (1, ?,?,?,?,?,?,?,?,?)", columns)
+            else:
+                updated = tx.execute(
+                    "UPDATE rollout_state SET stage = ?, canary_bp = ?, salt = ?, shadow_tools = ?, "
+                    "disabled_protocols = ?, epoch = ?, head_seq = ?, head_hash = ?, updated_at = ? "
+                    "WHERE id = 1 AND head_seq = ? AND epoch = ?",
+                    [*columns, expected_seq, expected_epoch],
+                ).fetchone()
+                if not updated or updated[0] != 1:
+                    raise StaleWrite(
+                        "rollout",
+                        expected_seq,
+                        f"the rollout moved to seq {current[0]} at epoch {current[1]} first",
+                    )
+            tx.execute(
+                f"INSERT INTO rollout_events VALUES ({', '.join('?' * len(values))})",
+                values,
+            )
+
+    def rollout_events(
+        self, *, limit: int | None = None, newest_first: bool = False
+    ) -> list[dict[str, object]]:
+        """Audit rows in chain order (or newest first)."""
+        sql = "SELECT * FROM rollout_events ORDER BY seq" + (" DESC" if newest_first else "")
+        params: list[object] = []
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        return self._rows(sql, params)
+
+    def record_assignments(self, rows: Sequence[dict[str, object]]) -> None:
+        """Record operations' arms (one per operation; a second row for an operation is ignored)."""
+        if not rows:
+            return
+        with self._tx() as tx:
+            tx.executemany(
+                f"INSERT OR IGNORE INTO rollout_assignments VALUES ({', '.join('?' * len(self._ASSIGNMENT_COLUMNS))})",
+                [[r.get(c) for c in self._ASSIGNMENT_COLUMNS] for r in rows],
+            )
+
+    def assignments(self, *, limit: int = 1000) -> list[dict[str, object]]:
+        return self._rows("SELECT * FROM rollout_assignments ORDER BY assigned_at DESC LIMIT ?", [limit])
+
+    def rollout_keys(self) -> list[tuple[str, str, str]]:
+        """``(call_node_id, operation_id, state)`` of every primary operation routed by arm."""
+        rows = self._con.execute(
+            "SELECT a.call_node_id, a.operation_id, s.state FROM rollout_assignments a "
+            "JOIN op_state s USING (operation_id) WHERE a.role = 'primary' AND a.arm IN ('control', 'canary') "
+            "ORDER BY a.call_node_id"
+        ).fetchall()
+        return [(str(a), str(b), str(c)) for a, b, c in rows]
+
+    def arm_counts(self) -> list[dict[str, object]]:
+        """Operations per arm, server, protocol and whether they still hold no receipt."""
+        return self._rows(
+            "SELECT a.arm, a.server_name, i.protocol, "
+            "s.state NOT IN ('ACCEPTED', 'CANCELLED_ACCEPTED') AS in_flight, count(*) AS operations "
+            "FROM rollout_assignments a JOIN op_state s USING (operation_id) "
+            "JOIN op_identity i USING (operation_id) GROUP BY ALL ORDER BY ALL",
+            [],
+        )
+
+    def live_by_protocol(self) -> dict[str, dict[str, int]]:
+        """Operations without a receipt, per protocol and local state (UNKNOWN ones included)."""
+        rows = self._con.execute(
+            "SELECT i.protocol, s.state, count(*) FROM op_state s JOIN op_identity i USING (operation_id) "
+            "WHERE s.state NOT IN ('ACCEPTED', 'CANCELLED_ACCEPTED') GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+        out: dict[str, dict[str, int]] = {}
+        for protocol, state, count in rows:
+            out.setdefault(str(protocol), {})[str(state)] = int(count)
+        return out
+
+    def shadow_pairs(self, *, ready_only: bool) -> list[tuple[str, str]]:
+        """``(primary, shadow)`` operation ids not yet compared; ``ready_only``: both hold a receipt."""
+        sql = (
+            "SELECT a.primary_operation_id, a.operation_id FROM rollout_assignments a "
+            "LEFT JOIN shadow_diffs d ON d.shadow_operation_id = a.operation_id "
+            "WHERE a.role = 'shadow' AND a.primary_operation_id IS NOT NULL AND d.shadow_operation_id IS NULL"
+        )
+        if ready_only:
+            sql += (
+                " AND a.operation_id IN (SELECT operation_id FROM receipts)"
+                " AND a.primary_operation_id IN (SELECT operation_id FROM receipts)"
+            )
+        rows = self._con.execute(sql + " ORDER BY a.assigned_at").fetchall()
+        return [(str(a), str(b)) for a, b in rows]
+
+    def receipt_of_operation(self, operation_id: str) -> dict[str, object] | None:
+        rows = self._rows("SELECT * FROM receipts WHERE operation_id = ?", [operation_id])
+        return rows[0] if rows else None
+
+    def poll_count(self, operation_id: str) -> int:
+        row = self._con.execute(
+            "SELECT count(*) FROM polls WHERE operation_id = ?", [operation_id]
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def record_shadow_diff(self, row: dict[str, object]) -> bool:
+        """Store one comparison; False if the pair was already compared."""
+        with self._tx() as tx:
+            done = tx.execute(
+                f"INSERT OR IGNORE INTO shadow_diffs VALUES ({', '.join('?' * len(self._SHADOW_DIFF_COLUMNS))})",
+                [row.get(c) for c in self._SHADOW_DIFF_COLUMNS],
+            ).fetchone()
+        return bool(done and done[0] == 1)
+
+    def shadow_diffs(self, *, diverged_only: bool = False, limit: int = 100) -> list[dict[str, object]]:
+        sql = "SELECT * FROM shadow_diffs"
+        if diverged_only:
+            sql += " WHERE diverged"
+        return self._rows(sql + " ORDER BY recorded_at DESC LIMIT ?", [limit])
+
+    def shadow_summary(self) -> dict[str, object]:
+        """Shadow operations started, compared, diverged (by what), and still waiting for a comparison."""
+        row = self._con.execute(
+            "SELECT (SELECT count(*) FROM rollout_assignments WHERE role = 'shadow'), count(*), "
+            "count(*) FILTER (WHERE diverged), count(*) FILTER (WHERE differences LIKE '%status%'), "
+            "count(*) FILTER (WHERE differences LIKE '%result%'), avg(shadow_latency_ms - primary_latency_ms), "
+            "avg(shadow_polls - primary_polls) FROM shadow_diffs"
+        ).fetchone()
+        assert row is not None
+        started, compared = int(row[0]), int(row[1])
+        return {
+            "shadow_operations": started,
+            "compared": compared,
+            "diverged": int(row[2]),
+            "status_differs": int(row[3]),
+            "result_differs": int(row[4]),
+            "awaiting_comparison": started - compared,
+            "mean_latency_delta_ms": row[5],
+            "mean_polls_delta": row[6],
+        }
+
+    def fenced_replies(self) -> int:
+        """Replies refused because they answered a request of an older execution epoch."""
+        row = self._con.execute(
+            "SELECT count(*) FROM transitions WHERE NOT accepted AND cause LIKE 'stale epoch%'"
+        ).fetchone()
+        return int(row[0]) if row else 0
+
+    def epochs_of(self, operation_id: str) -> set[int]:
+        """Every execution epoch that has owned the operation (it only changes by ``EpochRaised``)."""
+        rows = self._con.execute(
+            "SELECT DISTINCT epoch FROM transitions WHERE operation_id = ? AND accepted", [operation_id]
+        ).fetchall()
+        return {int(r[0]) for r in rows}
+
     def _rows(self, sql: str, params: list[object]) -> list[dict[str, object]]:
         cur = self._con.execute(sql, params)
         cols = [d[0] for d in cur.description or ()]
@@ -1778,6 +2093,12 @@ class Ledger:
         return out
 
 
+def _string_list(value: object) -> list[str]:
+    if not isinstance(value, list | tuple):
+        raise InvalidRecord(f"expected a list of strings, got {value!r}")
+    return [str(v) for v in value]
+
+
 def _warm_up_operation() -> Operation:
     now = datetime(2000, 1, 1, tzinfo=UTC)
     return Operation(
@@ -1817,6 +2138,10 @@ _TABLES: Final = frozenset(
         "explorer_runs",
         "gate_runs",
         "settings",
+        "rollout_state",
+        "rollout_events",
+        "rollout_assignments",
+        "shadow_diffs",
     }
 )
 
