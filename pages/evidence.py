@@ -1,0 +1,44 @@
+"""Evidence bundle: a zip for a rollout decision (gate verdicts and raw inputs, audit chain, the SQL behind each chart)."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.insights import CHARTS, QUERIES, Insights
+
+insights: Insights = st.session_state["app_insights"]
+
+st.title("Evidence bundle")
+st.write(
+    "Everything a reviewer needs to check a rollout decision offline: the six gates with their raw "
+    "inputs and thresholds, the gate history, explorer coverage, the rollout status and the hash-chained "
+    "audit log with its verification, and the SQL behind each chart with the rows it returned. "
+    "`manifest.json` lists the sha256 of every file."
+)
+st.text_input(
+    "Decision this evidence is for", placeholder="e.g. promote canary 5 % -> 25 %", key="evidence_decision"
+)
+
+
+def _bundle() -> bytes:
+    return insights.evidence_bundle(
+        decision=st.session_state.get("evidence_decision", ""), actor=st.session_state.get("app_actor", "")
+    )
+
+
+stamp = insights.now().strftime("%Y%m%dT%H%M%SZ")
+st.download_button(
+    "Download evidence bundle (zip)",
+    _bundle,
+    file_name=f"finality-evidence-{stamp}.zip",
+    mime="application/zip",
+    type="primary",
+    key="evidence_download",
+)
+
+st.subheader("The SQL behind each chart")
+for page, names in CHARTS.items():
+    with st.expander(page):
+        for name in names:
+            st.markdown(f"**{QUERIES[name].title}** (`{name}`)")
+            st.code(insights.last_sql.get(name) or QUERIES[name].template.strip(), language="sql")

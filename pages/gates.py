@@ -1,0 +1,89 @@
+"""Gate compliance: the history of gate runs, explorer coverage, and a what-if with other thresholds."""
+
+from __future__ import annotations
+
+import plotly.express as px
+import streamlit as st
+
+from engine.insights import Insights
+from rollout.gates import Thresholds
+
+insights: Insights = st.session_state["app_insights"]
+
+st.title("Gate compliance")
+
+
+@st.fragment(run_every=st.session_state["app_refresh_s"])
+def live() -> None:
+    st.subheader("Race explorer coverage")
+    coverage = insights.explorer_coverage()
+    engine_rows = coverage[coverage["rules"] == "engine"]
+    if engine_rows.empty:
+        st.warning("No explorer run recorded (run `finality explore --ledger`): the divergence gate fails.")
+    else:
+        row = engine_rows.iloc[0]
+        st.metric(
+            "Explored",
+            f"{int(row['interleavings']):,} of {int(row['explored']):,} interleavings, {int(row['divergent'])} divergent",
+        )
+        st.caption(
+            f"{int(row['runs'])} runs over {int(row['scenarios'])} scenarios and {int(row['protocols'])} protocols"
+            + (", every one exhaustive" if bool(row["exhaustive"]) else "")
+        )
+    st.dataframe(coverage, hide_index=True, key="gates_coverage")
+
+    st.subheader("History of gate runs")
+    history = insights.gate_history()
+    if history.empty:
+        st.info("No gate run recorded yet (`finality gates --ledger`, or POST /api/v1/gates).")
+    else:
+        history["pass"] = history["passed"].astype(int)
+        fig = px.scatter(
+            history,
+            x="evaluated_at",
+            y="gate",
+            color=history["passed"].map({True: "pass", False: "fail"}),
+            color_discrete_map={"pass": "green", "fail": "red"},
+        )
+        fig.update_layout(height=300, legend_title_text="")
+        st.plotly_chart(fig, key="gates_history_chart")
+        st.dataframe(history.drop(columns=["pass"]).tail(60), hide_index=True, key="gates_history")
+
+
+live()
+
+st.subheader("What if")
+st.caption("The same raw inputs, read from the ledger now, evaluated by rollout.gates with other thresholds.")
+d = Thresholds()
+c1, c2, c3 = st.columns(3)
+c1.number_input("Min interleavings", value=d.min_interleavings, step=1000, key="gates_min_interleavings")
+c1.number_input("Max divergent", value=d.max_divergent, step=1, key="gates_max_divergent")
+c2.number_input("Max duplicates", value=d.max_duplicates, step=1, key="gates_max_duplicates")
+c2.number_input("QPS cap (0 = as configured)", value=0.0, step=10.0, key="gates_qps")
+c3.number_input("Cancel p99 (s)", value=d.cancel_p99_s, step=5.0, key="gates_cancel_p99")
+c3.number_input("UNKNOWN max age (min)", value=d.unknown_max_age_s / 60, step=1.0, key="gates_unknown_min")
+st.slider("Min traceable share", 0.0, 1.0, d.min_traceable_share, 0.001, key="gates_traceable")
+state = st.session_state
+what_if = Thresholds(
+    min_interleavings=int(state["gates_min_interleavings"]),
+    max_divergent=int(state["gates_max_divergent"]),
+    max_duplicates=int(state["gates_max_duplicates"]),
+    qps=float(state["gates_qps"]) or None,
+    cancel_p99_s=float(state["gates_cancel_p99"]),
+    unknown_max_age_s=float(state["gates_unknown_min"]) * 60,
+    min_traceable_share=float(state["gates_traceable"]),
+)
+now_view = insights.gates()
+if_view = insights.gates(what_if)
+compare = now_view.frame()[["gate", "passed", "value", "threshold"]].rename(
+    columns={"passed": "passes now", "threshold": "threshold now"}
+)
+compare["passes with these thresholds"] = [r.passed for r in if_view.results]
+compare["threshold (what if)"] = [r.threshold for r in if_view.results]
+compare["verdict (what if)"] = [r.verdict for r in if_view.results]
+st.dataframe(compare, hide_index=True, key="gates_what_if")
+st.write(
+    "**All gates would pass.**"
+    if if_view.passed
+    else f"**{len(if_view.failing())} gate(s) would still fail.**"
+)

@@ -1,0 +1,95 @@
+"""Overview: rollout stage and arms, the six gates with raw values and thresholds, in-flight work, alerts."""
+
+from __future__ import annotations
+
+import json
+
+import plotly.express as px
+import streamlit as st
+
+from engine.insights import CANCEL_SLO_S, UNKNOWN_SLO_S, ConsoleError, Insights
+
+insights: Insights = st.session_state["app_insights"]
+
+st.title("Overview")
+
+
+@st.fragment(run_every=st.session_state["app_refresh_s"])
+def live() -> None:
+    left, right = st.columns([1, 2])
+    with left:
+        st.subheader("Rollout")
+        try:
+            status = insights.rollout_status()
+        except ConsoleError as exc:
+            status = None
+            st.warning(f"rollout status unavailable: {exc}")
+        if status is None:
+            st.caption("No rollout status (the service has no rollout API, or this console reads a file).")
+        else:
+            a, b, c = st.columns(3)
+            a.metric("Stage", status.stage)
+            b.metric("Canary", f"{status.percentage:g} %" if status.percentage is not None else "-")
+            c.metric("Epoch", status.epoch if status.epoch is not None else "-")
+            if status.disabled_protocols:
+                st.error("Disabled protocols: " + ", ".join(status.disabled_protocols))
+        arms = insights.arms()
+        st.dataframe(arms, hide_index=True, key="overview_arms")
+    with right:
+        st.subheader("Gates")
+        gates = insights.gates()
+        passed = sum(r.passed for r in gates.results)
+        st.caption(
+            f"{passed} of {len(gates.results)} pass · evaluated {gates.evaluated_at:%Y-%m-%d %H:%M:%S} UTC"
+        )
+        rows = [
+            {
+                "gate": r.gate,
+                "verdict": "PASS" if r.passed else "FAIL",
+                "value": r.value,
+                "threshold": r.threshold,
+                "detail": r.verdict,
+                "raw inputs": json.dumps(r.inputs, default=str, sort_keys=True),
+            }
+            for r in gates.results
+        ]
+        st.dataframe(rows, hide_index=True, key="overview_gates")
+
+    st.subheader("Alerts")
+    alerts = insights.alerts()
+    found = False
+    if alerts.get("unknown_over_slo"):
+        found = True
+        st.error(
+            f"{alerts['unknown_over_slo']:.0f} UNKNOWN operation(s) open longer than {UNKNOWN_SLO_S / 60:.0f} min "
+            f"(oldest {alerts['unknown_oldest_s'] / 60:.1f} min)"
+        )
+    if alerts.get("cancels_over_slo"):
+        found = True
+        st.error(f"{alerts['cancels_over_slo']:.0f} cancel(s) unconfirmed after {CANCEL_SLO_S:.0f} s")
+    if alerts.get("approvals_overdue"):
+        found = True
+        st.warning(f"{alerts['approvals_overdue']:.0f} approval(s) past their deadline")
+    if alerts.get("approvals_pending"):
+        found = True
+        st.info(f"{alerts['approvals_pending']:.0f} approval(s) waiting for an answer")
+    if alerts.get("effects_open"):
+        found = True
+        st.info(f"{alerts['effects_open']:.0f} leftover-effect check(s) open")
+    for gate in gates.failing():
+        found = True
+        st.warning(f"Gate {gate.gate} fails: {gate.verdict}")
+    if not found:
+        st.success("No alerts")
+
+    st.subheader("In flight")
+    flight = insights.in_flight()
+    if flight.empty:
+        st.caption("Nothing in flight.")
+    else:
+        fig = px.bar(flight, x="state", y="operations", color="protocol", barmode="stack")
+        fig.update_layout(height=320, margin={"t": 10, "b": 10})
+        st.plotly_chart(fig, key="overview_in_flight")
+
+
+live()

@@ -1,0 +1,53 @@
+"""SQL: the sandboxed, read-only query page (a snapshot of the ledger), with examples and CSV/Parquet download."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from engine.insights import SQL_EXAMPLES, ConsoleError, Insights, frame_to_csv, frame_to_parquet
+
+insights: Insights = st.session_state["app_insights"]
+
+st.title("SQL")
+st.caption(
+    "One read-only SELECT at a time, on a snapshot of the ledger. Writes, COPY, ATTACH, INSTALL and "
+    "file-reading functions are refused. Tables and columns: docs/ledger.md."
+)
+
+
+def _load_example() -> None:
+    st.session_state["sql_query"] = SQL_EXAMPLES[st.session_state["sql_example"]]
+
+
+st.selectbox("Examples", list(SQL_EXAMPLES), key="sql_example", on_change=_load_example)
+st.session_state.setdefault("sql_query", next(iter(SQL_EXAMPLES.values())))
+st.text_area("Query", height=160, key="sql_query")
+st.number_input("Max rows", min_value=1, max_value=100_000, value=1000, step=100, key="sql_max_rows")
+if st.button("Run", type="primary", key="sql_run"):
+    try:
+        st.session_state["sql_result"] = insights.run_sql(
+            st.session_state["sql_query"], max_rows=int(st.session_state["sql_max_rows"])
+        )
+        st.session_state.pop("sql_error", None)
+    except ConsoleError as exc:
+        st.session_state["sql_error"] = str(exc)
+        st.session_state.pop("sql_result", None)
+
+if "sql_error" in st.session_state:
+    st.error(st.session_state["sql_error"])
+result = st.session_state.get("sql_result")
+if result is not None:
+    st.caption(
+        f"{len(result.frame):,} rows in {result.elapsed_ms:.0f} ms"
+        + (" (truncated at the row limit)" if result.truncated else "")
+    )
+    st.dataframe(result.frame, hide_index=True, key="sql_table")
+    d1, d2 = st.columns(2)
+    d1.download_button("Download CSV", frame_to_csv(result.frame), "query.csv", "text/csv", key="sql_csv")
+    d2.download_button(
+        "Download Parquet",
+        frame_to_parquet(result.frame),
+        "query.parquet",
+        "application/vnd.apache.parquet",
+        key="sql_parquet",
+    )
