@@ -55,7 +55,14 @@ except ConsoleError as exc:
 
 st.session_state["app_insights"] = insights
 st.session_state["app_refresh_s"] = float(os.environ.get("FINALITY_CONSOLE_REFRESH_S", "10"))
+# The actor lives under a plain key (widget keys are dropped on pages where the widget is not drawn).
 st.session_state.setdefault("app_actor", os.environ.get("FINALITY_ACTOR", ""))
+st.session_state.setdefault("app_actor_input", st.session_state["app_actor"])
+
+
+def _set_actor() -> None:
+    st.session_state["app_actor"] = st.session_state["app_actor_input"].strip()
+
 
 with st.sidebar:
     info = insights.info
@@ -65,7 +72,9 @@ with st.sidebar:
         st.caption(f"Read-only: ledger file {info.location}")
         if info.note:
             st.warning(info.note)
-    st.text_input("Your name (recorded as the actor of every action)", key="app_actor")
+    st.text_input(
+        "Your name (recorded as the actor of every action)", key="app_actor_input", on_change=_set_actor
+    )
 
 try:
     navigation.run()

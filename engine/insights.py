@@ -62,7 +62,10 @@ ARM_FALLBACK_SQL: Final = (
 """An operation's arm on a ledger without ``rollout_assignments``: shadow by role, canary by adapter version."""
 ARM_SQL: Final = "coalesce(ra.arm, 'unassigned')"
 """An operation's arm as the rollout recorded it when routing it (``rollout_assignments``)."""
-ARM_JOIN_SQL: Final = "LEFT JOIN rollout_assignments ra ON ra.operation_id = i.operation_id"
+ARM_JOIN_SQL: Final = (
+    "LEFT JOIN (SELECT operation_id AS assigned_operation_id, arm FROM rollout_assignments) ra "
+    "ON ra.assigned_operation_id = i.operation_id"
+)
 ARMS: Final = ("canary", "control", "shadow", "fixed", "unassigned")
 TERMINAL_SQL: Final = "('ACCEPTED', 'CANCELLED_ACCEPTED')"
 STATES: Final = tuple(s.value for s in LocalState)

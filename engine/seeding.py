@@ -523,9 +523,37 @@ def seed_ledger(
         }
     )
 
+    arms = np.where(shadow, "shadow", np.where(canary, "canary", "control"))
+    bucket = rng.integers(0, 10_000, n).astype(np.int32)
+    bucket[canary] = bucket[canary] % 500
+    bucket[~canary & ~shadow] = 500 + bucket[~canary & ~shadow] % 9500
+    assignments = {
+        "operation_id": op_id,
+        "call_node_id": node,
+        "tool_name": tool_arr,
+        "role": identity.column("role"),
+        "arm": pa.array(arms),
+        "stage": pa.array(np.where(shadow, "shadow", "canary")),
+        "bucket": pa.array(bucket),
+        "canary_bp": pa.array(np.full(n, 500, dtype=np.int32)),
+        "server_name": pa.array(np.array([p.split("-")[0] for p in PROTOCOLS])[protocol]),
+        "rerouted_from": pa.nulls(n, pa.string()),
+        "primary_operation_id": pa.nulls(n, pa.string()),
+        "rollout_seq": pa.array(np.zeros(n, dtype=np.int64)),
+        "assigned_at": created,
+    }
+
     with Ledger.open(target) as ledger:
+        extra: dict[str, pa.Table] = {}
+        columns = ledger.table_columns().get("rollout_assignments")
+        if columns is not None:
+            # The rollout's record of each operation's arm, when this ledger has that table.
+            extra["rollout_assignments"] = pa.table(
+                {c: assignments.get(c, pa.nulls(n, pa.string())) for c in columns}
+            )
         rows = ledger.import_rows(
             {
+                **extra,
                 "op_identity": identity,
                 "op_state": state,
                 "task_bindings": task_bindings,

@@ -45,7 +45,7 @@ with st.form("reconciliation_form", clear_on_submit=False):
         "The server proved by submission key that it was never created", key="reconciliation_absent"
     )
     reason = st.text_area("Reason (required)", key="reconciliation_reason")
-    submitted = st.form_submit_button("Resolve", type="primary")
+    submitted = st.form_submit_button("Resolve", type="primary", key="reconciliation_submit")
 if submitted:
     actor = st.session_state.get("app_actor", "")
     if entry is None:
