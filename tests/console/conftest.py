@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ from engine.seeding import seed_ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "app.py"
-
 
 
 @pytest.fixture(scope="session")
