@@ -1316,28 +1316,43 @@ _COUNTS: Final = frozenset(
 
 def parse_rollout_status(raw: Json) -> RolloutStatus:
     """Read the service's rollout status, tolerating the field names either side may settle on."""
-    audit_raw = raw.get("audit") or raw.get("audit_chain") or raw.get("chain") or {}
+    audit_raw = raw.get("audit_verification") or raw.get("audit") or raw.get("chain") or {}
     if isinstance(audit_raw, bool):
         audit = AuditCheck(audit_raw)
     elif isinstance(audit_raw, dict):
         verified = audit_raw.get("verified", audit_raw.get("ok", audit_raw.get("valid")))
+        checked = audit_raw.get("checked", audit_raw.get("events"))
+        problems = audit_raw.get("problems") or []
+        detail = "; ".join(str(p) for p in problems) if isinstance(problems, list) else str(problems)
         audit = AuditCheck(
             None if verified is None else bool(verified),
-            int(audit_raw["events"]) if isinstance(audit_raw.get("events"), int) else None,
-            str(audit_raw.get("detail") or audit_raw.get("problem") or audit_raw.get("error") or ""),
+            int(checked) if isinstance(checked, int) else None,
+            detail or str(audit_raw.get("detail") or audit_raw.get("error") or ""),
         )
     else:
         audit = AuditCheck(None, None, str(audit_raw))
-    disabled = raw.get("disabled_protocols") or raw.get("disabled") or []
-    remaining_raw = raw.get("remaining") or raw.get("remaining_ops") or raw.get("remaining_operations") or {}
-    remaining = {str(k): int(v) for k, v in remaining_raw.items()} if isinstance(remaining_raw, dict) else {}
-    percentage = raw.get("percentage", raw.get("percent", raw.get("canary_percentage")))
+    disabled: list[str] = []
+    remaining: dict[str, int] = {}
+    for item in raw.get("disabled") or raw.get("disabled_protocols") or []:
+        if isinstance(item, dict):
+            name = str(item.get("protocol"))
+            disabled.append(name)
+            if isinstance(item.get("remaining"), int):
+                remaining[name] = int(item["remaining"])
+        else:
+            disabled.append(str(item))
+    extra = raw.get("remaining") or raw.get("remaining_ops") or {}
+    if isinstance(extra, dict):
+        remaining.update({str(k): int(v) for k, v in extra.items() if isinstance(v, int)})
+    percentage = _float(raw.get("percentage", raw.get("exposure_percent")))
+    if percentage is None and isinstance(raw.get("canary_bp"), int | float):
+        percentage = float(raw["canary_bp"]) / 100
     epoch = raw.get("epoch", raw.get("execution_epoch"))
     return RolloutStatus(
         stage=str(raw.get("stage", "unknown")),
-        percentage=_float(percentage),
+        percentage=percentage,
         epoch=int(epoch) if isinstance(epoch, int | float) else None,
-        disabled_protocols=tuple(str(p) for p in disabled),
+        disabled_protocols=tuple(disabled),
         remaining=remaining,
         audit=audit,
         raw=raw,

@@ -1,0 +1,119 @@
+"""engine.insights: the named queries agree with the ledger's own definitions, quote every value, and refuse writes without a service."""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from engine.insights import (
+    QUERIES,
+    FileSource,
+    Insights,
+    NotConfigured,
+    ReadOnlyConsole,
+    lit,
+    parse_rollout_status,
+)
+from engine.ledger import Ledger
+from rollout.gates import evaluate
+
+
+@pytest.fixture
+def insights(seeded_ledger: Path) -> Insights:
+    return Insights(FileSource(seeded_ledger), cache_s=0)
+
+
+def test_gate_inputs_query_matches_the_ledgers_gate_inputs(insights: Insights, seeded_ledger: Path) -> None:
+    """The console's fast gate-inputs SQL yields exactly what Ledger.gate_inputs reads, so verdicts agree."""
+    mine, now = insights.gate_inputs()
+    with Ledger.open(seeded_ledger, read_only=True) as ledger:
+        theirs = ledger.gate_inputs(now)
+    for gate, values in theirs.items():
+        for key, value in values.items():
+            if key == "last_run_at":
+                continue
+            got = mine[gate][key]
+            if isinstance(value, float) or isinstance(got, float):
+                assert got == pytest.approx(value), (gate, key)
+            else:
+                assert got == value, (gate, key)
+    assert [r.passed for r in evaluate(mine).results] == [r.passed for r in evaluate(theirs).results]
+
+
+def test_values_become_quoted_literals_never_sql(insights: Insights) -> None:
+    """A hostile id is a string literal: it finds nothing and runs nothing."""
+    assert lit("x' OR 1=1 --") == "'x'' OR 1=1 --'"
+    assert insights.operation("x' OR 1=1 --") is None
+    with pytest.raises(ValueError, match="unknown values"):
+        insights.operations(states=["WORKING'; DROP TABLE receipts; --"])
+
+
+def test_every_named_query_runs_on_a_seeded_ledger(insights: Insights) -> None:
+    """Each page's queries run and return frames; the SQL each ran is kept for the evidence bundle."""
+    now = insights.now()
+    since, until = now - timedelta(days=7), now + timedelta(seconds=1)
+    assert len(insights.arms()) >= 3
+    assert len(insights.cancel_latency_over_time(since=since, until=until, by="arm")) > 0
+    assert len(insights.reconciliation_aging()) > 0
+    assert len(insights.timeline("node-1")) > 0
+    assert insights.operation("node-1") is not None
+    assert "quantile_cont" in insights.last_sql["cancel_latency_over_time"]
+    assert set(insights.last_sql) <= set(QUERIES)
+
+
+def test_a_file_console_refuses_actions(insights: Insights) -> None:
+    """Without a service nothing is written: resolve, answer, cancel and rollout actions are refused."""
+    with pytest.raises(ReadOnlyConsole):
+        insights.resolve(1, actor="a", reason="b")
+    with pytest.raises(ReadOnlyConsole):
+        insights.answer("op-1", 1, actor="a", answer={"approve": True})
+    with pytest.raises(ReadOnlyConsole):
+        insights.rollout_action("rollback", actor="a", reason="b")
+
+
+def test_from_env_prefers_the_service_and_falls_back_to_the_file(seeded_ledger: Path) -> None:
+    """An unreachable service with a ledger file set gives a read-only console that says why."""
+    with pytest.raises(NotConfigured):
+        Insights.from_env({})
+    ins = Insights.from_env(
+        {"FINALITY_SERVICE_URL": "http://127.0.0.1:9", "FINALITY_LEDGER": str(seeded_ledger)}
+    )
+    assert ins.info.kind == "file"
+    assert "does not answer" in ins.info.note
+
+
+def test_evidence_bundle_holds_gates_inputs_audit_and_the_sql_behind_each_chart(insights: Insights) -> None:
+    """The zip has a manifest with digests, the gates with raw inputs, and one .sql per named query."""
+    data = insights.evidence_bundle(decision="promote to 25 %", actor="tester")
+    with zipfile.ZipFile(io.BytesIO(data)) as bundle:
+        names = set(bundle.namelist())
+        manifest = json.loads(bundle.read("manifest.json"))
+        gates = json.loads(bundle.read("gates.json"))
+    assert {f"queries/{name}.sql" for name in QUERIES} <= names
+    assert {"gates.json", "gate_history.csv", "audit_verification.json", "queries/README.md"} <= names
+    assert set(manifest["files"]) == names - {"manifest.json"}
+    assert manifest["decision"] == "promote to 25 %"
+    assert len(gates["gates"]) == 6
+    assert "unknown_reconciliation" in gates["inputs"]
+
+
+def test_rollout_status_is_read_whatever_names_the_route_settles_on() -> None:
+    """Stage, percentage, epoch, disabled protocols with remaining operations and the chain check are read."""
+    status = parse_rollout_status(
+        {
+            "stage": "canary",
+            "canary_bp": 500,
+            "epoch": 3,
+            "disabled": [{"protocol": "mcp-2026-07-28", "remaining": 4}],
+            "audit": {"ok": True, "checked": 7, "problems": []},
+        }
+    )
+    assert (status.stage, status.percentage, status.epoch) == ("canary", 5.0, 3)
+    assert status.disabled_protocols == ("mcp-2026-07-28",)
+    assert status.remaining == {"mcp-2026-07-28": 4}
+    assert status.audit.verified is True
