@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check engine rollout refserver tests bench app.py pages
+	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check engine rollout refserver
 
 typecheck: $(STAMP)
