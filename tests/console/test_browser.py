@@ -1,0 +1,157 @@
+"""One real Chromium run: open the console on a running service, roll back with a typed reason, see the epoch raised.
+
+Uses Debian's chromium (scripts/install-browser.sh) driven by the playwright package; no browser
+is downloaded. Skips only when chromium (or playwright) is absent. Saves a screenshot under
+test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.seeding import seed_ledger
+from engine.service.testing import ServiceProcess, free_port, wait_until
+from refserver.testing import RefServer
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+ARTIFACTS = ROOT / "test-artifacts"
+
+pytestmark = pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="chromium is absent (scripts/install-browser.sh installs Debian's chromium)"
+)
+
+
+@pytest.fixture
+def service(tmp_path: Path) -> Iterator[ServiceProcess]:
+    ledger = tmp_path / "browser.duckdb"
+    seed_ledger(ledger, operations=500, seed=3)
+    with RefServer("mcp-2025-11-25", time_scale=0.05) as server:
+        config = tmp_path / "finality.toml"
+        config.write_text(
+            f'global_qps = 100\nrollout_salt = "browser"\n\n[servers.mcp]\nurl = "{server.endpoint}"\n'
+            'protocol = "mcp-2025-11-25"\n\n[servers.mcp_new]\nurl = "' + server.endpoint + '"\n'
+            'protocol = "mcp-2025-11-25"\n\n[tools.generate_report]\nserver = "mcp"\nside_effect_free = true\n'
+            'shadow_server = "mcp_new"\n'
+        )
+        with ServiceProcess(ledger, config) as svc:
+            yield svc
+
+
+@pytest.fixture
+def console(service: ServiceProcess, tmp_path: Path) -> Iterator[str]:
+    port = free_port()
+    env = dict(os.environ)
+    env.update(
+        FINALITY_SERVICE_URL=service.url,
+        FINALITY_CONSOLE_REFRESH_S="2",
+        FINALITY_ACTOR="browser-test",
+        PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
+    )
+    env.pop("FINALITY_LEDGER", None)
+    log = (tmp_path / "streamlit.log").open("wb")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(ROOT / "app.py"),
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(healthy, timeout=60, what="streamlit to serve")
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+        log.close()
+
+
+def _epoch(page: object) -> int:
+    metric = page.get_by_test_id("stMetric").filter(has_text="Execution epoch")  # type: ignore[attr-defined]
+    text = metric.get_by_test_id("stMetricValue").inner_text(timeout=30_000)
+    return int(re.sub(r"\D", "", text))
+
+
+def test_rollback_from_the_browser_raises_the_epoch(console: str, service: ServiceProcess) -> None:
+    """Rollout control -> Roll back… -> type a reason -> Roll back now: the page shows the epoch raised."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    status = httpx.get(f"{service.url}/api/v1/rollout/status", timeout=30)
+    if status.status_code == 404:
+        pytest.skip("this service has no rollout routes yet")
+    with service.client() as client:  # something to roll back: shadow the side-effect-free tool
+        client.rollout("shadow", {"actor": "browser-test", "reason": "start shadowing before the rollback"})
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            # Start at the app (it builds the navigation), then follow the sidebar link.
+            page.goto(console, timeout=60_000)
+            page.get_by_role("heading", name="Overview").wait_for(timeout=60_000)
+            page.get_by_role("link", name="Rollout control").click()
+            page.get_by_role("heading", name="Rollout control").wait_for(timeout=60_000)
+            before = _epoch(page)
+            page.get_by_role("button", name="Roll back…").click()
+            dialog = page.get_by_role("dialog")
+            reason = dialog.get_by_label("Reason (required, typed)")
+            reason.fill("canary p99 regression seen in the browser test")
+            reason.press("Enter")
+            confirm = dialog.get_by_role("button", name="Roll back now")
+            sync_api.expect(confirm).to_be_enabled(timeout=30_000)
+            confirm.click()
+            page.get_by_text("rollback recorded").wait_for(timeout=60_000)
+            sync_api.expect(
+                page.get_by_test_id("stMetric")
+                .filter(has_text="Execution epoch")
+                .get_by_test_id("stMetricValue")
+            ).to_have_text(str(before + 1), timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "console-rollback.png"), full_page=True)
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / "console-rollback-failed.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    after = httpx.get(f"{service.url}/api/v1/rollout/status", timeout=30).json()
+    assert after["epoch"] == before + 1
