@@ -105,6 +105,20 @@ class RateWindow:
         self._sent.append(now)
         return True
 
+    def slot(self, now: datetime) -> datetime:
+        """The earliest instant, not before ``now`` nor before any reservation, that keeps the limit."""
+        self._expire(now)
+        at = max(now, self._sent[-1]) if self._sent else now
+        if len(self._sent) >= self.limit:
+            at = max(at, self._sent[-self.limit] + self.window)
+        return at
+
+    def reserve(self, at: datetime) -> None:
+        """Book a send at ``at`` (from ``slot``); reservations are kept in time order."""
+        if self._sent and at < self._sent[-1]:
+            raise ValueError("reservations must not go back in time")
+        self._sent.append(at)
+
     def _expire(self, now: datetime) -> None:
         edge = now - self.window
         while self._sent and self._sent[0] <= edge:

@@ -6,7 +6,7 @@ this module only waits. No ledger, no HTTP.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from engine.clock import Clock
 from engine.schedule import RateWindow
@@ -23,21 +23,20 @@ class Limiter:
         self._per_server = {server: RateWindow(qps) for server, qps in (per_server or {}).items()}
 
     async def acquire(self, server: str) -> datetime:
-        """Wait until a request to ``server`` fits both windows, take a slot in each, return its instant.
+        """Book the next send slot that fits both windows, wait for it, and return its instant.
 
-        The caller records that instant as the request's send time, so that the polls table
-        measures exactly what the windows enforced.
+        Booking happens before the wait, so every waiter sleeps exactly once and waiters are
+        served first come, first served (no thundering herd when thousands wait). The caller
+        records the returned instant as the request's send time, so the polls table measures
+        exactly what the windows enforced.
         """
         windows = [self._global]
         if server in self._per_server:
             windows.append(self._per_server[server])
-        while True:
-            now = self._clock.now()
-            earliest = max(w.earliest(now) for w in windows)
-            if earliest <= now:
-                # No await between the check and the take: the event loop cannot interleave.
-                for w in windows:
-                    taken = w.take(now)
-                    assert taken
-                return now
-            await self._clock.sleep(max(earliest - now, timedelta(microseconds=100)))
+        now = self._clock.now()
+        at = max(w.slot(now) for w in windows)
+        for w in windows:
+            w.reserve(at)
+        if at > now:
+            await self._clock.sleep(at - now)
+        return at

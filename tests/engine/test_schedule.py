@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -89,3 +89,29 @@ def test_rate_window_refuses_a_send_over_the_limit() -> None:
     assert window.take(EPOCH_START)
     assert not window.take(EPOCH_START + timedelta(milliseconds=999))
     assert window.take(EPOCH_START + timedelta(seconds=1))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    global_limit=st.integers(1, 15),
+    server_limit=st.integers(1, 15),
+    arrivals=st.lists(st.tuples(st.integers(0, 300), st.booleans()), min_size=1, max_size=200),
+)
+def test_booked_slots_keep_every_window_and_serve_first_come_first(
+    global_limit: int, server_limit: int, arrivals: list[tuple[int, bool]]
+) -> None:
+    """Slots booked across a global and a per-server window respect both limits, in arrival order."""
+    overall, server = RateWindow(global_limit), RateWindow(server_limit)
+    now = EPOCH_START
+    booked: list[tuple[datetime, bool]] = []
+    for gap, to_server in arrivals:
+        now += timedelta(milliseconds=gap)
+        windows = [overall, server] if to_server else [overall]
+        at = max(w.slot(now) for w in windows)
+        for w in windows:
+            w.reserve(at)
+        booked.append((at, to_server))
+    times = [at for at, _ in booked]
+    assert times == sorted(times)
+    assert busiest_window(times) <= global_limit
+    assert busiest_window([at for at, s in booked if s]) <= server_limit
