@@ -149,7 +149,12 @@ class Driver:
 
     async def _request(self, op: Operation, method: str, call: Callable[[], Awaitable[T]]) -> T:
         """One protocol request: within the QPS budget, and recorded in the polls table."""
-        sent = await self.limiter.acquire(self.server) if self.limiter is not None else self.clock.now()
+        if self.limiter is None:
+            return await self._send(op, method, self.clock.now(), call)
+        async with self.limiter.in_flight:
+            return await self._send(op, method, await self.limiter.acquire(self.server), call)
+
+    async def _send(self, op: Operation, method: str, sent: datetime, call: Callable[[], Awaitable[T]]) -> T:
         outcome = "ok"
         try:
             return await call()

@@ -6,6 +6,7 @@ this module only waits. No ledger, no HTTP.
 
 from __future__ import annotations
 
+import asyncio
 from datetime import datetime
 
 from engine.clock import Clock
@@ -16,9 +17,16 @@ class Limiter:
     """At most ``global_qps`` requests in any one-second window overall, and ``per_server`` each."""
 
     def __init__(
-        self, clock: Clock, *, global_qps: float, per_server: dict[str, float] | None = None
+        self,
+        clock: Clock,
+        *,
+        global_qps: float,
+        per_server: dict[str, float] | None = None,
+        max_in_flight: int = 48,
     ) -> None:
         self._clock = clock
+        # Requests queued inside the HTTP pool cost it quadratic bookkeeping; queue them here instead.
+        self.in_flight = asyncio.Semaphore(max_in_flight)
         self._global = RateWindow(global_qps)
         self._per_server = {server: RateWindow(qps) for server, qps in (per_server or {}).items()}
 
