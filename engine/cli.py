@@ -139,7 +139,182 @@ def build_parser() -> argparse.ArgumentParser:
     sql = service_command("sql", "read-only SQL on a ledger snapshot")
     sql.add_argument("query")
     sql.add_argument("--max-rows", type=int, default=1000)
+    _rollout_parsers(sub)
     return parser
+
+
+# ------------------------------------------------------------------------------------------ rollout
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text.rstrip("%"))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a percentage: {text!r}") from exc
+    return value
+
+
+def _rollout_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    rollout = sub.add_parser(
+        "rollout", help="shadow, canary, promote, roll back, kill switch (through the service)"
+    )
+    actions = rollout.add_subparsers(dest="rollout_command", required=True)
+
+    def action(name: str, help_text: str, *, acts: bool = True) -> argparse.ArgumentParser:
+        p = actions.add_parser(name, help=help_text)
+        p.add_argument("--service", default="http://127.0.0.1:8700", help="control API base URL")
+        p.add_argument("--json", action="store_true")
+        if acts:
+            p.add_argument("--actor", required=True, help="who does this (recorded in the audit log)")
+            p.add_argument("--reason", required=True, help="why (recorded in the audit log)")
+        return p
+
+    action("status", "stage, canary share, epoch, kill switch, shadow divergence, gates", acts=False)
+    shadow = action("shadow", "shadow side-effect-free tools on the new adapter (off -> shadow)")
+    shadow.add_argument(
+        "--tool", action="append", default=[], help="tool to shadow (repeatable; default: all eligible)"
+    )
+    canary = action("canary", "route PCT %% of new calls to the new adapter (5 %% at most first)")
+    canary.add_argument("percentage", type=_percent, metavar="PCT")
+    canary.add_argument("--override", action="store_true", help="go ahead although a gate fails (recorded)")
+    promote = action("promote", "canary -> full (blocked while a gate fails)")
+    promote.add_argument("--override", action="store_true", help="go ahead although a gate fails (recorded)")
+    action("rollback", "new calls to the old path, raise the epoch, adopt in-flight operations")
+    for name, text in (
+        ("disable-protocol", "refuse new calls on an adapter protocol version"),
+        ("enable-protocol", "accept new calls on a disabled protocol version again"),
+    ):
+        p = action(name, text)
+        p.add_argument("protocol", metavar="VERSION", help="e.g. mcp-2025-11-25")
+    events = action("events", "the audit log, newest first", acts=False)
+    events.add_argument("--limit", type=int, default=50)
+    diffs = action("diffs", "shadow comparisons, newest first", acts=False)
+    diffs.add_argument("--diverged", action="store_true", help="only pairs that diverged")
+    diffs.add_argument("--limit", type=int, default=50)
+
+    audit = sub.add_parser("audit", help="check the rollout audit log")
+    audit_actions = audit.add_subparsers(dest="audit_command", required=True)
+    verify = audit_actions.add_parser(
+        "verify", help="detect edited, deleted or reordered rollout_events rows"
+    )
+    where = verify.add_mutually_exclusive_group()
+    where.add_argument("--ledger", help="ledger file (read-only; only while no service holds it)")
+    where.add_argument("--service", help="control API base URL (default when --ledger is not given)")
+    verify.add_argument("--json", action="store_true")
+
+
+def _print_rollout_status(status: dict[str, object]) -> None:
+    print(
+        f"stage       {status['stage']}   new-adapter share {status['percentage']}%   epoch {status['epoch']}"
+    )
+    shadowed = status["shadow_tools"]
+    assert isinstance(shadowed, list)
+    print(f"salt        {status['salt']}   shadowed tools {', '.join(map(str, shadowed)) or '-'}")
+    kill = status.get("kill_switch") or []
+    assert isinstance(kill, list)
+    for row in kill:
+        print(
+            f"disabled    {row['protocol']}: {row['remaining']} operation(s) still to finish {row['remaining_by_state']}"
+        )
+    shadow = status.get("shadow")
+    if isinstance(shadow, dict) and shadow.get("shadow_operations"):
+        print(
+            f"shadow      {shadow['compared']} compared, {shadow['diverged']} diverged "
+            f"(status {shadow['status_differs']}, result {shadow['result_differs']}), "
+            f"{shadow['awaiting_comparison']} awaiting"
+        )
+    print(f"fenced      {status['fenced_replies']} stale-epoch replies refused")
+    gates = status["gates"]
+    assert isinstance(gates, dict)
+    print(f"gates       {'all pass' if gates['passed'] else 'FAIL'}")
+    for line in gates["failing"]:
+        print(f"  FAIL {line}")
+    audit = status["audit"]
+    assert isinstance(audit, dict)
+    print(
+        f"audit       {audit['events']} events, {'verified' if audit['verified'] else 'BROKEN: ' + str(audit['detail'])}"
+    )
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    from engine.client import ServiceClient
+
+    command = args.rollout_command
+    with ServiceClient(args.service) as client:
+        if command == "status":
+            status = client.rollout_status()
+            if args.json:
+                print(json.dumps(status, default=str))
+            else:
+                _print_rollout_status(status)
+            return EXIT_OK
+        if command == "events":
+            _emit(client.rollout_events(limit=args.limit), args.json)
+            return EXIT_OK
+        if command == "diffs":
+            _emit(client.shadow_diffs(diverged=args.diverged, limit=args.limit), args.json)
+            return EXIT_OK
+        body: dict[str, object] = {"actor": args.actor, "reason": args.reason}
+        if command == "shadow" and args.tool:
+            body["tools"] = args.tool
+        if command == "canary":
+            body["percentage"] = args.percentage
+        if command in ("canary", "promote") and args.override:
+            body["override"] = True
+        if command in ("disable-protocol", "enable-protocol"):
+            body["protocol"] = args.protocol
+        result = client.rollout(command, body)
+    if args.json:
+        print(json.dumps(result, default=str))
+        return EXIT_OK
+    after = result["after"]
+    print(
+        f"#{result['seq']} {result['action']} by {result['actor']}: now {after['stage']} "
+        f"({after['canary_percent']}% canary), epoch {after['epoch']}"
+    )
+    detail = result.get("detail") or {}
+    if result.get("override"):
+        print("OVERRIDE: promoted although these gates fail:")
+        for gate in detail.get("overridden_gates", []):
+            print(f"  {gate['summary']}")
+    flips = detail.get("arm_flips")
+    if flips:
+        print(
+            f"arm flips: {flips['keys_flipped']} of {flips['keys_considered']} known keys change arm "
+            f"({flips['to_canary']} to canary, {flips['to_control']} to control); "
+            f"{flips['in_flight_affected']} in flight finish where they are"
+        )
+    adoption = result.get("adoption")
+    if adoption:
+        print(
+            f"epoch {adoption['from_epoch']} -> {adoption['to_epoch']}: adopted {adoption['adopted']} "
+            f"in-flight operation(s) {adoption['adopted_by_state']}"
+        )
+    return EXIT_OK
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    if args.ledger:
+        from rollout.controller import verify_ledger
+
+        with _open(args.ledger, read_only=True) as ledger:
+            report = verify_ledger(ledger).as_json()
+    else:
+        from engine.client import ServiceClient
+
+        with ServiceClient(args.service or "http://127.0.0.1:8700") as client:
+            report = client.rollout_audit()
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(
+            f"{report['checked']} rollout event(s) checked: {'chain intact' if report['ok'] else 'CHAIN BROKEN'}"
+        )
+        problems = report["problems"]
+        assert isinstance(problems, list)
+        for problem in problems:
+            print(f"  {problem}")
+    return EXIT_OK if report["ok"] else 1
 
 
 def _print_report(report: dict[str, object], as_json: bool) -> None:
@@ -353,6 +528,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return cmd_serve(args)
             case "gates":
                 return cmd_gates(args)
+            case "rollout":
+                return cmd_rollout(args)
+            case "audit":
+                return cmd_audit(args)
             case command if command in _SERVICE_COMMANDS:
                 return cmd_service(args)
     except ServiceRefusedError as exc:

@@ -119,6 +119,23 @@ class ServiceClient:
     def rollout(self, action: str, body: Json) -> Json:
         return self._call("POST", f"/api/v1/rollout/{action}", json=body)
 
+    # ------------------------------------------------------------- rollout reads (CLI: finality rollout/audit)
+
+    def rollout_events(self, *, limit: int = 100) -> list[Json]:
+        return list(self._call("GET", "/api/v1/rollout/events", params={"limit": limit})["events"])
+
+    def rollout_audit(self) -> Json:
+        return self._call("GET", "/api/v1/rollout/audit")
+
+    def shadow_diffs(self, *, diverged: bool = False, limit: int = 100) -> Json:
+        params: Json = {"limit": limit}
+        if diverged:
+            params["diverged"] = "1"
+        return self._call("GET", "/api/v1/rollout/shadow-diffs", params=params)
+
+    def rollout_assignments(self, *, limit: int = 1000) -> list[Json]:
+        return list(self._call("GET", "/api/v1/rollout/assignments", params={"limit": limit})["assignments"])
+
     def metrics(self) -> str:
         try:
             return self._http.get("/metrics").text

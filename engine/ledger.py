@@ -458,6 +458,23 @@ _IDENTITY_SCHEMA: Final = pa.schema(
         ("created_at", _TS),
     ]
 )
+_ASSIGNMENT_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("call_node_id", pa.string()),
+        ("tool_name", pa.string()),
+        ("role", pa.string()),
+        ("arm", pa.string()),
+        ("stage", pa.string()),
+        ("bucket", pa.int32()),
+        ("canary_bp", pa.int32()),
+        ("server_name", pa.string()),
+        ("rerouted_from", pa.string()),
+        ("primary_operation_id", pa.string()),
+        ("rollout_seq", pa.int64()),
+        ("assigned_at", _TS),
+    ]
+)
 _OPERATION_SELECT: Final = "SELECT * FROM operations"
 _DUCKDB_MAGIC: Final = b"DUCK"
 _HEADER_BYTES: Final = 3 * 4096
@@ -928,16 +945,18 @@ class Ledger:
         return out
 
     def _existing_by_call_node(self, nodes: Sequence[str]) -> dict[str, Operation]:
-        con = self._con
-        con.register("wanted_nodes", pa.table({"call_node_id": pa.array(list(nodes), pa.string())}))
-        try:
-            cur = con.execute(
-                f"{_OPERATION_SELECT} WHERE call_node_id IN (SELECT call_node_id FROM wanted_nodes)"
-            )
-            cols = [d[0] for d in cur.description or ()]
-            found = [operation_from_record(dict(zip(cols, r, strict=True))) for r in cur.fetchall()]
-        finally:
-            con.unregister("wanted_nodes")
+        # In a transaction: registering a table on a cursor whose last result was read with
+        # fetchone() (e.g. ``get``) is refused by DuckDB; BEGIN closes that result first.
+        with self._tx() as con:
+            con.register("wanted_nodes", pa.table({"call_node_id": pa.array(list(nodes), pa.string())}))
+            try:
+                cur = con.execute(
+                    f"{_OPERATION_SELECT} WHERE call_node_id IN (SELECT call_node_id FROM wanted_nodes)"
+                )
+                cols = [d[0] for d in cur.description or ()]
+                found = [operation_from_record(dict(zip(cols, r, strict=True))) for r in cur.fetchall()]
+            finally:
+                con.unregister("wanted_nodes")
         return {op.call_node_id: op for op in found}
 
     def _bulk_insert_new(
@@ -1653,9 +1672,18 @@ class Ledger:
             "SELECT count(*) FROM (SELECT operation_id FROM task_bindings GROUP BY operation_id HAVING count(*) > 1)"
         )
         resubmits = one("SELECT count(*) FROM op_state WHERE submit_attempts > 0")
+        # Any one-second window lies within two consecutive whole seconds, so only seconds whose
+        # pair of buckets could beat the busiest single bucket need the exact sliding count.
         polls = one(
-            "SELECT count(*), coalesce(max(n), 0) FROM (SELECT count(*) OVER (ORDER BY sent_at RANGE BETWEEN "
-            "CURRENT ROW AND INTERVAL 999999 MICROSECONDS FOLLOWING) AS n FROM polls)"
+            """WITH b AS (SELECT epoch_us(sent_at) // 1000000 AS sec, count(*) AS n FROM polls GROUP BY ALL),
+            best AS (SELECT coalesce(max(n), 0) AS n FROM b),
+            cand AS (SELECT b.sec FROM b LEFT JOIN b AS nxt ON nxt.sec = b.sec + 1
+                     WHERE b.n + coalesce(nxt.n, 0) > (SELECT n FROM best)),
+            near AS (SELECT sec FROM cand UNION SELECT sec + 1 FROM cand),
+            w AS (SELECT count(*) OVER (ORDER BY sent_at RANGE BETWEEN CURRENT ROW
+                                        AND INTERVAL 999999 MICROSECONDS FOLLOWING) AS n
+                  FROM polls WHERE epoch_us(sent_at) // 1000000 IN (SELECT sec FROM near))
+            SELECT (SELECT count(*) FROM polls), greatest((SELECT n FROM best), coalesce((SELECT max(n) FROM w), 0))"""
         )
         cancels = one(
             "SELECT count(*), quantile_cont(epoch(r.accepted_at) - epoch(s.cancel_requested_at), 0.99), "
@@ -1867,11 +1895,13 @@ class Ledger:
         """Record operations' arms (one per operation; a second row for an operation is ignored)."""
         if not rows:
             return
+        table = _columns([[r.get(c) for c in self._ASSIGNMENT_COLUMNS] for r in rows], _ASSIGNMENT_SCHEMA)
         with self._tx() as tx:
-            tx.executemany(
-                f"INSERT OR IGNORE INTO rollout_assignments VALUES ({', '.join('?' * len(self._ASSIGNMENT_COLUMNS))})",
-                [[r.get(c) for c in self._ASSIGNMENT_COLUMNS] for r in rows],
-            )
+            tx.register("new_assignments", table)
+            try:
+                tx.execute("INSERT OR IGNORE INTO rollout_assignments SELECT * FROM new_assignments")
+            finally:
+                tx.unregister("new_assignments")
 
     def assignments(self, *, limit: int = 1000) -> list[dict[str, object]]:
         return self._rows("SELECT * FROM rollout_assignments ORDER BY assigned_at DESC LIMIT ?", [limit])

@@ -291,11 +291,16 @@ class RolloutController:
             polls=self._ledger.poll_count(operation_id),
         )
 
-    def compare_pair(self, primary_id: str, shadow_id: str) -> bool:
-        """Record the comparison of a pair once both hold a receipt; True if it was recorded now."""
+    def compare_pair(self, primary_id: str, shadow_id: str) -> bool | None:
+        """Record the comparison of a pair once both hold a receipt.
+
+        Returns:
+            True if recorded now, False if it had been recorded before, None while one of the
+            two has no receipt yet.
+        """
         primary, shadow = self._side(primary_id), self._side(shadow_id)
         if primary is None or shadow is None:
-            return False
+            return None
         op = self._ledger.get(primary_id)
         assert op is not None
         diff = compare(primary, shadow)
@@ -323,7 +328,9 @@ class RolloutController:
 
     def compare_ready(self) -> int:
         """Compare every pair whose two operations hold receipts; returns how many were recorded."""
-        return sum(1 for p, s in self._ledger.shadow_pairs(ready_only=True) if self.compare_pair(p, s))
+        return sum(
+            1 for p, s in self._ledger.shadow_pairs(ready_only=True) if self.compare_pair(p, s) is True
+        )
 
     # ---------------------------------------------------------------------------------- reading
 
@@ -360,11 +367,13 @@ class RolloutController:
             {k: r[k] for k in ("seq", "action", "actor", "reason", "override", "recorded_at")}
             for r in self._ledger.rollout_events(limit=10, newest_first=True)
         ]
+        audit = self.verify()
         return {
             **state.as_json(),
-            "exposure_percent": state.exposure_bp / 100,
+            "percentage": state.exposure_bp / 100,
+            "remaining": {d["protocol"]: d["remaining"] for d in disabled},
+            "kill_switch": disabled,
             "tools": tools,
-            "disabled": disabled,
             "live_by_protocol": live,
             "arms": self._ledger.arm_counts(),
             "shadow": self._ledger.shadow_summary(),
@@ -373,6 +382,12 @@ class RolloutController:
                 "passed": report.passed,
                 "failing": [describe_gate(g) for g in report.failing()],
             },
-            "audit": {"events": self._head[0], "head_hash": self._head[1]},
+            "audit": {
+                "verified": audit.ok,
+                "events": audit.checked,
+                "head_seq": self._head[0],
+                "head_hash": self._head[1],
+                "detail": "; ".join(audit.problems),
+            },
             "recent_events": events,
         }

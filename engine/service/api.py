@@ -15,6 +15,23 @@ Routes (all JSON; errors are ``{"error": "..."}`` with a meaningful status):
     GET  /api/v1/gates                                    the six gates with raw inputs (POST: also record the run)
     GET  /metrics                                         Prometheus text format
 
+Rollout (``build_rollout_routes``; every action needs ``actor`` and ``reason``, refusals carry the reason
+and, for a blocked promotion, ``failing_gates`` with their raw values):
+
+    GET  /api/v1/rollout/status                           stage, percentage, epoch, kill switch with remaining
+                                                          operations, arms, shadow divergence, gates, audit check
+    POST /api/v1/rollout/shadow                           {actor, reason, tools?}; side-effect-free tools only (422)
+    POST /api/v1/rollout/canary                           {actor, reason, percentage, override?}; 409 while a gate fails
+    POST /api/v1/rollout/promote                          {actor, reason, override?}; canary -> full, gated
+    POST /api/v1/rollout/rollback                         {actor, reason}; new calls to the old path, epoch raised,
+                                                          in-flight operations adopted (never resubmitted)
+    POST /api/v1/rollout/disable-protocol                 {actor, reason, protocol}; new calls on it refused (409)
+    POST /api/v1/rollout/enable-protocol                  {actor, reason, protocol}
+    GET  /api/v1/rollout/events?limit=                    the hash-chained audit log, newest first
+    GET  /api/v1/rollout/audit                            verify the chain: names edited, deleted or reordered rows
+    GET  /api/v1/rollout/shadow-diffs?diverged=&limit=    shadow comparisons, newest first
+    GET  /api/v1/rollout/assignments?limit=               operations' arms, newest first
+
 Presentation only: every decision is the executor's or the engine's.
 """
 
@@ -35,6 +52,11 @@ from engine.errors import EngineError, InvalidRecord, SqlRefused
 from engine.ledger import Ledger
 from engine.runtime.report import operation_report
 from engine.service.executor import Executor, ServiceError
+from rollout.assign import percent_to_bp
+from rollout.controller import verify_ledger
+from rollout.plan import Action as RolloutAction
+from rollout.plan import Request as RolloutRequest
+from rollout.plan import RolloutRefused
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -268,5 +290,105 @@ def build_api(
         Route("/api/v1/sql", _guard(run_sql), methods=["POST"]),
         Route("/api/v1/gates", _guard(gates), methods=["GET", "POST"]),
         Route("/metrics", _guard(metrics)),
+        *build_rollout_routes(executor, ledger),
     ]
     return Starlette(routes=routes)
+
+
+# ------------------------------------------------------------------------------------------ rollout
+
+
+def _rollout_request(action: str, body: dict[str, object]) -> RolloutRequest:
+    try:
+        kind = RolloutAction(action)
+    except ValueError as exc:
+        known = ", ".join(a.value for a in RolloutAction)
+        raise ServiceError(404, f"unknown rollout action {action!r} (one of {known})") from exc
+    override = body.get("override", False)
+    if not isinstance(override, bool):
+        raise ServiceError(400, "'override' must be true or false")
+    canary_bp = None
+    if kind is RolloutAction.CANARY:
+        percentage = body.get("percentage", body.get("percent"))
+        if isinstance(percentage, bool) or not isinstance(percentage, int | float):
+            raise ServiceError(400, "a canary needs 'percentage', a number in (0, 100]")
+        try:
+            canary_bp = percent_to_bp(float(percentage))
+        except ValueError as exc:
+            raise ServiceError(400, str(exc)) from exc
+    tools = body.get("tools", [])
+    if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
+        raise ServiceError(400, "'tools' must be a list of tool names")
+    return RolloutRequest(
+        kind,
+        actor=str(body.get("actor") or ""),
+        reason=str(body.get("reason") or ""),
+        canary_bp=canary_bp,
+        tools=tuple(str(t) for t in tools),
+        protocol=_optional(body, "protocol"),
+        override=override,
+    )
+
+
+def _refused(exc: RolloutRefused) -> JSON:
+    failing = [
+        {
+            "gate": g.gate,
+            "verdict": g.verdict,
+            "value": g.value,
+            "threshold": g.threshold,
+            "inputs": g.inputs,
+        }
+        for g in exc.failing
+    ]
+    return JSON({"error": str(exc), "failing_gates": failing}, status_code=exc.status)
+
+
+def _limit(request: Request, default: int = 100) -> int:
+    try:
+        return max(1, min(int(request.query_params.get("limit", str(default))), 10_000))
+    except ValueError as exc:
+        raise ServiceError(400, "limit must be an integer") from exc
+
+
+def build_rollout_routes(executor: Executor, ledger: Ledger) -> list[Route]:
+    """The ``/api/v1/rollout`` routes: status and reads, and one POST per action."""
+
+    async def status(request: Request) -> Response:
+        return JSON(executor.rollout_status())
+
+    async def act(request: Request) -> Response:
+        body = await _body(request)
+        rollout_request = _rollout_request(request.path_params["action"], body)
+        try:
+            result = await executor.rollout_act(rollout_request)
+        except RolloutRefused as exc:
+            return _refused(exc)
+        return JSON(result)
+
+    async def events(request: Request) -> Response:
+        return JSON({"events": ledger.rollout_events(limit=_limit(request), newest_first=True)})
+
+    async def audit(request: Request) -> Response:
+        return JSON(verify_ledger(ledger).as_json())
+
+    async def shadow_diffs(request: Request) -> Response:
+        diverged = request.query_params.get("diverged") not in (None, "", "0", "false")
+        return JSON(
+            {
+                "summary": ledger.shadow_summary(),
+                "diffs": ledger.shadow_diffs(diverged_only=diverged, limit=_limit(request)),
+            }
+        )
+
+    async def assignments(request: Request) -> Response:
+        return JSON({"assignments": ledger.assignments(limit=_limit(request, 1000))})
+
+    return [
+        Route("/api/v1/rollout/status", _guard(status)),
+        Route("/api/v1/rollout/events", _guard(events)),
+        Route("/api/v1/rollout/audit", _guard(audit)),
+        Route("/api/v1/rollout/shadow-diffs", _guard(shadow_diffs)),
+        Route("/api/v1/rollout/assignments", _guard(assignments)),
+        Route("/api/v1/rollout/{action}", _guard(act), methods=["POST"]),
+    ]

@@ -5,6 +5,16 @@ concurrently through their server's ``Driver`` (one action each), and flushes ag
 sleeping task per operation: an operation is a heap entry until it is due. Person actions (submit,
 cancel, answer, reconcile) are applied between ticks, so no two actions on one operation overlap.
 On start every non-terminal operation is loaded from the ledger and resumed; none is resubmitted.
+
+Rollout (see ``rollout/``): a new call node is routed by a small ``Router`` (old path, canary on the
+new adapter, or a shadow beside it) and its arm recorded. A rollback is one action between ticks:
+the rollout stops sending new calls to the new adapter, the execution epoch is raised by
+compare-and-swap in the ledger, every server gets a fresh driver at the new epoch (no memory, so
+an operation found in SUBMITTING is looked up by key exactly as after a restart), and every
+non-terminal operation is adopted with ``EpochRaised`` through ``step``. Replies to requests that
+old drivers sent before the raise are stamped with the old epoch: ``step`` refuses them and the
+refusal is logged as a transition (``fenced``). The service is the composition root, so it may
+import ``rollout``; the engine layers below it never do.
 """
 
 from __future__ import annotations
@@ -16,6 +26,7 @@ import itertools
 import logging
 import random
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -28,11 +39,13 @@ from engine.adapters.base import Backend, Capabilities, Json
 from engine.clock import Clock
 from engine.errors import DuplicateOperation, EngineError, NegotiationError
 from engine.ledger import Ledger
+from engine.machine import step
 from engine.model import (
     RECEIPT_STATES,
     CallNodeId,
     CallRequest,
     Epoch,
+    EpochRaised,
     LocalState,
     Operation,
     OperationId,
@@ -41,6 +54,7 @@ from engine.model import (
     Reconciled,
     Role,
     TaskId,
+    Transition,
     new_operation,
 )
 from engine.runtime.call import ADAPTER_VERSION
@@ -49,6 +63,11 @@ from engine.runtime.limiter import Limiter
 from engine.schedule import PollPolicy
 from engine.service.batching import BatchingLedger
 from engine.service.config import ServerConfig, ServiceConfig, ToolConfig
+from rollout.assign import Arm, bucket
+from rollout.controller import RolloutController
+from rollout.plan import Action, Request, RolloutRefused
+from rollout.route import Route, Router, ToolPaths
+from rollout.shadow import SHADOW_SUFFIX, shadow_call_node
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -103,7 +122,16 @@ class Executor:
     _rerun: set[str] = field(default_factory=set)
     _dirty: set[str] = field(default_factory=set)
     _stopping: bool = False
-    stats: dict[str, int] = field(default_factory=lambda: {"ticks": 0, "advances": 0, "refused": 0})
+    stats: dict[str, int] = field(
+        default_factory=lambda: {"ticks": 0, "advances": 0, "refused": 0, "fenced": 0, "adopted": 0}
+    )
+    rollout: RolloutController = field(init=False)
+    router: Router = field(init=False)
+    _limiter: Limiter | None = None
+    _policy: PollPolicy = field(default_factory=PollPolicy)
+    _shadow_of: dict[str, str] = field(default_factory=dict)
+    """Primary operation id -> its shadow's, until the pair is compared."""
+    _primary_of: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._store = BatchingLedger(self.ledger)
@@ -114,6 +142,11 @@ class Executor:
         """Negotiate with every configured server, then resume every non-terminal operation."""
         self.ledger.warm_up()
         now = self.clock.now()
+        recorded = self.ledger.execution_epoch()
+        if recorded is not None and recorded != self.epoch:
+            # The ledger's epoch is the truth: a rollback raised it and it survives restarts.
+            logger.info("execution epoch %d (from the ledger)", recorded)
+            self.epoch = Epoch(recorded)
         self.ledger.put_setting("global_qps", repr(self.config.global_qps), now)
         self.ledger.put_setting("rollout_salt", self.config.rollout_salt, now)
         if self.client is None:
@@ -125,8 +158,9 @@ class Executor:
             global_qps=self.config.global_qps,
             per_server={s.url: s.qps for s in self.config.servers.values()},
         )
+        self._limiter = limiter
         poll = self.config.poll
-        policy = PollPolicy(
+        self._policy = PollPolicy(
             default_interval=poll.default_interval,
             min_interval=poll.min_interval,
             max_interval=poll.max_interval,
@@ -145,26 +179,48 @@ class Executor:
                 protocol, server.url, client=self.client, token=server.token, options=options
             )
             caps = await backend.negotiate(Principal(server.principal))
-            driver = Driver(
-                ledger=self._store,
-                backend=backend,
-                clock=self.clock,
-                rng=random.Random(self.rng.random()),
-                server=server.url,
-                epoch=self.epoch,
-                policy=policy,
-                limiter=limiter,
-                ttl=server.ttl,
-            )
-            self._servers[name] = _Server(server, protocol, backend, caps, driver)
+            self._servers[name] = _Server(server, protocol, backend, caps, self._new_driver(server, backend))
+        paths = {
+            name: ToolPaths(name, tool.server, tool.shadow_server, tool.side_effect_free)
+            for name, tool in self.config.tools.items()
+        }
+        self.rollout = RolloutController(
+            self.ledger, self.clock, paths, salt=self.config.rollout_salt, epoch=int(self.epoch)
+        )
+        self.router = Router(
+            self.rollout.state, paths, {name: s.protocol.value for name, s in self._servers.items()}
+        )
         self._resume()
+
+    def _new_driver(self, server: ServerConfig, backend: Backend) -> Driver:
+        """A driver at the executor's current epoch, with no memory of earlier actions."""
+        return Driver(
+            ledger=self._store,
+            backend=backend,
+            clock=self.clock,
+            rng=random.Random(self.rng.random()),
+            server=server.url,
+            epoch=self.epoch,
+            policy=self._policy,
+            limiter=self._limiter,
+            ttl=server.ttl,
+        )
 
     def _resume(self) -> None:
         now = self.clock.now()
         live = [s for s in LocalState if s not in RECEIPT_STATES]
         by_url = {s.config.url: s for s in self._servers.values()}
         resumed = 0
+        behind = [op for op in self.ledger.operations(states=live) if op.epoch < self.epoch]
+        if behind:
+            # A rollback raised the epoch but stopped before adopting these: finish it now.
+            self._adopt_operations(behind, actor="finality (restart after rollback)")
         for op in self.ledger.operations(states=live):
+            if op.epoch > self.epoch:
+                logger.warning(
+                    "operation %s belongs to a newer epoch %d; left alone", op.operation_id, op.epoch
+                )
+                continue
             if op.server not in by_url:
                 logger.warning(
                     "operation %s belongs to unconfigured server %s; left alone", op.operation_id, op.server
@@ -174,6 +230,10 @@ class Executor:
             self._schedule(op.operation_id, now)
             resumed += 1
         logger.info("resumed %d operations", resumed)
+        for primary, shadow in self.ledger.shadow_pairs(ready_only=False):
+            self._shadow_of[primary] = shadow
+            self._primary_of[shadow] = primary
+        self._compare_shadows()
 
     async def aclose(self) -> None:
         self._stopping = True
@@ -274,6 +334,9 @@ class Executor:
         self._wake.set()
 
     async def _advance(self, op: Operation) -> Wake:
+        if op.epoch < self.epoch:
+            # A value from before a rollback; the ledger holds the adopted one.
+            op = self.ledger.get(op.operation_id) or op
         driver = self._driver_for(op)
         if driver is None:
             return Wake(op, None)
@@ -287,6 +350,10 @@ class Executor:
 
     def _after(self, wake: Wake) -> None:
         op = wake.operation
+        if op.epoch < self.epoch:
+            # Finished under an older epoch (a rollback happened meanwhile): what it ended with
+            # is not the truth, the adopted row in the ledger is.
+            self._dirty.add(op.operation_id)
         if op.operation_id in self._dirty:
             # While this advance was in flight a person acted on the operation, or one of its
             # writes lost its compare-and-swap: what it ended with is not the truth. Start again
@@ -304,6 +371,7 @@ class Executor:
         self._ops[op.operation_id] = op
         if op.state in RECEIPT_STATES:
             self._ops.pop(op.operation_id, None)
+            self._compare_shadows(op.operation_id)
             return
         budget_at = self._budget_deadline(op)
         if (
@@ -344,6 +412,7 @@ class Executor:
     def _flush(self) -> None:
         for transition, outcome in self._store.flush():
             self.stats["refused"] += 1
+            self._log_fenced(transition)
             op_id = transition.after.operation_id
             if op_id in self._running:
                 self._dirty.add(op_id)
@@ -359,6 +428,28 @@ class Executor:
             self._ops[op_id] = fresh
             if fresh.state not in RECEIPT_STATES:
                 self._schedule(op_id, self.clock.now())
+
+    def _log_fenced(self, transition: Transition) -> None:
+        """A group-committed write refused because a rollback raised the epoch under it: say so.
+
+        The old driver stepped its reply against the operation as it was when it sent the request;
+        against the adopted row the same reply is stale, and ``step`` says why. That refusal is
+        what the transitions log keeps (the reply itself changes nothing).
+        """
+        if not transition.accepted or transition.before.epoch >= self.epoch:
+            return
+        fresh = self.ledger.get(transition.after.operation_id)
+        if fresh is None or fresh.epoch <= transition.before.epoch:
+            return
+        fenced = step(fresh, transition.event, self.clock.now())
+        if fenced.accepted:
+            return
+        try:
+            self.ledger.apply(fenced)
+        except EngineError as exc:
+            logger.warning("could not log a fenced reply for %s: %s", fresh.operation_id, exc)
+            return
+        self.stats["fenced"] += 1
 
     # -------------------------------------------------------------------------- person actions
 
@@ -382,43 +473,56 @@ class Executor:
     ) -> Operation:
         """Record and schedule a call (or return the call node's existing operation).
 
+        A new call node is routed by the rollout (old path, canary or a shadow beside it) unless
+        ``server`` names one; either way a server whose protocol is switched off takes no new call.
+
         Raises:
-            ServiceError: 400 unknown tool/server, 409 the call node holds another request,
-                422 the server or tool cannot run it within its limits.
+            ServiceError: 400 unknown tool/server or a reserved call node id, 409 the call node
+                holds another request or the protocol is disabled, 422 the server or tool cannot
+                run it within its limits.
         """
         tool_config = self.config.tools.get(tool)
         if tool_config is None:
             raise ServiceError(400, f"unknown tool {tool!r}; configure it under [tools.{tool}]")
-        server_name = server or tool_config.server
-        target = self._servers.get(server_name)
-        if target is None:
-            raise ServiceError(400, f"unknown server {server_name!r}")
-        who = principal or target.config.principal
+        if server is not None and server not in self._servers:
+            raise ServiceError(400, f"unknown server {server!r}")
 
         async def create() -> Operation:
-            return await self._create(target, tool_config, call_node, arguments, who, role)
+            return await self._create(tool_config, call_node, arguments, principal, role, server)
 
         return await self._between_ticks(create)
 
-    async def _create(
-        self, target: _Server, tool: ToolConfig, call_node: str, arguments: Json, principal: str, role: Role
-    ) -> Operation:
-        existing = self.ledger.by_call_node(call_node)
-        if existing is not None:
-            request_digest = CallRequest(
-                CallNodeId(call_node), tool.ref, arguments, Principal(principal)
-            ).request_digest
-            if existing.request_digest != request_digest:
-                raise ServiceError(409, f"call node {call_node!r} already holds a different request")
-            return existing
+    def _route(self, call_node: str, tool: ToolConfig, server: str | None) -> Route:
+        if call_node.endswith(SHADOW_SUFFIX):
+            raise ServiceError(
+                400, f"call node ids ending in {SHADOW_SUFFIX!r} are reserved for shadow operations"
+            )
+        try:
+            if server is None:
+                return self.router.route(call_node, tool.name)
+            target = self._servers[server]
+            if target.protocol.value in self.router.state.disabled_protocols:
+                raise RolloutRefused(
+                    409,
+                    f"protocol {target.protocol} is disabled (kill switch): server {server!r} takes no new call",
+                )
+            return Route(server, Arm.FIXED, bucket(call_node, self.router.state.salt))
+        except RolloutRefused as exc:
+            raise ServiceError(exc.status, str(exc)) from exc
+
+    def _plan(self, target: _Server, tool: ToolConfig) -> None:
         try:
             plan = plan_call(target.caps, tool.name, sync_limit=tool.sync_limit, wait_budget=tool.wait_budget)
         except NegotiationError as exc:
             raise ServiceError(422, str(exc)) from exc
         if plan.mode is CallMode.SYNC and target.protocol is not Protocol.MCP_2026_07_28:
             raise ServiceError(422, f"{plan.reason}; synchronous calls run through `finality call`")
+
+    def _new_op(
+        self, target: _Server, tool: ToolConfig, call_node: str, arguments: Json, principal: str, role: Role
+    ) -> Operation:
         request = CallRequest(CallNodeId(call_node), tool.ref, arguments, Principal(principal))
-        op = new_operation(
+        return new_operation(
             request,
             operation_id=OperationId(str(uuid.uuid4())),
             protocol=target.protocol,
@@ -428,57 +532,147 @@ class Executor:
             now=self.clock.now(),
             role=role,
         )
-        stored, created = self.ledger.create_operation(op, arguments)
+
+    def _track(self, target: _Server, op: Operation, created: bool, arguments: Json) -> None:
         if created:
-            target.driver.mark_fresh(stored, arguments)
-        self._ops[stored.operation_id] = stored
-        self._schedule(stored.operation_id, self.clock.now())
+            target.driver.mark_fresh(op, arguments)
+        self._ops[op.operation_id] = op
+        self._schedule(op.operation_id, self.clock.now())
+
+    async def _create(
+        self,
+        tool: ToolConfig,
+        call_node: str,
+        arguments: Json,
+        principal: str | None,
+        role: Role,
+        server: str | None,
+    ) -> Operation:
+        existing = self.ledger.by_call_node(call_node)
+        if existing is not None:
+            request_digest = CallRequest(
+                CallNodeId(call_node), tool.ref, arguments, Principal(principal or existing.principal)
+            ).request_digest
+            if existing.request_digest != request_digest:
+                raise ServiceError(409, f"call node {call_node!r} already holds a different request")
+            return existing
+        route = self._route(call_node, tool, server)
+        target = self._servers[route.server]
+        self._plan(target, tool)
+        op = self._new_op(target, tool, call_node, arguments, principal or target.config.principal, role)
+        stored, created = self.ledger.create_operation(op, arguments)
+        self._track(target, stored, created, arguments)
+        if created:
+            rows = [self.rollout.assignment(stored, route, tool=tool.name, server_name=route.server)]
+            if route.shadow_server is not None:
+                rows.extend(self._start_shadows([(stored, route)], tool_of={stored.operation_id: tool}))
+            self.ledger.record_assignments(rows)
         return stored
+
+    def _start_shadows(
+        self, primaries: list[tuple[Operation, Route]], *, tool_of: dict[str, ToolConfig]
+    ) -> list[dict[str, object]]:
+        """Start the shadow copies of freshly created primaries; returns their assignment rows.
+
+        A shadow never affects its primary: a shadow that cannot be planned or recorded is
+        skipped with a warning. Only side-effect-free tools are ever shadowed (the router and the
+        stage machine ensure it; checked here once more because a shadow runs the call twice).
+        """
+        items: list[tuple[Operation, Json]] = []
+        meta: list[tuple[Operation, Route, _Server, ToolConfig, Json]] = []
+        for primary, route in primaries:
+            tool = tool_of[primary.operation_id]
+            if route.shadow_server is None or not tool.side_effect_free:
+                continue
+            target = self._servers[route.shadow_server]
+            try:
+                self._plan(target, tool)
+            except ServiceError as exc:
+                logger.warning("no shadow for %s on %s: %s", primary.call_node_id, route.shadow_server, exc)
+                continue
+            arguments = self.ledger.arguments(primary.operation_id)
+            op = self._new_op(
+                target,
+                tool,
+                shadow_call_node(primary.call_node_id),
+                arguments,
+                target.config.principal,
+                Role.SHADOW,
+            )
+            items.append((op, arguments))
+            meta.append((primary, route, target, tool, arguments))
+        if not items:
+            return []
+        try:
+            stored = self.ledger.create_many(items)
+        except EngineError as exc:
+            logger.warning("shadow operations not recorded: %s", exc)
+            return []
+        rows: list[dict[str, object]] = []
+        for (op, created), (primary, route, target, tool, arguments) in zip(stored, meta, strict=True):
+            self._track(target, op, created, arguments)
+            if created:
+                self._shadow_of[primary.operation_id] = op.operation_id
+                self._primary_of[op.operation_id] = primary.operation_id
+                rows.append(
+                    self.rollout.assignment(
+                        op,
+                        route,
+                        tool=tool.name,
+                        server_name=target.config.name,
+                        primary_operation_id=primary.operation_id,
+                    )
+                )
+        return rows
 
     async def submit_many(self, calls: list[tuple[str, str, Json]]) -> list[Operation]:
         """Record many calls ``(call_node, tool, arguments)`` in one transaction and schedule them.
 
-        For load generators and imports; each call follows the same rules as ``submit``.
+        For load generators and imports; each call follows the same rules as ``submit`` (routing,
+        shadows and the kill switch included).
         """
 
         async def create() -> list[Operation]:
-            items = []
-            targets = []
+            items: list[tuple[Operation, Json]] = []
+            planned: list[tuple[_Server, Route, ToolConfig]] = []
             for call_node, tool, arguments in calls:
                 tool_config = self.config.tools.get(tool)
                 if tool_config is None:
                     raise ServiceError(400, f"unknown tool {tool!r}")
-                target = self._servers[tool_config.server]
-                plan_call(
-                    target.caps, tool, sync_limit=tool_config.sync_limit, wait_budget=tool_config.wait_budget
-                )
-                request = CallRequest(
-                    CallNodeId(call_node), tool_config.ref, arguments, Principal(target.config.principal)
-                )
-                op = new_operation(
-                    request,
-                    operation_id=OperationId(str(uuid.uuid4())),
-                    protocol=target.protocol,
-                    adapter_version=ADAPTER_VERSION,
-                    server=target.config.url,
-                    epoch=self.epoch,
-                    now=self.clock.now(),
+                route = self._route(call_node, tool_config, None)
+                target = self._servers[route.server]
+                self._plan(target, tool_config)
+                op = self._new_op(
+                    target, tool_config, call_node, arguments, target.config.principal, Role.PRIMARY
                 )
                 items.append((op, arguments))
-                targets.append(target)
+                planned.append((target, route, tool_config))
             stored = self.ledger.create_many(items)
-            now = self.clock.now()
-            for (op, created), target, (_, arguments) in zip(stored, targets, items, strict=True):
+            rows: list[dict[str, object]] = []
+            fresh: list[tuple[Operation, Route]] = []
+            tool_of: dict[str, ToolConfig] = {}
+            for (op, created), (target, route, tool_config), (_, arguments) in zip(
+                stored, planned, items, strict=True
+            ):
+                self._track(target, op, created, arguments)
                 if created:
-                    target.driver.mark_fresh(op, arguments)
-                self._ops[op.operation_id] = op
-                self._schedule(op.operation_id, now)
+                    rows.append(
+                        self.rollout.assignment(op, route, tool=tool_config.name, server_name=route.server)
+                    )
+                    if route.shadow_server is not None:
+                        fresh.append((op, route))
+                        tool_of[op.operation_id] = tool_config
+            rows.extend(self._start_shadows(fresh, tool_of=tool_of))
+            self.ledger.record_assignments(rows)
             return [op for op, _ in stored]
 
         return await self._between_ticks(create)
 
     async def cancel(self, call_node: str, *, actor: str, reason: str) -> Operation:
-        """Raise the cancel generation and record CANCEL_REQUESTED; the request goes out next tick."""
+        """Raise the cancel generation and record CANCEL_REQUESTED; the request goes out next tick.
+
+        A primary's running shadow is cancelled with it, so that the comparison stays like for like.
+        """
 
         async def do() -> Operation:
             op = self._current(call_node)
@@ -491,9 +685,28 @@ class Executor:
             except EngineError as exc:
                 raise ServiceError(409, str(exc)) from exc
             self._touched(after)
+            self._cancel_shadow(after, actor=actor, reason=reason)
             return after
 
         return await self._between_ticks(do)
+
+    def _cancel_shadow(self, primary: Operation, *, actor: str, reason: str) -> None:
+        shadow_id = self._shadow_of.get(primary.operation_id)
+        shadow = self.ledger.get(shadow_id) if shadow_id is not None else None
+        if shadow is None or shadow.state not in (S.WORKING, S.INPUT_REQUIRED):
+            return
+        driver = self._driver_for(shadow)
+        if driver is None:
+            return
+        try:
+            with self._store.immediate():
+                after = driver.request_cancel(
+                    shadow, actor=actor, reason=f"mirrors its primary's cancel: {reason}"
+                )
+        except EngineError as exc:
+            logger.warning("shadow %s not cancelled with its primary: %s", shadow.operation_id, exc)
+            return
+        self._touched(after)
 
     async def answer(self, operation_id: str, *, input_round: int, answer: Json, actor: str) -> Operation:
         """Answer one input round; a stale round is refused with 409 and changes nothing."""
@@ -562,3 +775,128 @@ class Executor:
 
     def servers(self) -> dict[str, Protocol]:
         return {name: s.protocol for name, s in self._servers.items()}
+
+    # -------------------------------------------------------------------------------- rollout
+
+    async def rollout_act(self, request: Request) -> dict[str, object]:
+        """Carry out one rollout action between ticks; a rollback also adopts every in-flight operation.
+
+        Raises:
+            RolloutRefused: the stage machine refuses it (``status`` and, for a blocked promotion,
+                the failing gates say why).
+        """
+
+        async def do() -> dict[str, object]:
+            self._flush()
+            context: dict[str, object] | None = None
+            if request.action is Action.ROLLBACK:
+                context = {"in_flight_at_rollback": self._in_flight_summary()}
+            result = self.rollout.act(request, context=context)
+            # From here on no new call is routed to the new adapter.
+            self.router.state = result.decision.after
+            out = result.as_json()
+            if result.decision.after.epoch > self.epoch:
+                out["adoption"] = self._raise_epoch(Epoch(result.decision.after.epoch), request.actor)
+            return out
+
+        return await self._between_ticks(do)
+
+    def _in_flight_summary(self) -> dict[str, object]:
+        live = self.ledger.live_by_protocol()
+        on_new_path = sum(
+            int(str(row["operations"]))
+            for row in self.ledger.arm_counts()
+            if row["in_flight"] and row["arm"] in (Arm.CANARY.value, Arm.SHADOW.value)
+        )
+        return {
+            "operations": sum(sum(states.values()) for states in live.values()),
+            "on_new_adapter": on_new_path,
+            "by_protocol": live,
+            "advances_in_flight": len(self._running),
+        }
+
+    def _raise_epoch(self, epoch: Epoch, actor: str) -> dict[str, object]:
+        """Switch to ``epoch`` (already compare-and-swapped into the ledger) and adopt the in-flight work.
+
+        Old drivers are dropped, not changed: an advance still awaiting a reply keeps its driver,
+        whose replies carry the old epoch and are fenced. The new drivers start without memory,
+        exactly as after a restart.
+        """
+        previous = self.epoch
+        self.epoch = epoch
+        for server in self._servers.values():
+            server.driver = self._new_driver(server.config, server.backend)
+        live = [s for s in LocalState if s not in RECEIPT_STATES]
+        behind = [op for op in self.ledger.operations(states=live) if op.epoch < epoch]
+        adopted = self._adopt_operations(behind, actor=actor)
+        return {"from_epoch": previous, "to_epoch": epoch, **adopted}
+
+    def _adopt_operations(self, ops: list[Operation], *, actor: str) -> dict[str, object]:
+        """``EpochRaised`` for each operation through ``step``, group-committed; state carries over."""
+        now = self.clock.now()
+        by_state: Counter[str] = Counter()
+        failed: list[str] = []
+        pending = ops
+        for _ in range(3):
+            retry: list[Operation] = []
+            for start in range(0, len(pending), 1000):
+                chunk = [
+                    step(op, EpochRaised(self.epoch, actor), now) for op in pending[start : start + 1000]
+                ]
+                for t, outcome in zip(chunk, self.ledger.apply_many(chunk), strict=True):
+                    if outcome.error is not None or outcome.operation is None:
+                        fresh = self.ledger.get(t.before.operation_id)
+                        if (
+                            fresh is not None
+                            and fresh.epoch < self.epoch
+                            and fresh.state not in RECEIPT_STATES
+                        ):
+                            retry.append(fresh)
+                        continue
+                    after = outcome.operation
+                    by_state[after.state.value] += 1
+                    self.stats["adopted"] += 1
+                    if after.operation_id in self._running:
+                        self._dirty.add(after.operation_id)
+                    self._ops[after.operation_id] = after
+                    self._schedule(after.operation_id, now)
+            pending = retry
+            if not pending:
+                break
+        failed = [op.operation_id for op in pending]
+        if failed:
+            logger.error(
+                "%d operations could not be adopted at epoch %d: %s", len(failed), self.epoch, failed[:20]
+            )
+        return {"adopted": sum(by_state.values()), "adopted_by_state": dict(by_state), "not_adopted": failed}
+
+    def _compare_shadows(self, operation_id: str | None = None) -> None:
+        """Record the shadow comparison of a pair once both of its operations hold a receipt."""
+        if operation_id is None:
+            pairs = list(self._shadow_of.items())
+        elif operation_id in self._shadow_of:
+            pairs = [(operation_id, self._shadow_of[operation_id])]
+        elif operation_id in self._primary_of:
+            pairs = [(self._primary_of[operation_id], operation_id)]
+        else:
+            return
+        for primary_id, shadow_id in pairs:
+            try:
+                done = self.rollout.compare_pair(primary_id, shadow_id)
+            except EngineError as exc:
+                logger.warning("shadow comparison of %s failed: %s", primary_id, exc)
+                continue
+            if done is not None:
+                self._shadow_of.pop(primary_id, None)
+                self._primary_of.pop(shadow_id, None)
+
+    def rollout_status(self) -> dict[str, object]:
+        """The rollout as the status route shows it."""
+        status = self.rollout.status(protocols={name: s.protocol.value for name, s in self._servers.items()})
+        status["executor"] = {
+            "epoch": int(self.epoch),
+            "in_flight": self.in_flight,
+            "fenced_since_start": self.stats["fenced"],
+            "adopted_since_start": self.stats["adopted"],
+        }
+        return status

@@ -1,0 +1,89 @@
+"""Helpers for the rollout tests: configs over an old-path and a new-path reference server, bounded waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import tomllib
+from collections import Counter
+from collections.abc import Callable, Mapping
+
+from engine.ledger import Ledger
+from engine.service.config import ServiceConfig, parse_config
+from refserver.testing import RefServer
+
+TIME_SCALE = 0.05
+
+
+def rollout_config(servers: Mapping[str, RefServer], *, qps: float = 200, extra: str = "") -> str:
+    """Two tools on the old path with the new path as their shadow_server; one tool outside the rollout."""
+    return f"""
+global_qps = {qps}
+rollout_salt = "rollout-test"
+
+[poll]
+default_interval_ms = 100
+min_interval_ms = 50
+max_interval_ms = 500
+retry_backoff_ms = 50
+
+[servers.old]
+url = "{servers["old"].endpoint}"
+protocol = "mcp-2025-11-25"
+qps = {qps}
+
+[servers.new]
+url = "{servers["new"].endpoint}"
+protocol = "mcp-2026-07-28"
+qps = {qps}
+
+[tools.generate_report]
+server = "old"
+shadow_server = "new"
+side_effect_free = true
+
+[tools.apply_batch_change]
+server = "old"
+shadow_server = "new"
+
+[tools.analyze_upload]
+server = "old"
+side_effect_free = true
+{extra}
+"""
+
+
+def parsed_config(servers: Mapping[str, RefServer], **kwargs: object) -> ServiceConfig:
+    return parse_config(tomllib.loads(rollout_config(servers, **kwargs)))  # type: ignore[arg-type]
+
+
+async def settle(predicate: Callable[[], bool], *, within: float, what: str) -> None:
+    """Poll ``predicate`` (every 50 ms) until it holds, for at most ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {within} s waiting for {what}")
+
+
+def states(ledger: Ledger) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for state, _, count in ledger.state_counts():
+        out[state] += count
+    return out
+
+
+def executions(server: RefServer) -> Counter[str]:
+    """How many times each call node's work started on the server (by the ``n`` argument)."""
+    seen: Counter[str] = Counter()
+    for runs in server.stats().get("executions", {}).values():
+        for run in runs:
+            node = run.get("arguments", {}).get("n")
+            if node is not None:
+                seen[str(node)] += 1
+    return seen
+
+
+def created(server: RefServer) -> int:
+    return int(server.stats()["operations_created"]["total"])
