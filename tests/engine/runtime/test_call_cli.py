@@ -31,11 +31,25 @@ def finality(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
     )
 
 
-def call(server: RefServer, ledger: Path, node: str, *extra: str, args: str = '{"report": "q3"}') -> subprocess.CompletedProcess[str]:
+def call(
+    server: RefServer, ledger: Path, node: str, *extra: str, args: str = '{"report": "q3"}'
+) -> subprocess.CompletedProcess[str]:
     url = server.url if server.protocol == "aip-151" else server.endpoint
     tool = "analyze_upload" if server.protocol == "aip-151" else "generate_report"
     return finality(
-        "call", "--server", url, "--tool", tool, "--args", args, "--call-node", node, "--ledger", str(ledger), "--json", *extra
+        "call",
+        "--server",
+        url,
+        "--tool",
+        tool,
+        "--args",
+        args,
+        "--call-node",
+        node,
+        "--ledger",
+        str(ledger),
+        "--json",
+        *extra,
     )
 
 
@@ -44,8 +58,17 @@ def test_a_completed_call_prints_its_receipt_and_exits_zero(mcp: RefServer, tmp_
     done = call(mcp, tmp_path / "l.duckdb", "n1")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
-    for key in ("call_node", "operation_id", "protocol", "state", "server_status", "receipt", "result",
-                "effect_reconciliation_required", "transitions"):
+    for key in (
+        "call_node",
+        "operation_id",
+        "protocol",
+        "state",
+        "server_status",
+        "receipt",
+        "result",
+        "effect_reconciliation_required",
+        "transitions",
+    ):
         assert key in report
     assert report["protocol"] == "mcp-2025-11-25"  # --protocol auto discovered it
     assert report["state"] == "ACCEPTED"
@@ -75,7 +98,9 @@ def test_calling_again_resumes_and_never_submits_twice(aip: RefServer, tmp_path:
 
 def test_cancel_after_ends_cancelled_with_a_receipt(mcp: RefServer, tmp_path: Path) -> None:
     """--cancel-after requests a cancel; the 2025-11-25 response is terminal evidence."""
-    done = call(mcp, tmp_path / "l.duckdb", "c1", "--cancel-after", "0.3", args='{"_sim": {"duration_ms": 60000}}')
+    done = call(
+        mcp, tmp_path / "l.duckdb", "c1", "--cancel-after", "0.3", args='{"_sim": {"duration_ms": 60000}}'
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["state"] == "CANCELLED_ACCEPTED"
@@ -86,7 +111,9 @@ def test_cancel_after_ends_cancelled_with_a_receipt(mcp: RefServer, tmp_path: Pa
 def test_leaving_early_is_not_a_cancel(aip: RefServer, tmp_path: Path) -> None:
     """A caller that stops waiting exits 3; the operation and the server's task go on."""
     aip.reset()
-    done = call(aip, tmp_path / "l.duckdb", "gone", "--wait-budget", "0.5", args='{"_sim": {"duration_ms": 60000}}')
+    done = call(
+        aip, tmp_path / "l.duckdb", "gone", "--wait-budget", "0.5", args='{"_sim": {"duration_ms": 60000}}'
+    )
     assert done.returncode == 3
     report = json.loads(done.stdout)
     assert report["state"] == "WORKING"
@@ -100,7 +127,15 @@ def test_usage_errors_exit_two(mcp: RefServer, tmp_path: Path) -> None:
     """Bad JSON arguments, an unknown tool, or an unreadable ledger are usage errors."""
     assert call(mcp, tmp_path / "l.duckdb", "u1", args="[1, 2]").returncode == 2
     unknown = finality(
-        "call", "--server", mcp.endpoint, "--tool", "no_such_tool", "--call-node", "u2", "--ledger", str(tmp_path / "l.duckdb")
+        "call",
+        "--server",
+        mcp.endpoint,
+        "--tool",
+        "no_such_tool",
+        "--call-node",
+        "u2",
+        "--ledger",
+        str(tmp_path / "l.duckdb"),
     )
     assert unknown.returncode == 2
     assert "no_such_tool" in unknown.stderr
@@ -109,7 +144,9 @@ def test_usage_errors_exit_two(mcp: RefServer, tmp_path: Path) -> None:
     assert call(mcp, bad_ledger, "u3").returncode == 2
 
 
-def test_a_long_tool_without_tasks_is_refused_unless_its_sync_limit_fits(mcp: RefServer, tmp_path: Path) -> None:
+def test_a_long_tool_without_tasks_is_refused_unless_its_sync_limit_fits(
+    mcp: RefServer, tmp_path: Path
+) -> None:
     """quick_lookup forbids tasks: it runs synchronously only when its published limit fits the budget."""
     ledger = str(tmp_path / "l.duckdb")
     base = ["call", "--server", mcp.endpoint, "--tool", "quick_lookup", "--ledger", ledger, "--json"]
