@@ -47,6 +47,7 @@ from engine.model import (
     Epoch,
     EpochRaised,
     LocalState,
+    OpenReconciliation,
     Operation,
     OperationId,
     Principal,
@@ -234,6 +235,11 @@ class Executor:
             self._shadow_of[primary] = shadow
             self._primary_of[shadow] = primary
         self._compare_shadows()
+
+    def request_stop(self) -> None:
+        """Launch nothing more; ``run`` returns once the advances already running have finished."""
+        self._stopping = True
+        self._wake.set()
 
     async def aclose(self) -> None:
         self._stopping = True
@@ -450,6 +456,19 @@ class Executor:
             logger.warning("could not log a fenced reply for %s: %s", fresh.operation_id, exc)
             return
         self.stats["fenced"] += 1
+        if fresh.state is not S.UNKNOWN and any(
+            isinstance(e, OpenReconciliation) for e in transition.effects
+        ):
+            # The old driver opened an entry for a person on the strength of that reply; the
+            # adopted operation is not lost, so nobody has anything to find.
+            self.ledger.resolve_open(
+                fresh.operation_id,
+                kind="unknown",
+                actor="finality",
+                resolution=f"opened on a reply fenced after the rollback to epoch {self.epoch}; "
+                f"the adopted operation continues in {fresh.state}",
+                at=self.clock.now(),
+            )
 
     # -------------------------------------------------------------------------- person actions
 

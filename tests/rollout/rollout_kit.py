@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 
 from engine.ledger import Ledger
 from engine.service.config import ServiceConfig, parse_config
+from engine.service.executor import Executor
 from refserver.testing import RefServer
 
 TIME_SCALE = 0.05
@@ -87,3 +88,10 @@ def executions(server: RefServer) -> Counter[str]:
 
 def created(server: RefServer) -> int:
     return int(server.stats()["operations_created"]["total"])
+
+
+async def stop(executor: Executor, runner: asyncio.Task[None]) -> None:
+    """Stop an in-process executor: let its loop finish every advance it started (bounded), then close."""
+    executor.request_stop()
+    await asyncio.wait_for(runner, timeout=40)
+    await executor.aclose()

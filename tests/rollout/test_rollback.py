@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rollout_kit import created, executions, parsed_config, settle, states
+from rollout_kit import created, executions, parsed_config, settle, states, stop
 
 from engine.clock import SystemClock
 from engine.ledger import Ledger
@@ -104,8 +104,7 @@ async def test_rollback_during_a_thousand_in_flight_operations_repeats_nothing(
         )
         figures["total_s"] = round(time.monotonic() - started, 2)
     finally:
-        await executor.aclose()
-        runner.cancel()
+        await stop(executor, runner)
     try:
         ops = ledger.operations()
         receipts = ledger.count("receipts")
