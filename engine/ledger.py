@@ -2004,12 +2004,21 @@ class Ledger:
         ).fetchone()
         return int(row[0]) if row else 0
 
-    def epochs_of(self, operation_id: str) -> set[int]:
-        """Every execution epoch that has owned the operation (it only changes by ``EpochRaised``)."""
-        rows = self._con.execute(
-            "SELECT DISTINCT epoch FROM transitions WHERE operation_id = ? AND accepted", [operation_id]
-        ).fetchall()
-        return {int(r[0]) for r in rows}
+    def get_many(self, operation_ids: Sequence[str]) -> dict[str, Operation]:
+        """Several operations by id in one query (the ones that exist)."""
+        if not operation_ids:
+            return {}
+        with self._tx() as con:
+            con.register("wanted_ops", pa.table({"operation_id": pa.array(list(operation_ids), pa.string())}))
+            try:
+                cur = con.execute(
+                    f"{_OPERATION_SELECT} WHERE operation_id IN (SELECT operation_id FROM wanted_ops)"
+                )
+                cols = [d[0] for d in cur.description or ()]
+                found = [operation_from_record(dict(zip(cols, r, strict=True))) for r in cur.fetchall()]
+            finally:
+                con.unregister("wanted_ops")
+        return {op.operation_id: op for op in found}
 
     def _rows(self, sql: str, params: list[object]) -> list[dict[str, object]]:
         cur = self._con.execute(sql, params)

@@ -416,9 +416,10 @@ class Executor:
         self._schedule(after.operation_id, self.clock.now())
 
     def _flush(self) -> None:
-        for transition, outcome in self._store.flush():
+        refused = self._store.flush()
+        self._log_fenced([t for t, _ in refused])
+        for transition, outcome in refused:
             self.stats["refused"] += 1
-            self._log_fenced(transition)
             op_id = transition.after.operation_id
             if op_id in self._running:
                 self._dirty.add(op_id)
@@ -435,40 +436,48 @@ class Executor:
             if fresh.state not in RECEIPT_STATES:
                 self._schedule(op_id, self.clock.now())
 
-    def _log_fenced(self, transition: Transition) -> None:
-        """A group-committed write refused because a rollback raised the epoch under it: say so.
+    def _log_fenced(self, refused: list[Transition]) -> None:
+        """Group-committed writes refused because a rollback raised the epoch under them: say so.
 
-        The old driver stepped its reply against the operation as it was when it sent the request;
-        against the adopted row the same reply is stale, and ``step`` says why. That refusal is
-        what the transitions log keeps (the reply itself changes nothing).
+        An old driver stepped its reply against the operation as it was when it sent the request;
+        against the adopted row the same reply is stale, and ``step`` says why. Those refusals are
+        what the transitions log keeps (the replies themselves change nothing).
         """
-        if not transition.accepted or transition.before.epoch >= self.epoch:
+        now = self.clock.now()
+        stale = [t for t in refused if t.accepted and t.before.epoch < self.epoch]
+        current = self.ledger.get_many([t.after.operation_id for t in stale])
+        fenced: list[tuple[Transition, Transition]] = []
+        for transition in stale:
+            fresh = current.get(transition.after.operation_id)
+            if fresh is None or fresh.epoch <= transition.before.epoch:
+                continue
+            verdict = step(fresh, transition.event, now)
+            if not verdict.accepted:
+                fenced.append((transition, verdict))
+        if not fenced:
             return
-        fresh = self.ledger.get(transition.after.operation_id)
-        if fresh is None or fresh.epoch <= transition.before.epoch:
-            return
-        fenced = step(fresh, transition.event, self.clock.now())
-        if fenced.accepted:
-            return
-        try:
-            self.ledger.apply(fenced)
-        except EngineError as exc:
-            logger.warning("could not log a fenced reply for %s: %s", fresh.operation_id, exc)
-            return
-        self.stats["fenced"] += 1
-        if fresh.state is not S.UNKNOWN and any(
-            isinstance(e, OpenReconciliation) for e in transition.effects
-        ):
-            # The old driver opened an entry for a person on the strength of that reply; the
-            # adopted operation is not lost, so nobody has anything to find.
-            self.ledger.resolve_open(
-                fresh.operation_id,
-                kind="unknown",
-                actor="finality",
-                resolution=f"opened on a reply fenced after the rollback to epoch {self.epoch}; "
-                f"the adopted operation continues in {fresh.state}",
-                at=self.clock.now(),
-            )
+        outcomes = self.ledger.apply_many([verdict for _, verdict in fenced])
+        for (transition, verdict), outcome in zip(fenced, outcomes, strict=True):
+            if outcome.error is not None:
+                logger.warning(
+                    "fenced reply for %s not logged: %s", verdict.before.operation_id, outcome.error
+                )
+                continue
+            self.stats["fenced"] += 1
+            fresh = verdict.before
+            if fresh.state is not S.UNKNOWN and any(
+                isinstance(e, OpenReconciliation) for e in transition.effects
+            ):
+                # The old driver opened an entry for a person on the strength of that reply; the
+                # adopted operation is not lost, so nobody has anything to find.
+                self.ledger.resolve_open(
+                    fresh.operation_id,
+                    kind="unknown",
+                    actor="finality",
+                    resolution=f"opened on a reply fenced after the rollback to epoch {self.epoch}; "
+                    f"the adopted operation continues in {fresh.state}",
+                    at=now,
+                )
 
     # -------------------------------------------------------------------------- person actions
 

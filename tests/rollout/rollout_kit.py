@@ -59,12 +59,12 @@ def parsed_config(servers: Mapping[str, RefServer], **kwargs: object) -> Service
 
 
 async def settle(predicate: Callable[[], bool], *, within: float, what: str) -> None:
-    """Poll ``predicate`` (every 50 ms) until it holds, for at most ``within`` seconds."""
+    """Poll ``predicate`` (every 200 ms: each look costs the executor's loop a query) for at most ``within`` s."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
         if predicate():
             return
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
     raise AssertionError(f"timed out after {within} s waiting for {what}")
 
 
