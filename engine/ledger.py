@@ -34,6 +34,7 @@ from engine.errors import (
     LedgerCorrupt,
     LedgerError,
     LedgerUnavailable,
+    ReceiptConflict,
     SchemaTooNew,
     StaleWrite,
 )
@@ -415,6 +416,53 @@ _TRANSITION_SCHEMA: Final = pa.schema(
         ("epoch", pa.int64()),
         ("row_version", pa.int64()),
         ("recorded_at", _TS),
+    ]
+)
+_RECEIPT_SCHEMA: Final = pa.schema(
+    [
+        ("call_node_id", pa.string()),
+        ("operation_id", pa.string()),
+        ("request_digest", pa.string()),
+        ("task_id", pa.string()),
+        ("tool_version", pa.string()),
+        ("epoch", pa.int64()),
+        ("cancel_generation", pa.int32()),
+        ("status", pa.string()),
+        ("result_digest", pa.string()),
+        ("cancel_evidence", pa.string()),
+        ("role", pa.string()),
+        ("accepted_at", _TS),
+    ]
+)
+_RESULT_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("digest", pa.string()),
+        ("status", pa.string()),
+        ("payload", pa.string()),
+        ("stored_at", _TS),
+    ]
+)
+_OUTBOX_SCHEMA: Final = pa.schema(
+    [
+        ("call_node_id", pa.string()),
+        ("operation_id", pa.string()),
+        ("status", pa.string()),
+        ("terminal_status", pa.string()),
+        ("result_digest", pa.string()),
+        ("payload", pa.string()),
+        ("created_at", _TS),
+    ]
+)
+_HELD_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("status", pa.string()),
+        ("digest", pa.string()),
+        ("payload", pa.string()),
+        ("task_id", pa.string()),
+        ("epoch_echo", pa.int64()),
+        ("held_at", _TS),
     ]
 )
 _EXPECT_SCHEMA: Final = pa.schema(
@@ -1290,6 +1338,165 @@ class Ledger:
                 )
         return receipt
 
+    def accept_many(self, items: Sequence[tuple[Transition, Json | None]]) -> list[BatchOutcome]:
+        """Many acceptances, one transaction: each matched exactly as ``accept_terminal`` matches it.
+
+        The same rule (``check_acceptance`` against the row read inside the transaction) decides
+        each item; a refused item (``StaleWrite``, ``ReceiptConflict``) writes nothing and does
+        not stop the others. If a uniqueness constraint fires, the batch is retried one acceptance
+        per transaction so that the offender alone is refused and named.
+        """
+        if not items:
+            return []
+        for t, _ in items:
+            receipt_of(t)  # refuses anything that is not an acceptance before a transaction starts
+        try:
+            return self._accept_batch(items)
+        except duckdb.Error as exc:
+            if not _is_constraint_error(exc):
+                raise
+        out: list[BatchOutcome] = []
+        for t, payload in items:
+            try:
+                self.accept_terminal(t, payload)
+                out.append(BatchOutcome(t.after, None))
+            except (StaleWrite, ReceiptConflict) as refusal:
+                out.append(BatchOutcome(None, refusal))
+            except duckdb.Error as exc:
+                if not _is_constraint_error(exc):
+                    raise
+                # The database's uniqueness refused it: this call node already holds a receipt.
+                receipt = receipt_of(t)
+                out.append(
+                    BatchOutcome(
+                        None,
+                        ReceiptConflict(receipt.call_node_id, "receipt", "already written", "a second one"),
+                    )
+                )
+        return out
+
+    def _accept_batch(self, items: Sequence[tuple[Transition, Json | None]]) -> list[BatchOutcome]:
+        errors: dict[int, LedgerError] = {}
+        ids = [t.after.operation_id for t, _ in items]
+        seen: set[str] = set()
+        for i, op_id in enumerate(ids):
+            if op_id in seen:
+                # An operation reaches one receipt state once; a second acceptance is stale.
+                errors[i] = StaleWrite(op_id, items[i][0].before.row_version, "accepted twice in one batch")
+            seen.add(op_id)
+        with self._tx() as tx:
+            tx.register("wanted_ops", pa.table({"operation_id": pa.array(sorted(seen), pa.string())}))
+            try:
+                cur = tx.execute(
+                    f"{_OPERATION_SELECT} WHERE operation_id IN (SELECT operation_id FROM wanted_ops)"
+                )
+                cols = [d[0] for d in cur.description or ()]
+                current = {
+                    op.operation_id: op
+                    for op in (operation_from_record(dict(zip(cols, r, strict=True))) for r in cur.fetchall())
+                }
+            finally:
+                tx.unregister("wanted_ops")
+            states: list[list[object]] = []
+            log: list[list[object]] = []
+            receipts: list[list[object]] = []
+            results: list[list[object]] = []
+            outbox: list[list[object]] = []
+            for i, (t, payload) in enumerate(items):
+                if i in errors:
+                    continue
+                now = current.get(t.after.operation_id)
+                try:
+                    receipt = check_acceptance(now, t, payload)
+                except (StaleWrite, ReceiptConflict) as refusal:
+                    errors[i] = refusal
+                    continue
+                assert now is not None
+                states.append(_state_row(t.after, now.row_version, now.cancel_generation))
+                log.append(_transition_row(t))
+                receipts.append(
+                    [
+                        receipt.call_node_id,
+                        receipt.operation_id,
+                        receipt.request_digest,
+                        receipt.task_id,
+                        receipt.tool_version,
+                        receipt.epoch,
+                        receipt.cancel_generation,
+                        receipt.status.value,
+                        receipt.result_digest,
+                        receipt.cancel_evidence,
+                        now.role.value,
+                        receipt.accepted_at,
+                    ]
+                )
+                body = canonical_json(payload) if payload is not None else None
+                accepted = t.after.state is LocalState.ACCEPTED
+                if body is not None and accepted:
+                    results.append(
+                        [
+                            now.operation_id,
+                            receipt.result_digest,
+                            receipt.status.value,
+                            body,
+                            receipt.accepted_at,
+                        ]
+                    )
+                if now.role is Role.PRIMARY:
+                    outbox.append(
+                        [
+                            receipt.call_node_id,
+                            receipt.operation_id,
+                            "ready",
+                            receipt.status.value,
+                            receipt.result_digest,
+                            body if accepted else None,
+                            receipt.accepted_at,
+                        ]
+                    )
+            if states:
+                assignments = ", ".join(f"{c} = n.{c}" for c in _STATE_COLUMNS[1:])
+                tx.register("new_state", _columns(states, _STATE_SCHEMA))
+                try:
+                    updated = tx.execute(
+                        f"UPDATE op_state SET {assignments} FROM new_state n "
+                        "WHERE op_state.operation_id = n.operation_id AND op_state.row_version = n.expected_version "
+                        "AND op_state.cancel_generation = n.expected_cancel_generation"
+                    ).fetchone()
+                finally:
+                    tx.unregister("new_state")
+                if updated is None or int(updated[0]) != len(states):
+                    raise duckdb.TransactionException(
+                        "concurrent writer moved rows during batched acceptance"
+                    )
+                for name, rows, schema, sql in (
+                    (
+                        "new_log",
+                        log,
+                        _TRANSITION_SCHEMA,
+                        "INSERT INTO transitions SELECT nextval('transition_seq'), * FROM new_log",
+                    ),
+                    (
+                        "new_receipts",
+                        receipts,
+                        _RECEIPT_SCHEMA,
+                        "INSERT INTO receipts SELECT * FROM new_receipts",
+                    ),
+                    ("new_results", results, _RESULT_SCHEMA, "INSERT INTO results SELECT * FROM new_results"),
+                    ("new_outbox", outbox, _OUTBOX_SCHEMA, "INSERT INTO outbox SELECT * FROM new_outbox"),
+                ):
+                    if not rows:
+                        continue
+                    tx.register(name, _columns(rows, schema))
+                    try:
+                        tx.execute(sql)
+                    finally:
+                        tx.unregister(name)
+        return [
+            BatchOutcome(None, errors[i]) if i in errors else BatchOutcome(t.after, None)
+            for i, (t, _) in enumerate(items)
+        ]
+
     def attach_audit_result(self, op: Operation, kind: str, payload: Json | None, at: datetime) -> None:
         """Attach something read after the terminal (e.g. a result read after cancel) to the audit trail.
 
@@ -1458,22 +1665,27 @@ class Ledger:
         self.hold_many([(operation_id, held)])
 
     def hold_many(self, items: Sequence[tuple[str, HeldOutcome]]) -> None:
+        if not items:
+            return
+        latest = {operation_id: held for operation_id, held in items}  # a later copy replaces an earlier one
+        rows = [
+            [
+                operation_id,
+                held.status,
+                held.digest,
+                canonical_json(held.payload),
+                held.task_id,
+                held.epoch_echo,
+                held.held_at,
+            ]
+            for operation_id, held in latest.items()
+        ]
         with self._tx() as tx:
-            tx.executemany(
-                "INSERT OR REPLACE INTO held_outcomes VALUES (?,?,?,?,?,?,?)",
-                [
-                    [
-                        operation_id,
-                        held.status,
-                        held.digest,
-                        canonical_json(held.payload),
-                        held.task_id,
-                        held.epoch_echo,
-                        held.held_at,
-                    ]
-                    for operation_id, held in items
-                ],
-            )
+            tx.register("new_held", _columns(rows, _HELD_SCHEMA))
+            try:
+                tx.execute("INSERT OR REPLACE INTO held_outcomes SELECT * FROM new_held")
+            finally:
+                tx.unregister("new_held")
 
     def held_outcome(self, operation_id: str) -> HeldOutcome | None:
         row = self._con.execute(

@@ -506,3 +506,68 @@ LedgerAndMachine.TestCase.settings = settings(
     max_examples=40, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_ledger_and_machine_never_hold_two_receipts = LedgerAndMachine.TestCase
+
+
+def test_batched_acceptance_writes_each_matching_receipt_and_refuses_the_rest_alone(ledger: Ledger) -> None:
+    """accept_many: one transaction; a stale or mismatching acceptance is refused by name, the others commit."""
+    good = [to_fetching(ledger, f"ok{i}") for i in range(3)]
+    stale_op = to_fetching(ledger, "stale")
+    stale = verified(stale_op)
+    moved = step(stale_op, EpochRaised(Epoch(2), "ops"), NOW)
+    assert moved.accepted
+    assert moved.after.row_version > stale_op.row_version
+    ledger.apply(moved)  # the row moves on under the acceptance
+    wrong_op = to_fetching(ledger, "wrong")
+    wrong = verified(wrong_op)
+    wrong_payload: dict[str, object] = {"content": [{"type": "text", "text": "other"}], "isError": False}
+    shadow_op = to_fetching(ledger, "shadow", role=Role.SHADOW)
+    items = [(verified(op), PAYLOAD) for op in good] + [
+        (stale, PAYLOAD),
+        (wrong, wrong_payload),
+        (verified(shadow_op), PAYLOAD),
+    ]
+    outcomes = ledger.accept_many(items)
+    assert [o.error is None for o in outcomes] == [True, True, True, False, False, True]
+    assert isinstance(outcomes[3].error, StaleWrite)
+    assert isinstance(outcomes[4].error, ReceiptConflict)
+    assert outcomes[4].error.field == "result_digest"
+    assert ledger.count("receipts") == 4  # three primaries and the shadow
+    assert ledger.count("outbox") == 3  # never the shadow
+    for op in good:
+        stored = ledger.get(op.operation_id)
+        assert stored is not None
+        assert stored.state is S.ACCEPTED
+        assert ledger.result_payload(op.operation_id) == PAYLOAD
+    assert ledger.receipt(wrong_op.call_node_id) is None
+    assert len(ledger.transitions(good[0].operation_id)) == 5
+
+
+def test_batched_acceptance_refuses_an_operation_accepted_twice_in_one_batch(ledger: Ledger) -> None:
+    """The same acceptance twice in one batch writes one receipt; the repeat is refused as stale."""
+    op = to_fetching(ledger)
+    t = verified(op)
+    outcomes = ledger.accept_many([(t, PAYLOAD), (t, PAYLOAD)])
+    assert outcomes[0].error is None
+    assert isinstance(outcomes[1].error, StaleWrite)
+    assert ledger.count("receipts") == 1
+    assert ledger.count("outbox") == 1
+
+
+def test_batched_acceptance_of_an_already_accepted_operation_writes_nothing(ledger: Ledger) -> None:
+    """An acceptance already committed on its own is refused inside a later batch; the batch's others commit."""
+    first = to_fetching(ledger, "first")
+    ledger.accept_terminal(verified(first), PAYLOAD)
+    second = to_fetching(ledger, "second")
+    outcomes = ledger.accept_many([(verified(first), PAYLOAD), (verified(second), PAYLOAD)])
+    assert isinstance(outcomes[0].error, StaleWrite | ReceiptConflict)
+    assert outcomes[1].error is None
+    assert ledger.count("receipts") == 2
+    assert ledger.count("outbox") == 2
+
+
+def test_batched_acceptance_refuses_a_transition_that_is_not_an_acceptance(ledger: Ledger) -> None:
+    """Only acceptances go through accept_many; anything else is refused before a transaction starts."""
+    op, _ = ledger.create_operation(make_operation("n1"), {"report": "n1"})
+    with pytest.raises(LedgerError, match="AcceptTerminal"):
+        ledger.accept_many([(step(op, Submitted(TaskId("t"), E), NOW), None)])
+    assert ledger.count("receipts") == 0
