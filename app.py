@@ -2,8 +2,15 @@
 
 Presentation only. Every page reads through ``engine.insights`` (the running service over HTTP, or
 a ledger file read-only when no service runs: ``FINALITY_SERVICE_URL`` / ``FINALITY_LEDGER``).
+Each page's URL is its file's name (``/rollout_control``), and any page can be opened first.
 
     streamlit run app.py
+
+Why pages call ``console_insights()``: Streamlit treats an app with a ``pages/`` folder as a
+"pages directory" app until some session has called ``st.navigation``. Until then, a page URL opened
+first runs that page's file alone, without this script (no ``Insights``, no sidebar). A page that
+finds this script did not run in the current run runs it (its ``st.navigation`` ends that mode for the
+server and draws the page as usual, widget events included) and stops its own copy.
 """
 
 from __future__ import annotations
@@ -17,7 +24,49 @@ from engine.insights import ConsoleError, Insights
 
 logger = logging.getLogger("finality.console")
 
-st.set_page_config(page_title="Finality console", page_icon=":material/verified:", layout="wide")
+# Session-state flag: set while this script runs (a page drawn by ``navigation.run()`` sees it).
+# (No bare string literals at this level: Streamlit's "magic" would draw them.)
+_RUNNING = "app_running"
+
+
+def pages() -> list[st.Page]:
+    """The console's pages; each one's URL path is its file's name."""
+    return [
+        st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+        st.Page(
+            "pages/cancel_latency.py",
+            title="Cancel latency",
+            icon=":material/timer:",
+            url_path="cancel_latency",
+        ),
+        st.Page(
+            "pages/reconciliation.py",
+            title="UNKNOWN and reconciliation",
+            icon=":material/help:",
+            url_path="reconciliation",
+        ),
+        st.Page(
+            "pages/gate_compliance.py",
+            title="Gate compliance",
+            icon=":material/rule:",
+            url_path="gate_compliance",
+        ),
+        st.Page("pages/operations.py", title="Operations", icon=":material/list:", url_path="operations"),
+        st.Page("pages/approvals.py", title="Approvals", icon=":material/approval:", url_path="approvals"),
+        st.Page(
+            "pages/rollout_control.py",
+            title="Rollout control",
+            icon=":material/rocket_launch:",
+            url_path="rollout_control",
+        ),
+        st.Page("pages/sql.py", title="SQL", icon=":material/database:", url_path="sql"),
+        st.Page(
+            "pages/evidence_bundle.py",
+            title="Evidence bundle",
+            icon=":material/folder_zip:",
+            url_path="evidence_bundle",
+        ),
+    ]
 
 
 @st.cache_resource(show_spinner=False)
@@ -30,56 +79,61 @@ def _tuning() -> dict[str, str]:
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
-PAGES = [
-    st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
-    st.Page("pages/cancel_latency.py", title="Cancel latency", icon=":material/timer:"),
-    st.Page("pages/reconciliation.py", title="UNKNOWN and reconciliation", icon=":material/help:"),
-    st.Page("pages/gates.py", title="Gate compliance", icon=":material/rule:"),
-    st.Page("pages/operations.py", title="Operations", icon=":material/list:"),
-    st.Page("pages/approvals.py", title="Approvals", icon=":material/approval:"),
-    st.Page("pages/rollout.py", title="Rollout control", icon=":material/rocket_launch:"),
-    st.Page("pages/sql.py", title="SQL", icon=":material/database:"),
-    st.Page("pages/evidence.py", title="Evidence bundle", icon=":material/folder_zip:"),
-]
-
-navigation = st.navigation(PAGES)
-
-try:
-    insights = _insights(
-        os.environ.get("FINALITY_SERVICE_URL", "").strip(), os.environ.get("FINALITY_LEDGER", "").strip()
-    )
-except ConsoleError as exc:
-    st.title("Finality console")
-    st.error(str(exc))
-    st.stop()
-
-st.session_state["app_insights"] = insights
-st.session_state["app_refresh_s"] = float(os.environ.get("FINALITY_CONSOLE_REFRESH_S", "10"))
-# The actor lives under a plain key (widget keys are dropped on pages where the widget is not drawn).
-st.session_state.setdefault("app_actor", os.environ.get("FINALITY_ACTOR", ""))
-st.session_state.setdefault("app_actor_input", st.session_state["app_actor"])
+def console_insights() -> Insights:
+    """What a page reads through; when the page was run without this script (opened first by its URL
+    while Streamlit was still in its pages-directory mode), run the console around it instead."""
+    if not st.session_state.get(_RUNNING):
+        main()  # st.navigation ends that mode, then draws this same page inside the console as usual
+        st.stop()  # ...so the copy of the page Streamlit started alone stops here
+    insights: Insights = st.session_state["app_insights"]
+    return insights
 
 
 def _set_actor() -> None:
     st.session_state["app_actor"] = st.session_state["app_actor_input"].strip()
 
 
-with st.sidebar:
-    info = insights.info
-    if info.kind == "service":
-        st.caption(f"Live: service at {info.location}")
-    else:
-        st.caption(f"Read-only: ledger file {info.location}")
-        if info.note:
-            st.warning(info.note)
-    st.text_input(
-        "Your name (recorded as the actor of every action)", key="app_actor_input", on_change=_set_actor
-    )
+def main() -> None:
+    st.set_page_config(page_title="Finality console", page_icon=":material/verified:", layout="wide")
+    navigation = st.navigation(pages())
+    try:
+        insights = _insights(
+            os.environ.get("FINALITY_SERVICE_URL", "").strip(), os.environ.get("FINALITY_LEDGER", "").strip()
+        )
+    except ConsoleError as exc:
+        st.title("Finality console")
+        st.error(str(exc))
+        st.stop()
 
-try:
-    navigation.run()
-except ConsoleError as exc:
-    st.error(str(exc))
-except Exception:
-    logger.exception("console page %s failed", navigation.title)
-    st.error("This page failed; the error is in the console's log.")
+    st.session_state["app_insights"] = insights
+    st.session_state["app_refresh_s"] = float(os.environ.get("FINALITY_CONSOLE_REFRESH_S", "10"))
+    # The actor lives under a plain key (widget keys are dropped on pages where the widget is not drawn).
+    st.session_state.setdefault("app_actor", os.environ.get("FINALITY_ACTOR", ""))
+    st.session_state.setdefault("app_actor_input", st.session_state["app_actor"])
+
+    with st.sidebar:
+        info = insights.info
+        if info.kind == "service":
+            st.caption(f"Live: service at {info.location}")
+        else:
+            st.caption(f"Read-only: ledger file {info.location}")
+            if info.note:
+                st.warning(info.note)
+        st.text_input(
+            "Your name (recorded as the actor of every action)", key="app_actor_input", on_change=_set_actor
+        )
+
+    st.session_state[_RUNNING] = True
+    try:
+        navigation.run()
+    except ConsoleError as exc:
+        st.error(str(exc))
+    except Exception:
+        logger.exception("console page %s failed", navigation.title)
+        st.error("This page failed; the error is in the console's log.")
+    finally:
+        st.session_state[_RUNNING] = False
+
+
+if __name__ == "__main__":  # streamlit runs this file as __main__; pages import it as ``app``
+    main()

@@ -26,12 +26,12 @@ PAGES = (
     "pages/overview.py",
     "pages/cancel_latency.py",
     "pages/reconciliation.py",
-    "pages/gates.py",
+    "pages/gate_compliance.py",
     "pages/operations.py",
     "pages/approvals.py",
-    "pages/rollout.py",
+    "pages/rollout_control.py",
     "pages/sql.py",
-    "pages/evidence.py",
+    "pages/evidence_bundle.py",
 )
 TARGET_S = 1.5
 

@@ -27,22 +27,25 @@ import re
 import threading
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 import pandas as pd  # type: ignore[import-untyped]
 
 from engine.client import ServiceClient, ServiceRefused, ServiceUnavailable
 from engine.clock import Clock, SystemClock, monotonic_seconds
 from engine.errors import EngineError
+from engine.gate_sql import GATE_INPUTS_TEMPLATE, gate_inputs_from_values
 from engine.ledger import GateRecord
 from engine.model import RECEIPT_STATES, LocalState
 from engine.model import Protocol as WireProtocol
 from engine.sqlbox import run_query
 
 Json = dict[str, Any]
+_T = TypeVar("_T")
 
 ENV_SERVICE_URL: Final = "FINALITY_SERVICE_URL"
 ENV_LEDGER: Final = "FINALITY_LEDGER"
@@ -153,79 +156,52 @@ QUERIES: Final[dict[str, NamedQuery]] = {
     for q in (
         NamedQuery(
             "gate_inputs",
-            "Raw inputs of the six gates (same definitions as Ledger.gate_inputs; the poll window is pruned by 1 s buckets)",
-            """
-WITH
-explorer AS (
-  SELECT count(*) AS runs, coalesce(sum(distinct_interleavings), 0) AS interleavings,
-         coalesce(sum(divergent), 0) AS divergent, max(finished_at) AS last_run_at
-  FROM explorer_runs WHERE rules = 'engine'
-),
-ops AS (SELECT count(*) AS n, count(*) FILTER (WHERE submit_attempts > 0) AS resubmitted FROM op_state),
-dups AS (SELECT count(*) AS n FROM (SELECT operation_id FROM task_bindings GROUP BY operation_id HAVING count(*) > 1)),
-b AS (SELECT epoch_us(sent_at) // 1000000 AS sec, count(*) AS n FROM polls GROUP BY ALL),
-best AS (SELECT coalesce(max(n), 0) AS n FROM b),
-cand AS (
-  SELECT b.sec FROM b LEFT JOIN b AS nxt ON nxt.sec = b.sec + 1
-  WHERE b.n + coalesce(nxt.n, 0) > (SELECT n FROM best)
-),
-near AS (SELECT sec FROM cand UNION SELECT sec + 1 FROM cand),
-w AS (
-  SELECT count(*) OVER (ORDER BY sent_at RANGE BETWEEN CURRENT ROW AND INTERVAL 999999 MICROSECONDS FOLLOWING) AS n
-  FROM polls WHERE epoch_us(sent_at) // 1000000 IN (SELECT sec FROM near)
-),
-cancels AS (
-  SELECT count(*) AS confirmed,
-         quantile_cont(epoch(r.accepted_at) - epoch(s.cancel_requested_at), 0.99) AS p99_s,
-         max(epoch(r.accepted_at) - epoch(s.cancel_requested_at)) AS max_s
-  FROM op_state s JOIN receipts r USING (operation_id) WHERE s.cancel_requested_at IS NOT NULL
-),
-pending AS (
-  SELECT count(*) AS n, max(epoch({now}) - epoch(cancel_requested_at)) AS oldest_s FROM op_state
-  WHERE cancel_requested_at IS NOT NULL AND state NOT IN ('ACCEPTED', 'CANCELLED_ACCEPTED')
-),
-unknown AS (
-  SELECT count(*) AS entries, count(*) FILTER (WHERE status = 'open') AS open,
-         max(CASE WHEN status = 'open' THEN epoch({now}) - epoch(opened_at) END) AS oldest_open_s,
-         quantile_cont(CASE WHEN status = 'open' THEN epoch({now}) - epoch(opened_at)
-                       ELSE epoch(resolved_at) - epoch(opened_at) END, 0.99) AS p99_age_s,
-         max(CASE WHEN status = 'resolved' THEN epoch(resolved_at) - epoch(opened_at) END) AS slowest_resolution_s
-  FROM reconciliation WHERE kind = 'unknown'
-),
-trace AS (
-  SELECT count(*) AS outbox_rows,
-         count(*) FILTER (WHERE r.call_node_id IS NULL OR r.status <> o.terminal_status
-                          OR r.result_digest IS DISTINCT FROM o.result_digest) AS untraceable
-  FROM outbox o LEFT JOIN receipts r USING (call_node_id)
-)
-SELECT explorer.runs AS explorer_runs, explorer.interleavings, explorer.divergent, explorer.last_run_at,
-       ops.n AS operations, dups.n AS operations_with_second_server_task, ops.resubmitted,
-       (SELECT count(*) FROM polls) AS requests,
-       greatest((SELECT n FROM best), coalesce((SELECT max(n) FROM w), 0)) AS busiest_1s_window,
-       (SELECT TRY_CAST(value AS DOUBLE) FROM settings WHERE key = 'global_qps') AS configured_qps,
-       cancels.confirmed, cancels.p99_s, cancels.max_s, pending.n AS pending, pending.oldest_s AS oldest_pending_s,
-       unknown.entries, unknown.open, unknown.oldest_open_s, unknown.p99_age_s, unknown.slowest_resolution_s,
-       trace.outbox_rows, trace.untraceable
-FROM explorer, ops, dups, cancels, pending, unknown, trace""",
+            "Raw inputs of the six gates (engine.gate_sql: the one definition Ledger.gate_inputs shares)",
+            GATE_INPUTS_TEMPLATE,
             times=("last_run_at",),
         ),
         NamedQuery(
             "arms",
-            "Operations per rollout arm",
+            "Operations per rollout arm, as the rollout recorded them (rollout_assignments)",
+            # The service records an arm only for an operation it has just created, so the operations
+            # with no recorded arm are all operations less the assignments (no million-row join).
+            f"""
+WITH assigned AS (
+  SELECT arm, count(*) AS operations, max(assigned_at) AS last_assigned_at FROM rollout_assignments GROUP BY ALL
+),
+unassigned AS (
+  SELECT 'unassigned' AS arm,
+         (SELECT count(*) FROM op_identity) - (SELECT count(*) FROM rollout_assignments) AS operations,
+         CAST(NULL AS TIMESTAMPTZ) AS last_assigned_at
+),
+totals AS (SELECT * FROM assigned UNION ALL SELECT * FROM unassigned WHERE operations > 0),
+live AS (
+  SELECT coalesce(ra.arm, 'unassigned') AS arm, count(*) AS in_flight
+  FROM (SELECT operation_id FROM op_state WHERE state NOT IN {TERMINAL_SQL}) s
+  LEFT JOIN rollout_assignments ra USING (operation_id) GROUP BY ALL
+)
+SELECT arm, operations, coalesce(in_flight, 0) AS in_flight, last_assigned_at
+FROM totals LEFT JOIN live USING (arm)
+ORDER BY arm""",
+            times=("last_assigned_at",),
+        ),
+        NamedQuery(
+            "arms_by_adapter",
+            "Operations per arm on a ledger without rollout_assignments (shadow by role, canary by adapter version)",
             f"""
 WITH totals AS (
-  SELECT {{arm}} AS arm, count(*) AS operations, max(i.created_at) AS last_created_at
-  FROM op_identity i {{arm_join}} GROUP BY ALL
+  SELECT {{arm}} AS arm, count(*) AS operations, max(i.created_at) AS last_assigned_at
+  FROM op_identity i GROUP BY ALL
 ),
 live AS (
   SELECT {{arm}} AS arm, count(*) AS in_flight
   FROM (SELECT operation_id FROM op_state WHERE state NOT IN {TERMINAL_SQL}) s
-  JOIN op_identity i USING (operation_id) {{arm_join}} GROUP BY ALL
+  JOIN op_identity i USING (operation_id) GROUP BY ALL
 )
-SELECT arm, operations, coalesce(in_flight, 0) AS in_flight, last_created_at
+SELECT arm, operations, coalesce(in_flight, 0) AS in_flight, last_assigned_at
 FROM totals LEFT JOIN live USING (arm)
 ORDER BY arm""",
-            times=("last_created_at",),
+            times=("last_assigned_at",),
         ),
         NamedQuery(
             "in_flight",
@@ -456,11 +432,11 @@ FROM approvals WHERE status = 'answered' ORDER BY answered_at DESC LIMIT {limit}
             times=("opened_at", "answered_at"),
         ),
         NamedQuery(
-            "has_table",
-            "Whether the ledger has a table",
+            "tables",
+            "The ledger's tables",
             """
-SELECT count(*) AS present FROM information_schema.tables
-WHERE table_catalog = current_database() AND table_name = {table}""",
+SELECT table_name FROM information_schema.tables
+WHERE table_catalog = current_database() AND table_schema = 'main' ORDER BY 1""",
         ),
         NamedQuery(
             "audit_log",
@@ -527,6 +503,21 @@ class GateView:
     inputs: dict[str, dict[str, object]]
     evaluated_at: datetime
     source: str
+
+    @classmethod
+    def evaluate(
+        cls, inputs: dict[str, dict[str, object]], at: datetime, source: str, thresholds: object | None = None
+    ) -> GateView:
+        """Evaluate ``inputs`` (read at ``at``) with ``thresholds`` (a ``rollout.gates.Thresholds``; default ones if None)."""
+        # Imported here: rollout sits above the engine, which only presents its verdicts.
+        from rollout.gates import Thresholds, evaluate
+
+        chosen = thresholds if isinstance(thresholds, Thresholds) else Thresholds()
+        return cls(evaluate(inputs, chosen).results, inputs, at, source)
+
+    def with_thresholds(self, thresholds: object) -> GateView:
+        """The what-if: the same raw inputs (no second read of the ledger) under other thresholds."""
+        return GateView.evaluate(self.inputs, self.evaluated_at, self.source, thresholds)
 
     @property
     def passed(self) -> bool:
@@ -730,7 +721,9 @@ class Insights:
         self.cache_s = cache_s
         self._cache: dict[tuple[str, int], _Cached] = {}
         self._lock = threading.Lock()
-        self._arm_sql: tuple[float, tuple[str, str]] | None = None
+        self._tables: tuple[float, frozenset[str]] | None = None
+        self._tables_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="finality-console")
         self.last_sql: dict[str, str] = {}
         """The SQL each named query last ran with (the evidence bundle's 'SQL behind each chart')."""
 
@@ -783,15 +776,20 @@ class Insights:
 
     def _arm(self) -> tuple[str, str]:
         """How this ledger tells an operation's arm: from ``rollout_assignments`` once the ledger has it."""
-        now = monotonic_seconds()
-        if self._arm_sql is None or now - self._arm_sql[0] > 60:
-            present = self.has_table("rollout_assignments")
-            self._arm_sql = (now, (ARM_SQL, ARM_JOIN_SQL) if present else (ARM_FALLBACK_SQL, ""))
-        return self._arm_sql[1]
+        if self.has_table("rollout_assignments"):
+            return ARM_SQL, ARM_JOIN_SQL
+        return ARM_FALLBACK_SQL, ""
 
     def has_table(self, table: str) -> bool:
-        frame = self._named("has_table", table=table)
-        return bool(len(frame)) and int(frame.iloc[0, 0]) > 0
+        """Whether the ledger has ``table`` (the list of tables is read once a minute: one query, not one per check)."""
+        with self._tables_lock:  # pages read in parallel (``soon``): one of them reads the list
+            now = monotonic_seconds()
+            cached = self._tables
+            if cached is None or now - cached[0] > 60:
+                frame = self._named("tables")
+                cached = (now, frozenset(str(t) for t in frame["table_name"]))
+                self._tables = cached
+        return table in cached[1]
 
     def _named(self, name: str, **params: object) -> pd.DataFrame:
         query = QUERIES[name]
@@ -823,11 +821,17 @@ class Insights:
         with self._lock:
             self._cache.clear()
         self._gate_inputs = None
+        self._tables = None
+
+    def close(self) -> None:
+        """Stop the background readers (``soon``); the sources hold no open connection."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
     # overview -------------------------------------------------------------------------------
 
     def arms(self) -> pd.DataFrame:
-        return self._named("arms")
+        """Operations and in-flight operations per arm (``last_assigned_at``: creation time on old ledgers)."""
+        return self._named("arms" if self.has_table("rollout_assignments") else "arms_by_adapter")
 
     def in_flight(self) -> pd.DataFrame:
         return self._named("in_flight")
@@ -838,20 +842,22 @@ class Insights:
         return {k: float(v) if v is not None and not pd.isna(v) else 0.0 for k, v in row.items()}
 
     def gate_inputs(self) -> tuple[dict[str, dict[str, object]], datetime]:
-        """The six gates' raw inputs, read from the ledger now (the ``Ledger.gate_inputs`` shape)."""
+        """The six gates' raw inputs, read from the ledger now (``engine.gate_sql``, the ``Ledger.gate_inputs`` shape)."""
         now = self.now()
-        frame = self._named("gate_inputs", now=now)
-        row = {k: (None if _missing(v) else v) for k, v in frame.iloc[0].to_dict().items()}
-        return gate_inputs_from_row(row), now
+        sql = self.sql_of("gate_inputs", now=now)
+        self.last_sql["gate_inputs"] = sql
+        columns, rows, _, _ = self._run(sql, 1)
+        if not rows:
+            raise QueryFailed("the gate-inputs query returned no row")
+        return gate_inputs_from_values(columns, rows[0]), now
 
     def gates(self, thresholds: object | None = None, *, max_age_s: float | None = None) -> GateView:
         """The six gates, by ``rollout.gates.evaluate``; with other ``Thresholds``, the what-if on the same inputs.
 
         The inputs scan the whole ledger (about a second at a million operations), so they are
         reused for ``max_age_s`` (default ``gate_cache_s``); ``evaluated_at`` says when they were read.
+        To evaluate other thresholds on the inputs a view was built from, use ``GateView.with_thresholds``.
         """
-        from rollout.gates import Thresholds, evaluate
-
         age = self.gate_cache_s if max_age_s is None else max_age_s
         cached = self._gate_inputs
         if cached is not None and monotonic_seconds() - cached[0] <= age:
@@ -859,8 +865,15 @@ class Insights:
         else:
             inputs, now = self.gate_inputs()
             self._gate_inputs = (monotonic_seconds(), inputs, now)
-        chosen = thresholds if isinstance(thresholds, Thresholds) else Thresholds()
-        return GateView(evaluate(inputs, chosen).results, inputs, now, self.info.kind)
+        return GateView.evaluate(inputs, now, self.info.kind, thresholds)
+
+    def soon(self, read: Callable[..., _T], /, *args: object, **kwargs: object) -> Future[_T]:
+        """Start a read in the background and return its future, so a page overlaps its independent reads.
+
+        Only reads belong here (no Streamlit calls: the work runs outside the page's script thread).
+        The gate inputs, for instance, are a whole-ledger scan a page can start before drawing the rest.
+        """
+        return self._pool.submit(read, *args, **kwargs)
 
     # cancel latency -------------------------------------------------------------------------
 
@@ -1249,69 +1262,6 @@ def _missing(value: object) -> bool:
         return bool(pd.isna(value))
     except (TypeError, ValueError):
         return False
-
-
-def gate_inputs_from_row(row: Mapping[str, object]) -> dict[str, dict[str, object]]:
-    """The ``gate_inputs`` query's one row in the shape ``rollout.gates.evaluate`` takes."""
-
-    def num(key: str) -> object:
-        value = row.get(key)
-        return int(value) if isinstance(value, float) and value.is_integer() and key in _COUNTS else value
-
-    return {
-        "terminal_divergence": {
-            "explorer_runs": num("explorer_runs"),
-            "interleavings": num("interleavings"),
-            "divergent": num("divergent"),
-            "last_run_at": row.get("last_run_at"),
-        },
-        "duplicate_operations": {
-            "operations": num("operations"),
-            "operations_with_second_server_task": num("operations_with_second_server_task"),
-            "resubmitted_after_proof_of_absence": num("resubmitted"),
-        },
-        "poll_amplification": {
-            "requests": num("requests"),
-            "busiest_1s_window": num("busiest_1s_window"),
-            "configured_qps": _float(row.get("configured_qps")),
-        },
-        "cancel_confirmation": {
-            "confirmed": num("confirmed"),
-            "p99_s": row.get("p99_s"),
-            "max_s": row.get("max_s"),
-            "pending": num("pending"),
-            "oldest_pending_s": row.get("oldest_pending_s"),
-        },
-        "unknown_reconciliation": {
-            "operations": num("operations"),
-            "entries": num("entries"),
-            "open": num("open"),
-            "oldest_open_s": row.get("oldest_open_s"),
-            "p99_age_s": row.get("p99_age_s"),
-            "slowest_resolution_s": row.get("slowest_resolution_s"),
-        },
-        "traceability": {"outbox_rows": num("outbox_rows"), "untraceable": num("untraceable")},
-    }
-
-
-_COUNTS: Final = frozenset(
-    {
-        "explorer_runs",
-        "interleavings",
-        "divergent",
-        "operations",
-        "operations_with_second_server_task",
-        "resubmitted",
-        "requests",
-        "busiest_1s_window",
-        "confirmed",
-        "pending",
-        "entries",
-        "open",
-        "outbox_rows",
-        "untraceable",
-    }
-)
 
 
 def parse_rollout_status(raw: Json) -> RolloutStatus:

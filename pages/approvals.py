@@ -6,9 +6,10 @@ import json
 
 import streamlit as st
 
+from app import console_insights
 from engine.insights import ConsoleError, Insights
 
-insights: Insights = st.session_state["app_insights"]
+insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
 st.title("Approvals")
 st.caption(

@@ -7,9 +7,10 @@ from datetime import timedelta
 import plotly.graph_objects as go
 import streamlit as st
 
+from app import console_insights
 from engine.insights import ARMS, CANCEL_SLO_S, PROTOCOLS, Insights
 
-insights: Insights = st.session_state["app_insights"]
+insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 WINDOWS = {
     "last hour": timedelta(hours=1),
     "last 24 hours": timedelta(days=1),
@@ -35,6 +36,10 @@ def live() -> None:
     since = until - WINDOWS[state["cancel_latency_window"]]
     protocols = state["cancel_latency_protocols"]
     arms = state["cancel_latency_arms"]
+    # The three reads are independent: the table and the slowest list are read while the chart is drawn.
+    filters = {"since": since, "until": until, "protocols": protocols, "arms": arms}
+    summary_soon = insights.soon(insights.cancel_latency_summary, **filters)
+    slowest_soon = insights.soon(insights.slowest_cancels, **filters)
     series = insights.cancel_latency_over_time(
         since=since,
         until=until,
@@ -65,12 +70,12 @@ def live() -> None:
         st.code(insights.last_sql.get("cancel_latency_over_time", ""), language="sql")
 
     st.subheader("Per protocol and arm")
-    summary = insights.cancel_latency_summary(since=since, until=until, protocols=protocols, arms=arms)
+    summary = summary_soon.result()
     st.dataframe(summary, hide_index=True, key="cancel_latency_summary")
 
     st.subheader("Slowest operations")
     st.caption("Select a row to see its timeline.")
-    slowest = insights.slowest_cancels(since=since, until=until, protocols=protocols, arms=arms)
+    slowest = slowest_soon.result()
     picked = st.dataframe(
         slowest,
         hide_index=True,

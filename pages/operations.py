@@ -7,9 +7,10 @@ from datetime import UTC, datetime, time, timedelta
 import plotly.express as px
 import streamlit as st
 
+from app import console_insights
 from engine.insights import ARMS, STATES, Insights
 
-insights: Insights = st.session_state["app_insights"]
+insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 RANGES = {
     "last 15 minutes": timedelta(minutes=15),
     "last hour": timedelta(hours=1),

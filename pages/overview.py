@@ -7,15 +7,21 @@ import json
 import plotly.express as px
 import streamlit as st
 
+from app import console_insights
 from engine.insights import CANCEL_SLO_S, UNKNOWN_SLO_S, ConsoleError, Insights
 
-insights: Insights = st.session_state["app_insights"]
+insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
 st.title("Overview")
 
 
 @st.fragment(run_every=st.session_state["app_refresh_s"])
 def live() -> None:
+    # The gate inputs scan the whole ledger: start them (and the other independent reads) first,
+    # draw what is ready, and wait for each only where it is shown.
+    gates_soon = insights.soon(insights.gates)
+    alerts_soon = insights.soon(insights.alerts)
+    flight_soon = insights.soon(insights.in_flight)
     left, right = st.columns([1, 2])
     with left:
         st.subheader("Rollout")
@@ -37,7 +43,7 @@ def live() -> None:
         st.dataframe(arms, hide_index=True, key="overview_arms")
     with right:
         st.subheader("Gates")
-        gates = insights.gates()
+        gates = gates_soon.result()
         passed = sum(r.passed for r in gates.results)
         st.caption(
             f"{passed} of {len(gates.results)} pass · evaluated {gates.evaluated_at:%Y-%m-%d %H:%M:%S} UTC"
@@ -56,7 +62,7 @@ def live() -> None:
         st.dataframe(rows, hide_index=True, key="overview_gates")
 
     st.subheader("Alerts")
-    alerts = insights.alerts()
+    alerts = alerts_soon.result()
     found = False
     if alerts.get("unknown_over_slo"):
         found = True
@@ -83,7 +89,7 @@ def live() -> None:
         st.success("No alerts")
 
     st.subheader("In flight")
-    flight = insights.in_flight()
+    flight = flight_soon.result()
     if flight.empty:
         st.caption("Nothing in flight.")
     else:

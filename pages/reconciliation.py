@@ -5,9 +5,10 @@ from __future__ import annotations
 import plotly.express as px
 import streamlit as st
 
+from app import console_insights
 from engine.insights import UNKNOWN_SLO_S, ConsoleError, Insights
 
-insights: Insights = st.session_state["app_insights"]
+insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
 st.title("UNKNOWN and reconciliation")
 st.caption(

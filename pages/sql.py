@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app import console_insights
 from engine.insights import SQL_EXAMPLES, ConsoleError, Insights, frame_to_csv, frame_to_parquet
 
-insights: Insights = st.session_state["app_insights"]
+insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
 st.title("SQL")
 st.caption(

@@ -29,11 +29,11 @@ def console(seeded_ledger: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[s
     monkeypatch.setenv("FINALITY_ACTOR", "tester")
 
     def open_page(page: str) -> AppTest:
+        """The page opened first, as by its URL (each page's URL path is its file's name)."""
         at = AppTest.from_file(str(APP), default_timeout=30)
-        at.run()
         if page != "pages/overview.py":
             at.switch_page(page)
-            at.run()
+        at.run()
         assert not at.exception, [e.value for e in at.exception]
         return at
 

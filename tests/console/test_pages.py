@@ -84,7 +84,7 @@ def test_reconciliation_shows_ages_against_15_minutes_and_refuses_writes_without
 
 def test_gate_compliance_shows_history_coverage_and_a_what_if(console: Open) -> None:
     """Explorer coverage reads 'N of N interleavings, 0 divergent'; loosened thresholds make every gate pass."""
-    at = console("pages/gates.py")
+    at = console("pages/gate_compliance.py")
     coverage = at.metric[0].value
     assert "interleavings" in coverage
     assert coverage.endswith("0 divergent")
@@ -128,7 +128,7 @@ def test_approvals_lists_rounds_and_binds_an_answer_to_its_round(console: Open) 
 
 def test_rollout_control_disables_promote_while_gates_fail(console: Open) -> None:
     """Without a service the page says so, shows failing gates, and every action is disabled."""
-    at = console("pages/rollout.py")
+    at = console("pages/rollout_control.py")
     assert "No rollout status" in texts(at)
     assert any("Promotion is disabled while gates fail" in e.value for e in at.error)
     assert at.button(key="rollout_promote").disabled
@@ -148,7 +148,7 @@ def test_sql_runs_examples_and_refuses_writes(console: Open) -> None:
 
 def test_evidence_page_offers_the_bundle_and_shows_the_sql_behind_charts(console: Open) -> None:
     """The bundle is a download; every page's queries are listed with their SQL."""
-    at = console("pages/evidence.py")
+    at = console("pages/evidence_bundle.py")
     assert len(at.get("download_button")) == 1
     sql = "\n".join(c.value for c in at.code)
     assert "FROM reconciliation" in sql

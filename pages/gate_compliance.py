@@ -5,12 +5,16 @@ from __future__ import annotations
 import plotly.express as px
 import streamlit as st
 
+from app import console_insights
 from engine.insights import Insights
 from rollout.gates import Thresholds
 
-insights: Insights = st.session_state["app_insights"]
+insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
 st.title("Gate compliance")
+# One read of the raw inputs per render (a whole-ledger scan), started first so the coverage and
+# history below are drawn meanwhile; the what-if re-evaluates those same inputs.
+gates_soon = insights.soon(insights.gates)
 
 
 @st.fragment(run_every=st.session_state["app_refresh_s"])
@@ -73,8 +77,8 @@ what_if = Thresholds(
     unknown_max_age_s=float(state["gates_unknown_min"]) * 60,
     min_traceable_share=float(state["gates_traceable"]),
 )
-now_view = insights.gates()
-if_view = insights.gates(what_if)
+now_view = gates_soon.result()
+if_view = now_view.with_thresholds(what_if)
 compare = now_view.frame()[["gate", "passed", "value", "threshold"]].rename(
     columns={"passed": "passes now", "threshold": "threshold now"}
 )

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app import console_insights
 from engine.insights import PROTOCOLS, ConsoleError, Insights
 
-insights: Insights = st.session_state["app_insights"]
+insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
 st.title("Rollout control")
 
@@ -50,6 +51,8 @@ if message is not None:
 
 @st.fragment(run_every=st.session_state["app_refresh_s"])
 def live() -> None:
+    gates_soon = insights.soon(insights.gates)  # a whole-ledger scan: overlap it with the rest
+    audit_soon = insights.soon(insights.audit_log)
     try:
         status = insights.rollout_status()
     except ConsoleError as exc:
@@ -80,12 +83,12 @@ def live() -> None:
                 hide_index=True,
                 key="rollout_disabled",
             )
-    gates = insights.gates()
+    gates = gates_soon.result()
     st.session_state["rollout_gates_pass"] = gates.passed
     st.session_state["rollout_failing"] = [f"{g.gate}: {g.verdict}" for g in gates.failing()]
 
     st.subheader("Audit log")
-    log = insights.audit_log()
+    log = audit_soon.result()
     if log is None:
         st.caption("This ledger has no rollout audit log yet.")
     else:
