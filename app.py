@@ -135,5 +135,9 @@ def main() -> None:
         st.session_state[_RUNNING] = False
 
 
-if __name__ == "__main__":  # streamlit runs this file as __main__; pages import it as ``app``
-    main()
+if __name__ == "__main__":
+    # Streamlit runs this file as __main__, and a page opened first imports it as ``app``: run the
+    # imported module's main either way, so the cached Insights is one per process, not one per name.
+    import app
+
+    app.main()

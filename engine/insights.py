@@ -209,7 +209,7 @@ ORDER BY arm""",
             f"""
 SELECT s.state, i.protocol, count(*) AS operations,
        min(i.created_at) AS oldest_created_at
-FROM {_OPS}
+FROM op_state s JOIN op_identity i USING (operation_id)
 WHERE s.state NOT IN {TERMINAL_SQL}
 GROUP BY ALL ORDER BY s.state, i.protocol""",
             times=("oldest_created_at",),
@@ -375,9 +375,9 @@ ORDER BY i.created_at DESC, s.operation_id""",
         NamedQuery(
             "operations_by_state",
             "Operations (filtered) per state",
-            f"""
-SELECT s.state, count(*) AS operations FROM {_OPS}
-WHERE {{where}} GROUP BY ALL ORDER BY operations DESC""",
+            """
+SELECT s.state, count(*) AS operations FROM {source}
+WHERE {where} GROUP BY ALL ORDER BY operations DESC""",
         ),
         NamedQuery(
             "operation",
@@ -1010,9 +1010,12 @@ class Insights:
     ) -> pd.DataFrame:
         arm, join = self._arm()
         where = _op_filter(arm, states, protocols, tools, arms, since, until)
+        picking_join = join if arms else ""  # the arm is joined to the picked rows only, unless filtered on
         # Pick the newest ids first and join the rest to those only: a top-N over a million-row
         # join is what makes this slow, not the filters.
-        candidates = f"op_identity i {join}" + (" JOIN op_state s USING (operation_id)" if states else "")
+        candidates = f"op_identity i {picking_join}" + (
+            " JOIN op_state s USING (operation_id)" if states else ""
+        )
         return self._named("operations", where=_Raw(where), candidates=_Raw(candidates), limit=_limit(limit))
 
     def operations_by_state(
@@ -1025,8 +1028,12 @@ class Insights:
         since: datetime | None = None,
         until: datetime | None = None,
     ) -> pd.DataFrame:
-        where = _op_filter(self._arm()[0], states, protocols, tools, arms, since, until)
-        return self._named("operations_by_state", where=_Raw(where))
+        arm, join = self._arm() if arms else ("", "")
+        where = _op_filter(arm, states, protocols, tools, arms, since, until)
+        # Join only what the filter reads: op_state alone answers "per state" for everything.
+        needs_identity = bool(protocols or tools or arms or since or until)
+        source = "op_state s" + (f" JOIN op_identity i USING (operation_id) {join}" if needs_identity else "")
+        return self._named("operations_by_state", where=_Raw(where), source=_Raw(source))
 
     def operation(self, key: str) -> dict[str, object] | None:
         """One operation by call node id or operation id (None if there is none)."""

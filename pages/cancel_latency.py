@@ -29,6 +29,22 @@ c4.multiselect("Protocols", PROTOCOLS, default=list(PROTOCOLS), key="cancel_late
 c5.multiselect("Arms", ARMS, default=list(ARMS), key="cancel_latency_arms")
 
 
+def _line(*, y: float) -> dict[str, object]:
+    return {"type": "line", "xref": "paper", "x0": 0, "x1": 1, "y0": y, "y1": y, "line": {"color": "red"}}
+
+
+def _label(text: str, *, y: float) -> dict[str, object]:
+    return {
+        "xref": "paper",
+        "x": 1,
+        "xanchor": "right",
+        "y": y,
+        "yanchor": "bottom",
+        "text": text,
+        "showarrow": False,
+    }
+
+
 @st.fragment(run_every=st.session_state["app_refresh_s"])
 def live() -> None:
     state = st.session_state
@@ -63,8 +79,14 @@ def live() -> None:
                         line={"dash": dash},
                     )
                 )
-        fig.add_hline(y=CANCEL_SLO_S, line_color="red", annotation_text=f"{CANCEL_SLO_S:.0f} s gate")
-        fig.update_layout(height=380, yaxis_title="seconds", margin={"t": 20, "b": 10})
+        # The gate's line as a plain layout shape (add_hline costs more than the whole chart).
+        fig.update_layout(
+            height=380,
+            yaxis_title="seconds",
+            margin={"t": 20, "b": 10},
+            shapes=[_line(y=CANCEL_SLO_S)],
+            annotations=[_label(f"{CANCEL_SLO_S:.0f} s gate", y=CANCEL_SLO_S)],
+        )
         st.plotly_chart(fig, key="cancel_latency_chart")
     with st.expander("The SQL behind this chart"):
         st.code(insights.last_sql.get("cancel_latency_over_time", ""), language="sql")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import plotly.express as px
+import plotly.graph_objects as go
 import streamlit as st
 
 from app import console_insights
@@ -41,17 +41,27 @@ def live() -> None:
     if history.empty:
         st.info("No gate run recorded yet (`finality gates --ledger`, or POST /api/v1/gates).")
     else:
-        history["pass"] = history["passed"].astype(int)
-        fig = px.scatter(
-            history,
-            x="evaluated_at",
-            y="gate",
-            color=history["passed"].map({True: "pass", False: "fail"}),
-            color_discrete_map={"pass": "green", "fail": "red"},
+        fig = go.Figure(
+            [
+                go.Scatter(
+                    x=part["evaluated_at"],
+                    y=part["gate"],
+                    mode="markers",
+                    name=label,
+                    marker={"color": color},
+                    customdata=part[["verdict"]].astype(str).to_numpy(),
+                    hovertemplate="%{x}<br>%{y}<br>%{customdata[0]}",
+                )
+                for label, color, part in (
+                    ("pass", "green", history[history["passed"].astype(bool)]),
+                    ("fail", "red", history[~history["passed"].astype(bool)]),
+                )
+                if not part.empty
+            ],
+            layout={"height": 300},
         )
-        fig.update_layout(height=300, legend_title_text="")
         st.plotly_chart(fig, key="gates_history_chart")
-        st.dataframe(history.drop(columns=["pass"]).tail(60), hide_index=True, key="gates_history")
+        st.dataframe(history.tail(60), hide_index=True, key="gates_history")
 
 
 live()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, time, timedelta
 
-import plotly.express as px
+import plotly.graph_objects as go
 import streamlit as st
 
 from app import console_insights
@@ -58,14 +58,17 @@ def live() -> None:
         "since": since,
         "until": until,
     }
+    listing_soon = insights.soon(insights.operations, **filters, limit=200)  # read while the counts are drawn
     counts = insights.operations_by_state(**filters)
     total = int(counts["operations"].sum()) if not counts.empty else 0
     st.caption(f"{total:,} operations match; the newest 200 are listed. Select one to see its timeline.")
     if not counts.empty:
-        fig = px.bar(counts, x="state", y="operations")
-        fig.update_layout(height=220, margin={"t": 10, "b": 10})
+        fig = go.Figure(
+            go.Bar(x=counts["state"], y=counts["operations"]),
+            layout={"height": 220, "margin": {"t": 10, "b": 10}, "yaxis_title": "operations"},
+        )
         st.plotly_chart(fig, key="operations_counts")
-    listing = insights.operations(**filters, limit=200)
+    listing = listing_soon.result()
     picked = st.dataframe(
         listing, hide_index=True, on_select="rerun", selection_mode="single-row", key="operations_table"
     )
@@ -95,8 +98,20 @@ if key.strip():
         m5.metric("Cancel generation", str(op["cancel_generation"]))
         timeline = insights.timeline(key)
         if not timeline.empty:
-            fig = px.scatter(timeline, x="occurred_at", y="kind", color="what", hover_data=["detail", "note"])
-            fig.update_layout(height=260, margin={"t": 10, "b": 10})
+            fig = go.Figure(
+                [
+                    go.Scatter(
+                        x=part["occurred_at"],
+                        y=part["kind"],
+                        mode="markers",
+                        name=str(what),
+                        customdata=part[["detail", "note"]].astype(str).to_numpy(),
+                        hovertemplate="%{x}<br>%{customdata[0]}<br>%{customdata[1]}",
+                    )
+                    for what, part in timeline.groupby("what", sort=False)
+                ],
+                layout={"height": 260, "margin": {"t": 10, "b": 10}},
+            )
             st.plotly_chart(fig, key="operations_timeline_chart")
         st.dataframe(timeline, hide_index=True, key="operations_timeline")
         with st.expander("The toolOperation.v1 record"):
