@@ -73,6 +73,8 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
         await asyncio.sleep(0.5)
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
+    store = executor._store
+    flushes, ticks = store.flushes, executor.stats["ticks"]
     await executor.aclose()
     runner.cancel()
     polls = ledger.polls()
@@ -110,6 +112,8 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
         if len(cancel_latencies) > 1
         else None,
         "busiest_window": busiest_window(sent, timedelta(seconds=1)),
+        "flushes": flushes,
+        "ticks": ticks,
         "qps_cap": args.qps,
     }
 

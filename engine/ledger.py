@@ -604,6 +604,39 @@ class BatchOutcome:
     error: LedgerError | None
 
 
+@dataclass(frozen=True)
+class WriteGroup:
+    """What one group commit writes: see ``Ledger.commit_group``."""
+
+    transitions: Sequence[Transition] = ()
+    acceptances: Sequence[tuple[Transition, Json | None]] = ()
+    polls: Sequence[PollRecord] = ()
+    held: Sequence[tuple[str, HeldOutcome]] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.transitions or self.acceptances or self.polls or self.held)
+
+    @property
+    def size(self) -> int:
+        return len(self.transitions) + len(self.acceptances) + len(self.polls) + len(self.held)
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    """Per-item results of a group commit, in the order given."""
+
+    transitions: list[BatchOutcome]
+    acceptances: list[BatchOutcome]
+
+
+def _refuse_receipt_state(t: Transition) -> None:
+    if any(isinstance(e, AcceptTerminal) for e in t.effects) or (
+        t.after.state in RECEIPT_STATES and t.before.state not in RECEIPT_STATES
+    ):
+        raise LedgerError("a transition to a receipt state goes through accept_terminal, never apply")
+
+
 # --------------------------------------------------------------------------------- conversions
 
 
@@ -1091,10 +1124,7 @@ class Ledger:
         (``accepted=False``) are only appended to the log.
         """
         for t in transitions:
-            if any(isinstance(e, AcceptTerminal) for e in t.effects) or (
-                t.after.state in RECEIPT_STATES and t.before.state not in RECEIPT_STATES
-            ):
-                raise LedgerError("a transition to a receipt state goes through accept_terminal, never apply")
+            _refuse_receipt_state(t)
         if not transitions:
             return []
         try:
@@ -1156,6 +1186,12 @@ class Ledger:
         return BatchOutcome(after, None)
 
     def _apply_batch(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
+        with self._tx() as tx:
+            return self._apply_batch_in(tx, transitions)
+
+    def _apply_batch_in(
+        self, tx: duckdb.DuckDBPyConnection, transitions: Sequence[Transition]
+    ) -> list[BatchOutcome]:
         # Collapse chains: per operation, the first 'before' is what the ledger must hold, the
         # last 'after' is what it will hold.
         first: dict[str, Transition] = {}
@@ -1190,63 +1226,62 @@ class Ledger:
             if t.after.task_id is not None and t.after.task_id != before_task:
                 bindings.append((t.after.server, t.after.task_id, k, t.at))
         new_state = _columns(state_rows, _STATE_SCHEMA)
-        with self._tx() as tx:
-            stale_ids: set[str] = set()
-            if unchanged:
-                # Log-only transitions are checked too: they must describe the row as it is.
-                tx.register("log_only", _columns(unchanged, _EXPECT_SCHEMA))
-                try:
-                    stale_ids |= {
-                        str(r[0])
-                        for r in tx.execute(
-                            "SELECT e.operation_id FROM log_only e LEFT JOIN op_state s USING (operation_id) "
-                            "WHERE s.operation_id IS NULL OR s.row_version <> e.expected_version "
-                            "OR s.cancel_generation <> e.expected_cancel_generation"
-                        ).fetchall()
-                    }
-                finally:
-                    tx.unregister("log_only")
-            if state_rows:
-                tx.register("new_state", new_state)
-                try:
-                    stale = tx.execute(
-                        "SELECT n.operation_id, s.row_version FROM new_state n LEFT JOIN op_state s "
-                        "ON s.operation_id = n.operation_id "
-                        "WHERE s.operation_id IS NULL OR s.row_version <> n.expected_version "
-                        "OR s.cancel_generation <> n.expected_cancel_generation"
+        stale_ids: set[str] = set()
+        if unchanged:
+            # Log-only transitions are checked too: they must describe the row as it is.
+            tx.register("log_only", _columns(unchanged, _EXPECT_SCHEMA))
+            try:
+                stale_ids |= {
+                    str(r[0])
+                    for r in tx.execute(
+                        "SELECT e.operation_id FROM log_only e LEFT JOIN op_state s USING (operation_id) "
+                        "WHERE s.operation_id IS NULL OR s.row_version <> e.expected_version "
+                        "OR s.cancel_generation <> e.expected_cancel_generation"
                     ).fetchall()
-                    changed_stale = {str(r[0]) for r in stale}
-                    stale_ids |= changed_stale
-                    assignments = ", ".join(f"{c} = n.{c}" for c in _STATE_COLUMNS[1:])
-                    updated = tx.execute(
-                        f"UPDATE op_state SET {assignments} FROM new_state n "
-                        "WHERE op_state.operation_id = n.operation_id AND op_state.row_version = n.expected_version "
-                        "AND op_state.cancel_generation = n.expected_cancel_generation"
-                    ).fetchone()
-                finally:
-                    tx.unregister("new_state")
-                expected = len(state_rows) - len(changed_stale)
-                if updated is None or int(updated[0]) != expected:
-                    raise duckdb.TransactionException("concurrent writer moved rows during group commit")
-            fresh = [b for b in bindings if b[2] not in stale_ids]
-            if fresh:
-                tx.register("new_bindings", _columns(fresh, _BINDING_SCHEMA))
-                try:
-                    tx.execute("INSERT INTO task_bindings SELECT * FROM new_bindings")
-                finally:
-                    tx.unregister("new_bindings")
-            log_rows = [
-                _transition_row(t)
-                for i, t in enumerate(transitions)
-                if i not in chain_errors and t.after.operation_id not in stale_ids
-            ]
-            if log_rows:
-                log = _columns(log_rows, _TRANSITION_SCHEMA)
-                tx.register("new_log", log)
-                try:
-                    tx.execute("INSERT INTO transitions SELECT nextval('transition_seq'), * FROM new_log")
-                finally:
-                    tx.unregister("new_log")
+                }
+            finally:
+                tx.unregister("log_only")
+        if state_rows:
+            tx.register("new_state", new_state)
+            try:
+                stale = tx.execute(
+                    "SELECT n.operation_id, s.row_version FROM new_state n LEFT JOIN op_state s "
+                    "ON s.operation_id = n.operation_id "
+                    "WHERE s.operation_id IS NULL OR s.row_version <> n.expected_version "
+                    "OR s.cancel_generation <> n.expected_cancel_generation"
+                ).fetchall()
+                changed_stale = {str(r[0]) for r in stale}
+                stale_ids |= changed_stale
+                assignments = ", ".join(f"{c} = n.{c}" for c in _STATE_COLUMNS[1:])
+                updated = tx.execute(
+                    f"UPDATE op_state SET {assignments} FROM new_state n "
+                    "WHERE op_state.operation_id = n.operation_id AND op_state.row_version = n.expected_version "
+                    "AND op_state.cancel_generation = n.expected_cancel_generation"
+                ).fetchone()
+            finally:
+                tx.unregister("new_state")
+            expected = len(state_rows) - len(changed_stale)
+            if updated is None or int(updated[0]) != expected:
+                raise duckdb.TransactionException("concurrent writer moved rows during group commit")
+        fresh = [b for b in bindings if b[2] not in stale_ids]
+        if fresh:
+            tx.register("new_bindings", _columns(fresh, _BINDING_SCHEMA))
+            try:
+                tx.execute("INSERT INTO task_bindings SELECT * FROM new_bindings")
+            finally:
+                tx.unregister("new_bindings")
+        log_rows = [
+            _transition_row(t)
+            for i, t in enumerate(transitions)
+            if i not in chain_errors and t.after.operation_id not in stale_ids
+        ]
+        if log_rows:
+            log = _columns(log_rows, _TRANSITION_SCHEMA)
+            tx.register("new_log", log)
+            try:
+                tx.execute("INSERT INTO transitions SELECT nextval('transition_seq'), * FROM new_log")
+            finally:
+                tx.unregister("new_log")
         out: list[BatchOutcome] = []
         for i, t in enumerate(transitions):
             if i in chain_errors:
@@ -1376,6 +1411,12 @@ class Ledger:
         return out
 
     def _accept_batch(self, items: Sequence[tuple[Transition, Json | None]]) -> list[BatchOutcome]:
+        with self._tx() as tx:
+            return self._accept_batch_in(tx, items)
+
+    def _accept_batch_in(
+        self, tx: duckdb.DuckDBPyConnection, items: Sequence[tuple[Transition, Json | None]]
+    ) -> list[BatchOutcome]:
         errors: dict[int, LedgerError] = {}
         ids = [t.after.operation_id for t, _ in items]
         seen: set[str] = set()
@@ -1384,118 +1425,148 @@ class Ledger:
                 # An operation reaches one receipt state once; a second acceptance is stale.
                 errors[i] = StaleWrite(op_id, items[i][0].before.row_version, "accepted twice in one batch")
             seen.add(op_id)
-        with self._tx() as tx:
-            tx.register("wanted_ops", pa.table({"operation_id": pa.array(sorted(seen), pa.string())}))
+        tx.register("wanted_ops", pa.table({"operation_id": pa.array(sorted(seen), pa.string())}))
+        try:
+            cur = tx.execute(
+                f"{_OPERATION_SELECT} WHERE operation_id IN (SELECT operation_id FROM wanted_ops)"
+            )
+            cols = [d[0] for d in cur.description or ()]
+            current = {
+                op.operation_id: op
+                for op in (operation_from_record(dict(zip(cols, r, strict=True))) for r in cur.fetchall())
+            }
+        finally:
+            tx.unregister("wanted_ops")
+        states: list[list[object]] = []
+        log: list[list[object]] = []
+        receipts: list[list[object]] = []
+        results: list[list[object]] = []
+        outbox: list[list[object]] = []
+        for i, (t, payload) in enumerate(items):
+            if i in errors:
+                continue
+            now = current.get(t.after.operation_id)
             try:
-                cur = tx.execute(
-                    f"{_OPERATION_SELECT} WHERE operation_id IN (SELECT operation_id FROM wanted_ops)"
-                )
-                cols = [d[0] for d in cur.description or ()]
-                current = {
-                    op.operation_id: op
-                    for op in (operation_from_record(dict(zip(cols, r, strict=True))) for r in cur.fetchall())
-                }
-            finally:
-                tx.unregister("wanted_ops")
-            states: list[list[object]] = []
-            log: list[list[object]] = []
-            receipts: list[list[object]] = []
-            results: list[list[object]] = []
-            outbox: list[list[object]] = []
-            for i, (t, payload) in enumerate(items):
-                if i in errors:
-                    continue
-                now = current.get(t.after.operation_id)
-                try:
-                    receipt = check_acceptance(now, t, payload)
-                except (StaleWrite, ReceiptConflict) as refusal:
-                    errors[i] = refusal
-                    continue
-                assert now is not None
-                states.append(_state_row(t.after, now.row_version, now.cancel_generation))
-                log.append(_transition_row(t))
-                receipts.append(
+                receipt = check_acceptance(now, t, payload)
+            except (StaleWrite, ReceiptConflict) as refusal:
+                errors[i] = refusal
+                continue
+            assert now is not None
+            states.append(_state_row(t.after, now.row_version, now.cancel_generation))
+            log.append(_transition_row(t))
+            receipts.append(
+                [
+                    receipt.call_node_id,
+                    receipt.operation_id,
+                    receipt.request_digest,
+                    receipt.task_id,
+                    receipt.tool_version,
+                    receipt.epoch,
+                    receipt.cancel_generation,
+                    receipt.status.value,
+                    receipt.result_digest,
+                    receipt.cancel_evidence,
+                    now.role.value,
+                    receipt.accepted_at,
+                ]
+            )
+            body = canonical_json(payload) if payload is not None else None
+            accepted = t.after.state is LocalState.ACCEPTED
+            if body is not None and accepted:
+                results.append(
                     [
-                        receipt.call_node_id,
-                        receipt.operation_id,
-                        receipt.request_digest,
-                        receipt.task_id,
-                        receipt.tool_version,
-                        receipt.epoch,
-                        receipt.cancel_generation,
-                        receipt.status.value,
+                        now.operation_id,
                         receipt.result_digest,
-                        receipt.cancel_evidence,
-                        now.role.value,
+                        receipt.status.value,
+                        body,
                         receipt.accepted_at,
                     ]
                 )
-                body = canonical_json(payload) if payload is not None else None
-                accepted = t.after.state is LocalState.ACCEPTED
-                if body is not None and accepted:
-                    results.append(
-                        [
-                            now.operation_id,
-                            receipt.result_digest,
-                            receipt.status.value,
-                            body,
-                            receipt.accepted_at,
-                        ]
-                    )
-                if now.role is Role.PRIMARY:
-                    outbox.append(
-                        [
-                            receipt.call_node_id,
-                            receipt.operation_id,
-                            "ready",
-                            receipt.status.value,
-                            receipt.result_digest,
-                            body if accepted else None,
-                            receipt.accepted_at,
-                        ]
-                    )
-            if states:
-                assignments = ", ".join(f"{c} = n.{c}" for c in _STATE_COLUMNS[1:])
-                tx.register("new_state", _columns(states, _STATE_SCHEMA))
+            if now.role is Role.PRIMARY:
+                outbox.append(
+                    [
+                        receipt.call_node_id,
+                        receipt.operation_id,
+                        "ready",
+                        receipt.status.value,
+                        receipt.result_digest,
+                        body if accepted else None,
+                        receipt.accepted_at,
+                    ]
+                )
+        if states:
+            assignments = ", ".join(f"{c} = n.{c}" for c in _STATE_COLUMNS[1:])
+            tx.register("new_state", _columns(states, _STATE_SCHEMA))
+            try:
+                updated = tx.execute(
+                    f"UPDATE op_state SET {assignments} FROM new_state n "
+                    "WHERE op_state.operation_id = n.operation_id AND op_state.row_version = n.expected_version "
+                    "AND op_state.cancel_generation = n.expected_cancel_generation"
+                ).fetchone()
+            finally:
+                tx.unregister("new_state")
+            if updated is None or int(updated[0]) != len(states):
+                raise duckdb.TransactionException("concurrent writer moved rows during batched acceptance")
+            for name, rows, schema, sql in (
+                (
+                    "new_log",
+                    log,
+                    _TRANSITION_SCHEMA,
+                    "INSERT INTO transitions SELECT nextval('transition_seq'), * FROM new_log",
+                ),
+                (
+                    "new_receipts",
+                    receipts,
+                    _RECEIPT_SCHEMA,
+                    "INSERT INTO receipts SELECT * FROM new_receipts",
+                ),
+                ("new_results", results, _RESULT_SCHEMA, "INSERT INTO results SELECT * FROM new_results"),
+                ("new_outbox", outbox, _OUTBOX_SCHEMA, "INSERT INTO outbox SELECT * FROM new_outbox"),
+            ):
+                if not rows:
+                    continue
+                tx.register(name, _columns(rows, schema))
                 try:
-                    updated = tx.execute(
-                        f"UPDATE op_state SET {assignments} FROM new_state n "
-                        "WHERE op_state.operation_id = n.operation_id AND op_state.row_version = n.expected_version "
-                        "AND op_state.cancel_generation = n.expected_cancel_generation"
-                    ).fetchone()
+                    tx.execute(sql)
                 finally:
-                    tx.unregister("new_state")
-                if updated is None or int(updated[0]) != len(states):
-                    raise duckdb.TransactionException(
-                        "concurrent writer moved rows during batched acceptance"
-                    )
-                for name, rows, schema, sql in (
-                    (
-                        "new_log",
-                        log,
-                        _TRANSITION_SCHEMA,
-                        "INSERT INTO transitions SELECT nextval('transition_seq'), * FROM new_log",
-                    ),
-                    (
-                        "new_receipts",
-                        receipts,
-                        _RECEIPT_SCHEMA,
-                        "INSERT INTO receipts SELECT * FROM new_receipts",
-                    ),
-                    ("new_results", results, _RESULT_SCHEMA, "INSERT INTO results SELECT * FROM new_results"),
-                    ("new_outbox", outbox, _OUTBOX_SCHEMA, "INSERT INTO outbox SELECT * FROM new_outbox"),
-                ):
-                    if not rows:
-                        continue
-                    tx.register(name, _columns(rows, schema))
-                    try:
-                        tx.execute(sql)
-                    finally:
-                        tx.unregister(name)
+                    tx.unregister(name)
         return [
             BatchOutcome(None, errors[i]) if i in errors else BatchOutcome(t.after, None)
             for i, (t, _) in enumerate(items)
         ]
+
+    def commit_group(self, group: WriteGroup) -> GroupOutcome:
+        """Everything a service tick buffered, in ONE transaction (one durable commit).
+
+        In order: held outcomes, transitions (each compare-and-swapped, as ``apply_many``),
+        acceptances (each matched, as ``accept_many``, against the rows the transitions leave
+        behind), then the protocol requests. A refused item is reported and writes nothing; the
+        rest commit. If a uniqueness constraint fires, the group is retried piece by piece so
+        that only the offender is refused.
+        """
+        for t in group.transitions:
+            _refuse_receipt_state(t)
+        for t, _ in group.acceptances:
+            receipt_of(t)
+        if group.empty:
+            return GroupOutcome([], [])
+        try:
+            with self._tx() as tx:
+                if group.held:
+                    self._insert_held(tx, group.held)
+                applied = self._apply_batch_in(tx, group.transitions) if group.transitions else []
+                accepted = self._accept_batch_in(tx, group.acceptances) if group.acceptances else []
+                if group.polls:
+                    self._insert_polls(tx, group.polls)
+            return GroupOutcome(applied, accepted)
+        except duckdb.Error as exc:
+            if not _is_constraint_error(exc):
+                raise
+        self.hold_many(group.held)
+        applied = self.apply_many(group.transitions)
+        accepted = self.accept_many(group.acceptances)
+        self.record_polls(group.polls)
+        return GroupOutcome(applied, accepted)
 
     def attach_audit_result(self, op: Operation, kind: str, payload: Json | None, at: datetime) -> None:
         """Attach something read after the terminal (e.g. a result read after cancel) to the audit trail.
@@ -1521,13 +1592,16 @@ class Ledger:
         """Append protocol requests to the polls table (group-committed by the caller)."""
         if not rows:
             return
-        table = _columns([list(r) for r in rows], _POLL_SCHEMA)
         with self._tx() as tx:
-            tx.register("new_polls", table)
-            try:
-                tx.execute("INSERT INTO polls SELECT * FROM new_polls")
-            finally:
-                tx.unregister("new_polls")
+            self._insert_polls(tx, rows)
+
+    @staticmethod
+    def _insert_polls(tx: duckdb.DuckDBPyConnection, rows: Sequence[PollRecord]) -> None:
+        tx.register("new_polls", _columns([list(r) for r in rows], _POLL_SCHEMA))
+        try:
+            tx.execute("INSERT INTO polls SELECT * FROM new_polls")
+        finally:
+            tx.unregister("new_polls")
 
     def open_approval(
         self,
@@ -1667,6 +1741,11 @@ class Ledger:
     def hold_many(self, items: Sequence[tuple[str, HeldOutcome]]) -> None:
         if not items:
             return
+        with self._tx() as tx:
+            self._insert_held(tx, items)
+
+    @staticmethod
+    def _insert_held(tx: duckdb.DuckDBPyConnection, items: Sequence[tuple[str, HeldOutcome]]) -> None:
         latest = {operation_id: held for operation_id, held in items}  # a later copy replaces an earlier one
         rows = [
             [
@@ -1680,12 +1759,11 @@ class Ledger:
             ]
             for operation_id, held in latest.items()
         ]
-        with self._tx() as tx:
-            tx.register("new_held", _columns(rows, _HELD_SCHEMA))
-            try:
-                tx.execute("INSERT OR REPLACE INTO held_outcomes SELECT * FROM new_held")
-            finally:
-                tx.unregister("new_held")
+        tx.register("new_held", _columns(rows, _HELD_SCHEMA))
+        try:
+            tx.execute("INSERT OR REPLACE INTO held_outcomes SELECT * FROM new_held")
+        finally:
+            tx.unregister("new_held")
 
     def held_outcome(self, operation_id: str) -> HeldOutcome | None:
         row = self._con.execute(

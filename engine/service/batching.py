@@ -15,11 +15,12 @@ Inside ``immediate()`` (person actions) it commits at once, as before.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from engine.acceptance import receipt_of
-from engine.ledger import BatchOutcome, HeldOutcome, Json, Ledger, PollRecord
+from engine.ledger import BatchOutcome, HeldOutcome, Json, Ledger, PollRecord, WriteGroup
 from engine.model import Operation, Receipt, Transition
 
 
@@ -33,22 +34,27 @@ class BatchingLedger(Ledger):
         self._polls: list[PollRecord] = []
         self._held: list[tuple[str, HeldOutcome]] = []
         self._accepts: list[tuple[Transition, Json | None]] = []
+        self._committing: dict[str, Operation] = {}
+        self._commit_lock = threading.RLock()
         self.flushed_transitions = 0
         self.flushed_acceptances = 0
+        self.flushes = 0
         self._immediate = 0
 
-    # Writes that wait for the tick's flush -------------------------------------------------
+    # Writes that wait for the tick's flush ---------------------------------------------------------
 
     @contextmanager
     def immediate(self) -> Iterator[None]:
         """Within this block writes commit at once (after everything buffered): person actions
         such as a cancel must be durable, and win or lose their compare-and-swap, right away."""
-        self.flush()
-        self._immediate += 1
-        try:
-            yield
-        finally:
-            self._immediate -= 1
+        # The lock keeps a person's write from racing a group commit running on the writer thread.
+        with self._commit_lock:
+            self.flush()
+            self._immediate += 1
+            try:
+                yield
+            finally:
+                self._immediate -= 1
 
     def apply(self, transition: Transition) -> Operation:
         if self._immediate:
@@ -67,7 +73,7 @@ class BatchingLedger(Ledger):
         self._held.append((operation_id, held))
 
     def get(self, operation_id: str) -> Operation | None:
-        pending = self._overlay.get(operation_id)
+        pending = self._overlay.get(operation_id) or self._committing.get(operation_id)
         return pending if pending is not None else super().get(operation_id)
 
     def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt:
@@ -79,28 +85,45 @@ class BatchingLedger(Ledger):
         self._overlay[transition.after.operation_id] = transition.after
         return receipt
 
-    def flush(self) -> list[tuple[Transition, BatchOutcome]]:
-        """Commit everything buffered in one transaction; return the transitions that were refused."""
-        pending, self._pending = self._pending, []
-        self._overlay.clear()
-        polls, self._polls = self._polls, []
-        held, self._held = self._held, []
-        accepts, self._accepts = self._accepts, []
-        if held:
-            super().hold_many(held)
-        refused: list[tuple[Transition, BatchOutcome]] = []
-        if pending:
-            outcomes = super().apply_many(pending)
-            self.flushed_transitions += len(pending)
-            refused = [(t, o) for t, o in zip(pending, outcomes, strict=True) if o.error is not None]
-        if accepts:
-            # After the transitions: an acceptance's expected row is the one they leave behind.
-            outcomes = super().accept_many(accepts)
-            self.flushed_acceptances += len(accepts)
-            refused += [(t, o) for (t, _), o in zip(accepts, outcomes, strict=True) if o.error is not None]
-        if polls:
-            super().record_polls(polls)
+    # Committing -----------------------------------------------------------------------------------
+
+    def take(self) -> WriteGroup:
+        """Hand over everything buffered as one group (on the loop's thread); new writes start a new one.
+
+        Until ``settle``, ``get`` still answers from the taken writes, so the loop never reads a
+        row older than what it already wrote.
+        """
+        group = WriteGroup(tuple(self._pending), tuple(self._accepts), tuple(self._polls), tuple(self._held))
+        self._committing.update(self._overlay)
+        self._overlay = {}
+        self._pending, self._accepts, self._polls, self._held = [], [], [], []
+        return group
+
+    def commit(self, group: WriteGroup) -> list[tuple[Transition, BatchOutcome]]:
+        """Commit a taken group in one transaction (callable from a writer thread); return the refusals."""
+        if group.empty:
+            return []
+        with self._commit_lock:
+            outcome = super().commit_group(group)
+        self.flushes += 1
+        self.flushed_transitions += len(group.transitions)
+        self.flushed_acceptances += len(group.acceptances)
+        refused = [(t, o) for t, o in zip(group.transitions, outcome.transitions, strict=True) if o.error]
+        refused += [
+            (t, o) for (t, _), o in zip(group.acceptances, outcome.acceptances, strict=True) if o.error
+        ]
         return refused
+
+    def settle(self) -> None:
+        """The taken group is durable (or refused and reported): reads go to the ledger again."""
+        self._committing = {}
+
+    def flush(self) -> list[tuple[Transition, BatchOutcome]]:
+        """Commit everything buffered now, on this thread; return the transitions that were refused."""
+        try:
+            return self.commit(self.take())
+        finally:
+            self.settle()
 
     @property
     def pending(self) -> int:

@@ -29,7 +29,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 import httpx
@@ -38,7 +38,7 @@ from engine.adapters import AdapterOptions, CallMode, discover, open_backend, pl
 from engine.adapters.base import Backend, Capabilities, Json
 from engine.clock import Clock
 from engine.errors import DuplicateOperation, EngineError, NegotiationError
-from engine.ledger import Ledger
+from engine.ledger import BatchOutcome, Ledger
 from engine.machine import step
 from engine.model import (
     RECEIPT_STATES,
@@ -76,9 +76,16 @@ S = LocalState
 
 MAX_RUNNING = 2000
 """Operations advancing at once; the QPS limiter spaces their requests."""
-FLUSH_BATCH = 500
-FLUSH_DELAY = timedelta(milliseconds=5)
-"""How long finished advances wait for company before their writes are committed together."""
+FLUSH_BATCH = 2000
+"""Buffered writes that trigger a group commit without waiting for ``FLUSH_DELAY``."""
+FLUSH_DELAY = timedelta(milliseconds=50)
+"""How long finished advances wait for company before their writes are committed together.
+
+A DuckDB commit costs milliseconds whatever it carries, so commits are paced, not per write;
+the delay is small against any poll interval, and person actions never wait for it."""
+
+
+_NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 class ServiceError(EngineError):
@@ -120,6 +127,7 @@ class Executor:
     )
     _running: dict[str, asyncio.Future[Wake]] = field(default_factory=dict)
     _finished: list[Wake] = field(default_factory=list)
+    _finished_since: datetime = _NEVER
     _rerun: set[str] = field(default_factory=set)
     _dirty: set[str] = field(default_factory=set)
     _stopping: bool = False
@@ -267,7 +275,7 @@ class Executor:
         return None
 
     async def run(self) -> None:
-        """Loop until ``aclose``: flush, release finished operations, run person actions, launch due ones."""
+        """Loop until ``aclose``: commit, release finished operations, run person actions, launch due ones."""
         while not self._stopping:
             await self.tick()
             await self._idle()
@@ -275,18 +283,25 @@ class Executor:
             await asyncio.wait(self._running.values(), timeout=30)
         self._flush()
 
+    def _commit_due(self) -> bool:
+        """Whether finished advances have waited long enough for company (or there is a lot to write)."""
+        if self._store.pending >= FLUSH_BATCH or self._stopping:
+            return bool(self._finished or self._store.pending)
+        return bool(self._finished) and self.clock.now() >= self._finished_since + FLUSH_DELAY
+
     async def _idle(self) -> None:
-        if self._actions or self._finished:
-            # Let a few more advances finish so that they share one commit.
-            if self._store.pending < FLUSH_BATCH and self._running:
-                await self.clock.sleep(FLUSH_DELAY)
+        if self._actions or self._commit_due():
             return
         now = self.clock.now()
         if self._heap and self._heap[0][0] <= now and len(self._running) < MAX_RUNNING:
             return
         self._wake.clear()
-        delay = (self._heap[0][0] - now) if self._heap else timedelta(seconds=1)
-        sleeper = asyncio.ensure_future(self.clock.sleep(min(delay, timedelta(seconds=1))))
+        wake_at = now + timedelta(seconds=1)
+        if self._heap:
+            wake_at = min(wake_at, self._heap[0][0])
+        if self._finished:
+            wake_at = min(wake_at, self._finished_since + FLUSH_DELAY)
+        sleeper = asyncio.ensure_future(self.clock.sleep(max(wake_at - now, timedelta(0))))
         waker = asyncio.ensure_future(self._wake.wait())
         try:
             await asyncio.wait({sleeper, waker}, return_when=asyncio.FIRST_COMPLETED)
@@ -297,16 +312,17 @@ class Executor:
     async def tick(self) -> int:
         """One round; returns how many operations were launched.
 
-        1. flush buffered writes (one transaction), then hand finished advances back to the heap:
-           an operation's next request is only ever sent after its last change is durable;
+        1. when finished advances have waited ``FLUSH_DELAY`` (or much is buffered, or a person
+           action waits), commit everything buffered in one transaction on the writer thread, then
+           hand those finished advances back to the heap: an operation's next request is only
+           ever sent after its last change is durable. Advances still running keep buffering
+           into the next group meanwhile;
         2. run queued person actions;
         3. launch every due operation that is not already running, as its own task.
         """
         self.stats["ticks"] += 1
-        self._flush()
-        finished, self._finished = self._finished, []
-        for wake in finished:
-            self._after(wake)
+        if self._actions or self._commit_due():
+            await self._commit()
         actions, self._actions = self._actions, []
         for action, future in actions:
             try:
@@ -336,8 +352,13 @@ class Executor:
     def _done(self, op_id: str, task: asyncio.Future[Wake]) -> None:
         self._running.pop(op_id, None)
         if not task.cancelled():
+            if not self._finished:
+                self._finished_since = self.clock.now()
             self._finished.append(task.result())
-        self._wake.set()
+            if len(self._finished) == 1 or self._store.pending >= FLUSH_BATCH:
+                self._wake.set()
+        else:
+            self._wake.set()
 
     async def _advance(self, op: Operation) -> Wake:
         if op.epoch < self.epoch:
@@ -415,15 +436,42 @@ class Executor:
         self._ops[after.operation_id] = after
         self._schedule(after.operation_id, self.clock.now())
 
+    async def _commit(self) -> None:
+        """Group commit on the writer thread, then release the advances that finished before it.
+
+        The finished list is taken before the writes: an advance that finishes while the commit
+        runs may have writes in the next group, so it waits for the next commit.
+        """
+        finished, self._finished = self._finished, []
+        group = self._store.take()
+        try:
+            refused = await asyncio.to_thread(self._store.commit, group)
+        finally:
+            self._store.settle()
+        self._refused(refused, finished)
+        for wake in finished:
+            self._after(wake)
+
     def _flush(self) -> None:
-        refused = self._store.flush()
+        """Commit what is buffered now, on the loop's thread (around person actions and at stop)."""
+        finished, self._finished = self._finished, []
+        self._refused(self._store.flush(), finished)
+        for wake in finished:
+            self._after(wake)
+
+    def _refused(self, refused: list[tuple[Transition, BatchOutcome]], finished: list[Wake]) -> None:
         self._log_fenced([t for t, _ in refused])
+        finishing = {wake.operation.operation_id for wake in finished} if refused else set()
         for transition, outcome in refused:
             self.stats["refused"] += 1
             op_id = transition.after.operation_id
             if op_id in self._running:
                 self._dirty.add(op_id)
                 continue
+            if op_id in finishing:
+                # Its advance ended on a write the ledger refused: ``_after`` restarts it from the
+                # ledger instead of from what the advance ended with.
+                self._dirty.add(op_id)
             fresh = self.ledger.get(op_id)
             if fresh is None:
                 continue
