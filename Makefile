@@ -31,7 +31,7 @@ demo: $(STAMP)
 	$(PY) -m engine.demo
 
 bench: $(STAMP)
-	$(PY) bench/ledger_commit.py
+	$(PY) bench/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -14,14 +14,13 @@ interleavings merged (each distinct state run once) and reports interleavings co
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.figures import Report
 from engine.explore import SCENARIOS, explore, selected_pairs
 from engine.explore.prune import explore_all_pruned
 from engine.explore.rules import clear_caches
@@ -38,14 +37,6 @@ def one_run(permutations: int, seed: int, prune: bool) -> tuple[int, int, float,
     return explored, sum(r.divergent for r in results), wall, cpu, sum(r.states for r in results)
 
 
-def summary(rates: list[float]) -> dict[str, float]:
-    return {
-        "median": round(statistics.median(rates), 1),
-        "min": round(min(rates), 1),
-        "max": round(max(rates), 1),
-    }
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -57,38 +48,36 @@ def main() -> int:
     )
     args = parser.parse_args()
     runs = [one_run(args.permutations, args.seed, args.prune) for _ in range(args.runs)]
-    explored = runs[0][0]
-    report = {
-        "benchmark": "explore --prune" if args.prune else "explore",
-        "runs": args.runs,
-        "permutations": None if args.prune else args.permutations,
-        "explored_per_run": explored,
-        "distinct_states_per_run": runs[0][4],
-        "divergent": max(r[1] for r in runs),
-        "seconds_per_run": summary([r[2] for r in runs]),
-        "interleavings_per_second": summary([r[0] / r[2] for r in runs]),
-        "interleavings_per_cpu_second": summary([r[0] / r[3] for r in runs]),
-    }
+    explored, states = runs[0][0], runs[0][4]
+    name = "explore --prune" if args.prune else "explore"
+    command = f"python bench/explore.py --runs {args.runs} " + (
+        "--prune" if args.prune else f"--permutations {args.permutations} --seed {args.seed}"
+    )
+    report = Report(name.replace(" --", "_"), command)
+    wall = report.add("interleavings/s (wall clock)", "interleavings/s", [r[0] / r[2] for r in runs])
+    cpu = report.add("interleavings/s (process CPU)", "interleavings/s", [r[0] / r[3] for r in runs])
+    secs = report.add("seconds per exploration", "s", [r[2] for r in runs], better="lower")
+    report.add("divergent interleavings", "interleavings", [r[1] for r in runs], better="lower")
+    what = (
+        f"every interleaving, equivalent ones merged ({states:,} distinct states run)"
+        if args.prune
+        else (f"{args.permutations:,} sampled interleavings (seed {args.seed})")
+    )
+    report.notes.append(
+        f"Each run explores {what} of the whole scenario catalogue from a cold start (memoised "
+        f"transitions forgotten), as `finality explore` does: {explored:,} distinct interleavings per run. "
+        "CPU-time rates are steadier than wall-clock ones on a shared machine."
+    )
     if args.json:
-        print(json.dumps(report, indent=2))
+        report.emit()
     else:
-        wall = report["interleavings_per_second"]
-        cpu = report["interleavings_per_cpu_second"]
-        secs = report["seconds_per_run"]
-        states = f" ({runs[0][4]:,} distinct states run)" if args.prune else ""
-        print(
-            f"{report['benchmark']}: {explored:,} distinct interleavings per run{states}, "
-            f"{args.runs} runs, {report['divergent']} divergent"
-        )
-        print(
-            f"  interleavings/s (wall): median {wall['median']:,.0f}  min {wall['min']:,.0f}  max {wall['max']:,.0f}"
-        )
-        print(
-            f"  interleavings/s (cpu):  median {cpu['median']:,.0f}  min {cpu['min']:,.0f}  max {cpu['max']:,.0f}"
-        )
-        print(
-            f"  seconds per run:        median {secs['median']:.2f}  min {secs['min']:.2f}  max {secs['max']:.2f}"
-        )
+        divergent = max(r[1] for r in runs)
+        print(f"{name}: {explored:,} distinct interleavings per run, {args.runs} runs, {divergent} divergent")
+        for figure in (wall, cpu, secs):
+            print(
+                f"  {figure.name:32s} median {figure.median:,.2f}  "
+                f"min {min(figure.runs):,.2f}  max {max(figure.runs):,.2f}"
+            )
     return 0
 
 

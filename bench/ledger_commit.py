@@ -9,7 +9,6 @@ shown). Every transition is a real compare-and-swap write of a real ``step`` res
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.figures import Report
 from engine.ledger import Ledger
 from engine.machine import step
 from engine.model import Epoch, Operation, ServerStatus, StatusObserved, Submitted, TaskId
@@ -64,10 +64,6 @@ def group(path: Path, n: int, batch: int) -> float:
         return n / (time.perf_counter() - start)
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=5)
@@ -83,21 +79,27 @@ def main() -> int:
             singles.append(per_transition(Path(tmp) / f"single{run}.duckdb", args.single))
         with tempfile.TemporaryDirectory() as tmp:
             groups.append(group(Path(tmp) / f"group{run}.duckdb", args.ops, args.batch))
-    result = {
-        "per_transition_commit_per_s": summary(singles),
-        "group_commit_per_s": summary(groups),
-        "batch": args.batch,
-        "ratio_median": statistics.median(groups) / statistics.median(singles),
-    }
+    report = Report(
+        "ledger_commit",
+        f"python bench/ledger_commit.py --runs {args.runs} --ops {args.ops} --batch {args.batch} "
+        f"--single {args.single}",
+    )
+    single = report.add("per-transition commit", "transitions/s", singles)
+    grouped = report.add(f"group commit (batch {args.batch})", "transitions/s", groups, baseline=single.name)
+    report.notes.append(
+        f"Each transition is a compare-and-swap write of a real `step` result on a file ledger; "
+        f"per-transition commits {args.single} transitions per run, group commit {args.ops} in "
+        f"batches of {args.batch}; both measured in the same run."
+    )
     if args.json:
-        print(json.dumps(result))
+        report.emit()
     else:
-        s, g = result["per_transition_commit_per_s"], result["group_commit_per_s"]
-        print(f"per-transition commit: median {s['median']:.0f}/s (min {s['min']:.0f}, max {s['max']:.0f})")
-        print(
-            f"group commit (batch {args.batch}): median {g['median']:.0f}/s (min {g['min']:.0f}, max {g['max']:.0f})"
-        )
-        print(f"ratio: {result['ratio_median']:.1f}x")
+        for figure in (single, grouped):
+            print(
+                f"{figure.name}: median {figure.median:.0f}/s "
+                f"(min {min(figure.runs):.0f}, max {max(figure.runs):.0f})"
+            )
+        print(f"ratio: {statistics.median(groups) / statistics.median(singles):.1f}x")
     return 0
 
 
