@@ -1,0 +1,59 @@
+"""The baseline pollers the benchmarks compare Finality with follow their stated policies exactly."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+pollers = _load("pollers")
+naive_retry = _load("naive_retry")
+
+
+def test_google_style_waits_are_full_jitter_under_a_ceiling_growing_1_5x_from_1_s_to_20_s():
+    """Each wait is uniform in [0, ceiling]; the ceiling runs 1, 1.5, 2.25, ... and stops at 20 s."""
+    waits = list(itertools.islice(pollers.google_delays(random.Random(3)), 40))
+    ceilings = [min(1.0 * 1.5**i, 20.0) for i in range(40)]
+    assert all(0 <= w <= c for w, c in zip(waits, ceilings, strict=True))
+    assert max(waits[20:]) > 10  # the cap is reached, not a smaller one
+    assert min(waits[:3]) < 1.0
+
+
+def test_fastmcp_style_waits_start_at_20_ms_and_double_up_to_the_advised_interval():
+    """20 ms, 40 ms, 80 ms, ... never above the server's advised pollInterval."""
+    waits = list(itertools.islice(pollers.fastmcp_delays(2.0), 10))
+    assert waits == [0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.0, 2.0, 2.0]
+
+
+def test_pollers_durations_spread_over_the_whole_range_and_are_shared_by_all_pollers():
+    """The same seeded set of durations, from the shortest to the longest, for every poller."""
+    spread = pollers.durations(random.Random(1), 40, 2.0, 30.0)
+    assert len(spread) == 40
+    assert min(spread) == 2.0
+    assert abs(max(spread) - 30.0) < 1e-9
+    assert spread == pollers.durations(random.Random(1), 40, 2.0, 30.0)
+
+
+def test_the_naive_benchmark_arms_every_fault_the_reference_server_knows():
+    """The seed's faults, and the server's resets, slow and malformed replies, all at the same rate."""
+    from refserver.fault import Fault
+
+    plan = naive_retry.fault_plan(0.04, 1)
+    assert {r["fault"] for r in plan["rules"]} == {f.value for f in Fault}
+    assert {r["rate"] for r in plan["rules"]} == {0.04}
