@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -54,18 +55,20 @@ def service(tmp_path: Path) -> Iterator[ServiceProcess]:
             yield svc
 
 
-@pytest.fixture
-def console(service: ServiceProcess, tmp_path: Path) -> Iterator[str]:
+@contextmanager
+def streamlit_console(env_extra: dict[str, str], log_path: Path) -> Iterator[str]:
+    """``streamlit run app.py`` on a free port (a new server process); yields its URL."""
     port = free_port()
     env = dict(os.environ)
+    env.pop("FINALITY_LEDGER", None)
+    env.pop("FINALITY_SERVICE_URL", None)
     env.update(
-        FINALITY_SERVICE_URL=service.url,
         FINALITY_CONSOLE_REFRESH_S="2",
         FINALITY_ACTOR="browser-test",
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
+        **env_extra,
     )
-    env.pop("FINALITY_LEDGER", None)
-    log = (tmp_path / "streamlit.log").open("wb")
+    log = log_path.open("wb")
     process = subprocess.Popen(
         [
             sys.executable,
@@ -79,6 +82,8 @@ def console(service: ServiceProcess, tmp_path: Path) -> Iterator[str]:
             "127.0.0.1",
             "--server.headless",
             "true",
+            "--server.fileWatcherType",
+            "none",
             "--browser.gatherUsageStats",
             "false",
         ],
@@ -106,6 +111,12 @@ def console(service: ServiceProcess, tmp_path: Path) -> Iterator[str]:
             process.kill()
             process.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture
+def console(service: ServiceProcess, tmp_path: Path) -> Iterator[str]:
+    with streamlit_console({"FINALITY_SERVICE_URL": service.url}, tmp_path / "streamlit.log") as url:
+        yield url
 
 
 def _epoch(page: object) -> int:
@@ -155,3 +166,56 @@ def test_rollback_from_the_browser_raises_the_epoch(console: str, service: Servi
             browser.close()
     after = httpx.get(f"{service.url}/api/v1/rollout/status", timeout=30).json()
     assert after["epoch"] == before + 1
+
+
+# Each page's URL (its file's name) and the heading it draws. The overview is the default page, at "/".
+PAGE_URLS = {
+    "": "Overview",
+    "cancel_latency": "Cancel latency",
+    "reconciliation": "UNKNOWN and reconciliation",
+    "gate_compliance": "Gate compliance",
+    "operations": "Operations",
+    "approvals": "Approvals",
+    "rollout_control": "Rollout control",
+    "sql": "SQL",
+    "evidence_bundle": "Evidence bundle",
+}
+
+
+def test_every_page_url_works_when_opened_first(tmp_path: Path) -> None:
+    """A fresh console server: /rollout_control opened before / draws that page in the console; so does every page URL."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    ledger = tmp_path / "urls.duckdb"
+    seed_ledger(ledger, operations=300, seed=5)
+    ARTIFACTS.mkdir(exist_ok=True)
+    # Rollout control first: before any session has run app.py, Streamlit would run a page's file alone.
+    order = ["rollout_control", *(p for p in PAGE_URLS if p != "rollout_control")]
+    with (
+        streamlit_console({"FINALITY_LEDGER": str(ledger)}, tmp_path / "streamlit.log") as url,
+        sync_api.sync_playwright() as p,
+    ):
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        try:
+            for path in order:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                try:
+                    page.goto(f"{url}/{path}", timeout=60_000)
+                    page.get_by_role("heading", name=PAGE_URLS[path], exact=True).wait_for(timeout=60_000)
+                    # Inside the console: its sidebar (drawn by app.py) and no error or traceback.
+                    page.get_by_text("Your name (recorded as the actor of every action)").wait_for(
+                        timeout=30_000
+                    )
+                    assert page.get_by_test_id("stException").count() == 0, path
+                    assert "Page not found" not in page.inner_text("body"), path
+                    assert page.url.rstrip("/") == f"{url}/{path}".rstrip("/")
+                    if path == "rollout_control":
+                        page.screenshot(path=str(ARTIFACTS / "console-opened-first.png"), full_page=True)
+                except Exception:
+                    page.screenshot(
+                        path=str(ARTIFACTS / f"console-url-{path or 'root'}-failed.png"), full_page=True
+                    )
+                    raise
+                finally:
+                    page.close()
+        finally:
+            browser.close()
