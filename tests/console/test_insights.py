@@ -29,7 +29,7 @@ def insights(seeded_ledger: Path) -> Insights:
 
 
 def test_gate_inputs_query_matches_the_ledgers_gate_inputs(insights: Insights, seeded_ledger: Path) -> None:
-    """The console's fast gate-inputs SQL yields exactly what Ledger.gate_inputs reads, so verdicts agree."""
+    """engine.gate_sql through the console yields what Ledger.gate_inputs reads, so verdicts agree (test_gate_sql.py checks the SQL against a plain reference)."""
     mine, now = insights.gate_inputs()
     with Ledger.open(seeded_ledger, read_only=True) as ledger:
         theirs = ledger.gate_inputs(now)
