@@ -59,11 +59,17 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
     for start in range(0, len(nodes), 1000):
         chunk = nodes[start : start + 1000]
         await executor.submit_many([(n, "generate_report", {"n": n, "_sim": sim}) for n in chunk])
+    phases = {"submitted": round(time.perf_counter() - wall0, 1)}
     cancel_nodes = nodes[:: max(1, int(1 / args.cancel_share))] if args.cancel_share > 0 else []
     await asyncio.sleep(args.duration_s / 3)
-    for node in cancel_nodes:
-        with contextlib.suppress(Exception):
+
+    async def cancel(node: str) -> None:
+        with contextlib.suppress(Exception):  # an operation that finished first cannot be cancelled
             await executor.cancel(node, actor="bench", reason="scale benchmark cancel")
+
+    # Many people cancelling at once, as many API requests would arrive.
+    await asyncio.gather(*(cancel(node) for node in cancel_nodes))
+    phases["cancelled"] = round(time.perf_counter() - wall0, 1)
     deadline = time.perf_counter() + args.timeout_s
     peak_in_flight = 0
     while time.perf_counter() < deadline:
@@ -75,6 +81,7 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
     cpu = time.process_time() - cpu0
     store = executor._store
     flushes, ticks = store.flushes, executor.stats["ticks"]
+    commit_s = executor.commit_seconds
     await executor.aclose()
     runner.cancel()
     polls = ledger.polls()
@@ -114,6 +121,8 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
         "busiest_window": busiest_window(sent, timedelta(seconds=1)),
         "flushes": flushes,
         "ticks": ticks,
+        "commit_wait_s": round(commit_s, 1),
+        "phases_s": phases,
         "qps_cap": args.qps,
     }
 
@@ -128,10 +137,12 @@ def main() -> int:
     parser.add_argument("--protocol", default="aip-151")
     parser.add_argument("--timeout-s", type=float, default=600)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--keep-ledger", help="write the ledger here (a new file) and keep it for analysis")
     args = parser.parse_args()
     with RefServer(args.protocol, time_scale=1.0) as server, tempfile.TemporaryDirectory() as tmp:
         url = server.endpoint if args.protocol.startswith("mcp") else server.url
-        result = asyncio.run(drive(args, url, Path(tmp) / "scale.duckdb"))
+        path = Path(args.keep_ledger) if args.keep_ledger else Path(tmp) / "scale.duckdb"
+        result = asyncio.run(drive(args, url, path))
         result["server_operations_created"] = server.stats()["operations_created"]["total"]
     if args.json:
         print(json.dumps(result))

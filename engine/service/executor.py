@@ -36,7 +36,7 @@ import httpx
 
 from engine.adapters import AdapterOptions, CallMode, discover, open_backend, plan_call
 from engine.adapters.base import Backend, Capabilities, Json
-from engine.clock import Clock
+from engine.clock import Clock, monotonic_seconds
 from engine.errors import DuplicateOperation, EngineError, NegotiationError
 from engine.ledger import BatchOutcome, Ledger
 from engine.machine import step
@@ -76,6 +76,8 @@ S = LocalState
 
 MAX_RUNNING = 2000
 """Operations advancing at once; the QPS limiter spaces their requests."""
+MAX_IN_FLIGHT_REQUESTS = 48
+"""Protocol requests awaiting a reply at once, across all servers."""
 FLUSH_BATCH = 2000
 """Buffered writes that trigger a group commit without waiting for ``FLUSH_DELAY``."""
 FLUSH_DELAY = timedelta(milliseconds=50)
@@ -132,8 +134,18 @@ class Executor:
     _dirty: set[str] = field(default_factory=set)
     _stopping: bool = False
     stats: dict[str, int] = field(
-        default_factory=lambda: {"ticks": 0, "advances": 0, "refused": 0, "fenced": 0, "adopted": 0}
+        default_factory=lambda: {
+            "ticks": 0,
+            "advances": 0,
+            "refused": 0,
+            "fenced": 0,
+            "adopted": 0,
+            "commits": 0,
+            "committed_writes": 0,
+        }
     )
+    commit_seconds: float = 0.0
+    """Wall time spent waiting for group commits on the writer thread."""
     rollout: RolloutController = field(init=False)
     router: Router = field(init=False)
     _limiter: Limiter | None = None
@@ -159,11 +171,15 @@ class Executor:
         self.ledger.put_setting("global_qps", repr(self.config.global_qps), now)
         self.ledger.put_setting("rollout_salt", self.config.rollout_salt, now)
         if self.client is None:
+            # No more connections than requests the limiter lets out at once: httpcore scans every
+            # pooled connection for expiry on each request, so a larger pool only costs CPU.
+            pool = MAX_IN_FLIGHT_REQUESTS + 16
             self.client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=200, max_keepalive_connections=100)
+                limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
             )
         limiter = Limiter(
             self.clock,
+            max_in_flight=MAX_IN_FLIGHT_REQUESTS,
             global_qps=self.config.global_qps,
             per_server={s.url: s.qps for s in self.config.servers.values()},
         )
@@ -444,10 +460,14 @@ class Executor:
         """
         finished, self._finished = self._finished, []
         group = self._store.take()
+        started = monotonic_seconds()
         try:
             refused = await asyncio.to_thread(self._store.commit, group)
         finally:
             self._store.settle()
+        self.commit_seconds += monotonic_seconds() - started
+        self.stats["commits"] += 1
+        self.stats["committed_writes"] += group.size
         self._refused(refused, finished)
         for wake in finished:
             self._after(wake)
