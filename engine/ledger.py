@@ -38,6 +38,7 @@ from engine.errors import (
     SchemaTooNew,
     StaleWrite,
 )
+from engine.gate_sql import gate_inputs_from_values, gate_inputs_sql
 from engine.model import (
     RECEIPT_STATES,
     SCHEMA_VERSION,
@@ -1946,94 +1947,15 @@ class Ledger:
         return str(row[0]) if row else None
 
     def gate_inputs(self, now: datetime) -> dict[str, dict[str, object]]:
-        """The raw inputs of the six gates, read from the ledger only (no thresholds applied here)."""
-        con = self._con
+        """The raw inputs of the six gates, read from the ledger only (no thresholds applied here).
 
-        def one(sql: str, params: list[object] | None = None) -> tuple[object, ...]:
-            row = con.execute(sql, params or []).fetchone()
-            return tuple(row) if row else ()
-
-        explorer = one(
-            "SELECT count(*), coalesce(sum(distinct_interleavings), 0), coalesce(sum(divergent), 0), "
-            "max(finished_at) FROM explorer_runs WHERE rules = 'engine'"
-        )
-        ops = one("SELECT count(*) FROM op_state")
-        duplicates = one(
-            "SELECT count(*) FROM (SELECT operation_id FROM task_bindings GROUP BY operation_id HAVING count(*) > 1)"
-        )
-        resubmits = one("SELECT count(*) FROM op_state WHERE submit_attempts > 0")
-        # Any one-second window lies within two consecutive whole seconds, so only seconds whose
-        # pair of buckets could beat the busiest single bucket need the exact sliding count.
-        polls = one(
-            """WITH b AS (SELECT epoch_us(sent_at) // 1000000 AS sec, count(*) AS n FROM polls GROUP BY ALL),
-            best AS (SELECT coalesce(max(n), 0) AS n FROM b),
-            cand AS (SELECT b.sec FROM b LEFT JOIN b AS nxt ON nxt.sec = b.sec + 1
-                     WHERE b.n + coalesce(nxt.n, 0) > (SELECT n FROM best)),
-            near AS (SELECT sec FROM cand UNION SELECT sec + 1 FROM cand),
-            w AS (SELECT count(*) OVER (ORDER BY sent_at RANGE BETWEEN CURRENT ROW
-                                        AND INTERVAL 999999 MICROSECONDS FOLLOWING) AS n
-                  FROM polls WHERE epoch_us(sent_at) // 1000000 IN (SELECT sec FROM near))
-            SELECT (SELECT count(*) FROM polls), greatest((SELECT n FROM best), coalesce((SELECT max(n) FROM w), 0))"""
-        )
-        cancels = one(
-            "SELECT count(*), quantile_cont(epoch(r.accepted_at) - epoch(s.cancel_requested_at), 0.99), "
-            "max(epoch(r.accepted_at) - epoch(s.cancel_requested_at)) "
-            "FROM op_state s JOIN receipts r USING (operation_id) WHERE s.cancel_requested_at IS NOT NULL"
-        )
-        pending_cancels = one(
-            "SELECT count(*), max(epoch(?::TIMESTAMPTZ) - epoch(cancel_requested_at)) FROM op_state "
-            "WHERE cancel_requested_at IS NOT NULL AND state NOT IN ('ACCEPTED', 'CANCELLED_ACCEPTED')",
-            [now],
-        )
-        unknown = one(
-            "SELECT count(*), count(*) FILTER (WHERE status = 'open'), "
-            "max(CASE WHEN status = 'open' THEN epoch(?::TIMESTAMPTZ) - epoch(opened_at) END), "
-            "quantile_cont(CASE WHEN status = 'open' THEN epoch(?::TIMESTAMPTZ) - epoch(opened_at) "
-            "ELSE epoch(resolved_at) - epoch(opened_at) END, 0.99), "
-            "max(CASE WHEN status = 'resolved' THEN epoch(resolved_at) - epoch(opened_at) END) "
-            "FROM reconciliation WHERE kind = 'unknown'",
-            [now, now],
-        )
-        trace = one(
-            "SELECT count(*), count(*) FILTER (WHERE r.call_node_id IS NULL OR r.status <> o.terminal_status "
-            "OR r.result_digest IS DISTINCT FROM o.result_digest) "
-            "FROM outbox o LEFT JOIN receipts r USING (call_node_id)"
-        )
-        qps = self.setting("global_qps")
-        return {
-            "terminal_divergence": {
-                "explorer_runs": explorer[0],
-                "interleavings": explorer[1],
-                "divergent": explorer[2],
-                "last_run_at": explorer[3],
-            },
-            "duplicate_operations": {
-                "operations": ops[0],
-                "operations_with_second_server_task": duplicates[0],
-                "resubmitted_after_proof_of_absence": resubmits[0],
-            },
-            "poll_amplification": {
-                "requests": polls[0],
-                "busiest_1s_window": polls[1],
-                "configured_qps": float(qps) if qps is not None else None,
-            },
-            "cancel_confirmation": {
-                "confirmed": cancels[0],
-                "p99_s": cancels[1],
-                "max_s": cancels[2],
-                "pending": pending_cancels[0],
-                "oldest_pending_s": pending_cancels[1],
-            },
-            "unknown_reconciliation": {
-                "operations": ops[0],
-                "entries": unknown[0],
-                "open": unknown[1],
-                "oldest_open_s": unknown[2],
-                "p99_age_s": unknown[3],
-                "slowest_resolution_s": unknown[4],
-            },
-            "traceability": {"outbox_rows": trace[0], "untraceable": trace[1]},
-        }
+        One statement, defined once in ``engine.gate_sql`` and shared with the console.
+        """
+        cur = self._con.execute(gate_inputs_sql(now))
+        row = cur.fetchone()
+        if row is None:
+            raise LedgerError("the gate-inputs statement returned no row")
+        return gate_inputs_from_values([d[0] for d in cur.description or ()], row)
 
     def record_gate_run(self, results: Sequence[GateRecord], at: datetime) -> int:
         """Store one evaluation of the gates; returns its run id."""
