@@ -1,33 +1,48 @@
 """``make demo``: a small living Finality on this machine, everything under ``data/demo/``.
 
-Starts three reference servers (MCP 2025-11-25, the MCP tasks extension on 2026-07-28, AIP-151)
-with realistic, time-scaled durations and a small rate of each seed fault; records a race-explorer
-run into a fresh ledger; starts ``finality serve`` on that ledger; runs a workload generator
-(calls, some cancels, a person answering approvals); and starts the Streamlit console. Prints the
-console URL. Ctrl-C stops every process it started. A demo harness, not part of the engine.
+Starts three reference servers (MCP 2025-11-25, the MCP tasks extension 2026-07-28, AIP-151) with
+realistic, time-scaled durations and a small rate of every seed fault; records a race-explorer run
+into a fresh ledger; starts ``finality serve`` on that ledger and, through the rollout API, shadows
+the report tool and then opens a 5 % canary; runs a workload (calls, cancels, a person answering
+approvals after a while, an operator reconciling UNKNOWN and leftover-effect entries, gate runs);
+and starts the Streamlit console, whose URL it prints. Ctrl-C (or SIGTERM) stops every process it
+started. Within 30 seconds every console chart has data. A demo harness, not part of the engine.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
+import heapq
 import json
+import math
 import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 
 from engine.client import ServiceClient, ServiceRefused, ServiceUnavailable
 from engine.service.testing import ServiceProcess, free_port
 from refserver.testing import RefServer
 
 ROOT = Path(__file__).resolve().parents[1]
-FAULTS = [
+ACTOR_RELEASE = "demo-release-manager"
+ACTOR_APPROVER = "demo-approver"
+ACTOR_OPERATOR = "demo-operator"
+SHADOW_SUFFIX = "#shadow"
+FIRST_CALLS = 9
+"""The scripted first calls, sent in a quick burst so that every chart has data within seconds."""
+FAULTS = (
     "create_response_lost",
     "poll_out_of_order",
     "input_replayed",
@@ -36,210 +51,507 @@ FAULTS = [
     "result_lost",
     "result_truncated",
     "stale_epoch_result",
+    "task_id_reused",
     "not_found_before_expiry",
+    "expire_early",
     "poll_429",
     "poll_503",
     "connection_reset",
     "slow_response",
-]
+)
+"""Every fault the seed names (plus resets and slow replies), each armed at ``--fault-rate``."""
 
 
 def fault_plan(rate: float, seed: int) -> dict[str, object]:
     return {"seed": seed, "rules": [{"fault": name, "tool": "*", "rate": rate} for name in FAULTS]}
 
 
+def port_or_free(port: int) -> int:
+    """``port`` if nothing listens on it (0 or taken: a free one)."""
+    if port:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return free_port()
+            return port
+    return free_port()
+
+
+def endpoint(server: RefServer) -> str:
+    return server.url if server.protocol == "aip-151" else server.endpoint
+
+
 def write_config(folder: Path, servers: dict[str, RefServer]) -> Path:
+    """The demo's service config: the report tool has a new path (the 2026-07-28 server) to roll out."""
     config = folder / "finality.toml"
     config.write_text(
-        f"""# Written by `make demo`.
-global_qps = 60
+        f"""# Written by `make demo` (engine/demo.py). The rollout (shadow, then a 5 % canary of
+# generate_report onto the 2026-07-28 server) is set through the rollout API at start.
+global_qps = 100
 rollout_salt = "demo"
 
 [poll]
-default_interval_ms = 500
+default_interval_ms = 1000
 min_interval_ms = 50
-max_interval_ms = 5000
-retry_backoff_ms = 100
+max_interval_ms = 10000
+retry_backoff_ms = 200
 
 [servers.reports]
-url = "{servers["mcp25"].endpoint}"
+url = "{endpoint(servers["reports"])}"
 protocol = "mcp-2025-11-25"
-qps = 40
+qps = 60
 
 [servers.reports_next]
-url = "{servers["mcp26"].endpoint}"
+url = "{endpoint(servers["reports_next"])}"
 protocol = "mcp-2026-07-28"
-qps = 40
+qps = 60
 
 [servers.uploads]
-url = "{servers["aip"].url}"
+url = "{endpoint(servers["uploads"])}"
 protocol = "aip-151"
-qps = 40
+qps = 60
 
 [tools.generate_report]
 server = "reports"
 shadow_server = "reports_next"
 side_effect_free = true
 version = "2.3.0"
-wait_budget_s = 120
+wait_budget_s = 600
 
 [tools.analyze_upload]
 server = "uploads"
 side_effect_free = true
 version = "1.9.0"
-wait_budget_s = 120
+wait_budget_s = 600
 
 [tools.apply_batch_change]
 server = "reports_next"
 version = "0.8.0"
-wait_budget_s = 120
+wait_budget_s = 600
+on_budget_exhausted = "stop"
 """
     )
     return config
 
 
-def workload(url: str, stop: threading.Event, seed: int, rate: float) -> None:
-    """Submit calls at ``rate`` per second; cancel a few; answer approvals like a person would."""
+# ------------------------------------------------------------------------------------------ the people
+
+
+@dataclass
+class Shared:
+    """What the demo's threads share: the stop flag and what the workload submitted."""
+
+    url: str
+    servers: dict[str, RefServer]
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    arguments: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Call node -> the arguments it was submitted with (an operator finds a lost task by them)."""
+
+    def say(self, who: str, text: str) -> None:
+        print(f"[{who}] {text}", flush=True)
+
+
+def _quietly(
+    shared: Shared, who: str, call: Callable[..., object], *args: object, **kwargs: object
+) -> object | None:
+    """``call(*args, **kwargs)``; a refusal or an unreachable service is reported, not raised."""
+    try:
+        return call(*args, **kwargs)
+    except ServiceRefused as exc:
+        if exc.status != 409:
+            shared.say(who, f"refused: {exc.message}")
+    except ServiceUnavailable:
+        if not shared.stop.is_set():
+            shared.say(who, "the service does not answer")
+    return None
+
+
+def workload(shared: Shared, seed: int, rate: float) -> None:
+    """Calls at ``rate`` per second: mostly reports, some uploads and batch changes; some are cancelled.
+
+    The first calls are short and walk through the interesting cases (a lost create response, an
+    approval, cancels of each kind) so that every chart has something to show within seconds.
+    """
     rng = random.Random(seed)
-    tools = ["generate_report", "generate_report", "analyze_upload", "apply_batch_change"]
+    cancels: list[tuple[float, str]] = []
     n = 0
-    with ServiceClient(url, timeout=10) as client:
-        while not stop.is_set():
+    with ServiceClient(shared.url, timeout=15) as client:
+        next_at = time.monotonic()
+        while not shared.stop.is_set():
+            now = time.monotonic()
+            while cancels and cancels[0][0] <= now:
+                _, node = heapq.heappop(cancels)
+                _quietly(
+                    shared, "workload", client.cancel, node, actor="demo-user", reason="closed the report tab"
+                )
+            if now < next_at:
+                shared.stop.wait(min(next_at - now, 0.2))
+                continue
             n += 1
-            tool = rng.choice(tools)
-            sim: dict[str, object] = {
-                "duration_ms": rng.choice([20_000, 40_000, 90_000]),
-                "ttl_ms": 3_600_000,
-            }
-            if tool == "generate_report" and rng.random() < 0.1:
-                sim["input_rounds"] = 1
-            if rng.random() < 0.05:
-                sim["outcome"] = rng.choice(["failed", "is_error"])
+            next_at += 1 / rate if n > FIRST_CALLS else 0.15
+            tool, sim, cancel_after = plan_call(n, rng)
             node = f"demo-{seed}-{n}"
-            try:
-                client.submit(call_node=node, tool=tool, arguments={"job": n, "_sim": sim})
-                if rng.random() < 0.08:
-                    threading.Timer(rng.uniform(1, 4), _cancel, args=(url, node)).start()
-                for approval in client.approvals():
-                    client.answer(
-                        str(approval["operation_id"]),
-                        int(str(approval["input_round"])),
-                        actor="demo-approver",
+            arguments: dict[str, object] = {"job": n, "customer": f"c{rng.randrange(40)}", "_sim": sim}
+            with shared.lock:
+                shared.arguments[node] = arguments
+            if (
+                _quietly(shared, "workload", client.submit, call_node=node, tool=tool, arguments=arguments)
+                and cancel_after is not None
+            ):
+                heapq.heappush(cancels, (time.monotonic() + cancel_after, node))
+
+
+def plan_call(n: int, rng: random.Random) -> tuple[str, dict[str, object], float | None]:
+    """Tool, ``_sim`` and when to cancel (seconds after submitting, or None) for the ``n``-th call."""
+    # Durations in unscaled ms, log-uniform over 20 s - 5 min (2-30 s at the default time scale).
+    duration = round(20_000 * math.exp(rng.random() * math.log(15)))
+    tool = rng.choice(["generate_report", "generate_report", "analyze_upload", "apply_batch_change"])
+    sim: dict[str, object] = {"duration_ms": duration, "poll_interval_ms": 5_000, "ttl_ms": 3_600_000}
+    cancel_after: float | None = None
+    scripted: dict[int, tuple[str, int, dict[str, object], float | None]] = {
+        1: ("generate_report", 10_000, {}, None),
+        2: ("generate_report", 12_000, {}, None),
+        3: ("apply_batch_change", 200_000, {}, 0.5),
+        # A lost create response on a server without idempotency keys: UNKNOWN, for the operator.
+        4: ("generate_report", 30_000, {"faults": ["create_response_lost"]}, None),
+        5: ("generate_report", 20_000, {"input_rounds": 1}, None),
+        6: ("analyze_upload", 10_000, {}, None),
+        7: ("analyze_upload", 200_000, {}, 0.8),
+        8: ("apply_batch_change", 30_000, {"input_rounds": 1}, None),
+        9: ("generate_report", 200_000, {}, 1.0),
+    }
+    if n in scripted:
+        tool, duration, extra, cancel_after = scripted[n]
+        sim.update({"duration_ms": duration, **extra})
+        return tool, sim, cancel_after
+    if n % 8 == 0:
+        sim["faults"] = ["create_response_lost"]
+        tool = "generate_report"
+    if (tool == "generate_report" and n % 5 == 0) or (tool == "apply_batch_change" and n % 3 == 0):
+        sim["input_rounds"] = 1
+    if rng.random() < 0.04:
+        sim["outcome"] = rng.choice(["failed", "is_error"])
+    if n % 10 == 0:
+        cancel_after = rng.uniform(1.0, 4.0)
+    return tool, sim, cancel_after
+
+
+def approver(shared: Shared, seed: int, delay: tuple[float, float]) -> None:
+    """A person who answers each approval after reading it for a few seconds."""
+    rng = random.Random(seed)
+    due: dict[tuple[str, int], float] = {}
+    with ServiceClient(shared.url, timeout=15) as client:
+        while not shared.stop.wait(0.5):
+            pending = _quietly(shared, "approver", client.approvals)
+            if not isinstance(pending, list):
+                continue
+            now = time.monotonic()
+            for approval in pending:
+                key = (str(approval["operation_id"]), int(str(approval["input_round"])))
+                due.setdefault(key, now + rng.uniform(*delay))
+                if due[key] <= now:
+                    _quietly(
+                        shared,
+                        "approver",
+                        client.answer,
+                        *key,
+                        actor=ACTOR_APPROVER,
                         answer={"approved": True},
                     )
-                if n % 20 == 0:
-                    client.gates(record=True)
-            except (ServiceRefused, ServiceUnavailable) as exc:
-                print(f"workload: {exc}", file=sys.stderr)
-            stop.wait(1 / rate)
 
 
-def _cancel(url: str, node: str) -> None:
-    try:
-        with ServiceClient(url, timeout=10) as client:
-            client.cancel(node, actor="demo-operator", reason="the user closed the report")
-    except (ServiceRefused, ServiceUnavailable):
-        pass  # already finished: nothing to cancel
+def operator(shared: Shared, unknown_after_s: float, effects_after_s: float) -> None:
+    """A person on call: reconciles each open entry once it is a while old.
+
+    For an UNKNOWN operation they look for the task on the server the call went to, by the call's
+    arguments (the server's execution log), and bind it; if the server never ran it, they declare
+    it absent. A leftover-effect entry (a cancelled batch change) they check and close.
+    """
+    first_seen: dict[int, float] = {}
+    with ServiceClient(shared.url, timeout=15) as client:
+        while not shared.stop.wait(0.5):
+            entries = _quietly(shared, "operator", client.reconciliation)
+            if not isinstance(entries, list):
+                continue
+            now = time.monotonic()
+            for entry in entries:
+                entry_id = int(str(entry["entry_id"]))
+                after_s = unknown_after_s if entry["kind"] == "unknown" else effects_after_s
+                if now - first_seen.setdefault(entry_id, now) < after_s:
+                    continue
+                if entry["kind"] == "unknown":
+                    task_id = find_task(shared, client, str(entry["operation_id"]))
+                    reason = (
+                        f"found task {task_id} on the server by the call's arguments"
+                        if task_id
+                        else "the server's execution log has no run of this call"
+                    )
+                    done = _quietly(
+                        shared,
+                        "operator",
+                        client.resolve,
+                        entry_id,
+                        actor=ACTOR_OPERATOR,
+                        reason=reason,
+                        task_id=task_id,
+                        absent=task_id is None,
+                    )
+                else:
+                    done = _quietly(
+                        shared,
+                        "operator",
+                        client.resolve,
+                        entry_id,
+                        actor=ACTOR_OPERATOR,
+                        reason="checked the batch: the partial change was rolled back by hand",
+                    )
+                if done:
+                    shared.say("operator", f"resolved {entry['kind']} entry {entry_id}")
+
+
+def find_task(shared: Shared, client: ServiceClient, operation_id: str) -> str | None:
+    """The server task that ran this operation's call, found by its arguments."""
+    quoted = "'" + operation_id.replace("'", "''") + "'"
+    rows = _quietly(
+        shared,
+        "operator",
+        client.sql,
+        f"SELECT call_node_id, server, tool_name FROM op_identity WHERE operation_id = {quoted}",
+    )
+    if not isinstance(rows, dict) or not rows.get("rows"):
+        return None
+    call_node, server_url, tool = (str(v) for v in rows["rows"][0])
+    with shared.lock:
+        arguments = shared.arguments.get(call_node.removesuffix(SHADOW_SUFFIX))
+    if arguments is None:
+        return None
+    echo = {k: v for k, v in arguments.items() if k != "_sim"}
+    for server in shared.servers.values():
+        if endpoint(server) != server_url:
+            continue
+        for run in server.stats()["executions"].get(tool, []):
+            if run["arguments"] == echo and run["task_id"]:
+                return str(run["task_id"])
+    return None
+
+
+def release_manager(shared: Shared, min_compared: int, override_after_s: float, gates_every_s: float) -> None:
+    """Shadow is on from the start; the 5 % canary opens once ``min_compared`` shadow pairs were
+    compared and every gate passes. If that has not happened after ``override_after_s`` (gates
+    without data yet), it opens with an override, which the audit log records with its reason.
+
+    Also records a gate run every ``gates_every_s`` (the console's gate history).
+    """
+    started = time.monotonic()
+    last_gates = started
+    canary_open = False
+    with ServiceClient(shared.url, timeout=30) as client:
+        while not shared.stop.wait(1.0):
+            if time.monotonic() - last_gates >= gates_every_s:
+                last_gates = time.monotonic()
+                _quietly(shared, "release", client.gates, record=True)
+            if canary_open:
+                continue
+            override = time.monotonic() - started >= override_after_s
+            diffs = _quietly(shared, "release", client.shadow_diffs)
+            compared = diffs.get("summary", {}).get("compared", 0) if isinstance(diffs, dict) else 0
+            if compared < min_compared and not override:
+                continue
+            body: dict[str, object] = {
+                "actor": ACTOR_RELEASE,
+                "reason": f"{compared} shadow comparisons of generate_report; route 5 % of report calls "
+                "to the new adapter",
+                "percentage": 5,
+            }
+            if override:
+                body["override"] = True
+                body["reason"] = (
+                    f"demo start: open the 5 % canary after {compared} shadow comparisons although some "
+                    "gates may have no data yet (they fill in within a minute)"
+                )
+            try:
+                client.rollout("canary", body)
+            except ServiceRefused as exc:
+                if exc.status == 409:
+                    continue  # a gate fails: try again next second
+                shared.say("release", f"canary refused: {exc.message}")
+            except ServiceUnavailable:
+                continue
+            else:
+                shared.say("release", "canary at 5 %" + (" (override, in the audit log)" if override else ""))
+            canary_open = True
+
+
+# ------------------------------------------------------------------------------------------- running
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def start_console(data: Path, service_url: str, ledger: Path, port: int) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, FINALITY_SERVICE_URL=service_url, FINALITY_LEDGER=str(ledger))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamlit",
+            "run",
+            str(ROOT / "app.py"),
+            "--server.port",
+            str(port),
+            "--server.address",
+            "127.0.0.1",
+            "--server.headless",
+            "true",
+            "--browser.gatherUsageStats",
+            "false",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=(data / "console.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def explore_into(ledger: Path, permutations: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "engine",
+            "explore",
+            "--permutations",
+            str(permutations),
+            "--ledger",
+            str(ledger),
+            "--json",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=str(ROOT / "data" / "demo"))
     parser.add_argument("--time-scale", type=float, default=0.1, help="reference servers' time scale")
     parser.add_argument("--rate", type=float, default=2.0, help="calls per second")
-    parser.add_argument("--fault-rate", type=float, default=0.02)
-    parser.add_argument("--console-port", type=int, default=8501)
-    parser.add_argument("--service-port", type=int, default=8700)
+    parser.add_argument("--fault-rate", type=float, default=0.01, help="rate of each fault per created task")
+    parser.add_argument("--console-port", type=int, default=8501, help="0: any free port")
+    parser.add_argument("--service-port", type=int, default=8700, help="0: any free port")
     parser.add_argument("--no-console", action="store_true")
     parser.add_argument("--seconds", type=float, help="stop by itself after this long")
+    parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
     data = Path(args.data)
     if data.exists():
         shutil.rmtree(data)
     data.mkdir(parents=True)
     ledger = data / "finality.duckdb"
     servers = {
-        "mcp25": RefServer(
-            "mcp-2025-11-25", time_scale=args.time_scale, fault_plan=fault_plan(args.fault_rate, 1)
+        "reports": RefServer(
+            "mcp-2025-11-25", time_scale=args.time_scale, seed=1, fault_plan=fault_plan(args.fault_rate, 1)
         ),
-        "mcp26": RefServer(
-            "mcp-2026-07-28", time_scale=args.time_scale, fault_plan=fault_plan(args.fault_rate, 2)
+        "reports_next": RefServer(
+            "mcp-2026-07-28",
+            time_scale=args.time_scale,
+            seed=2,
+            idempotency=True,
+            fault_plan=fault_plan(args.fault_rate, 2),
         ),
-        "aip": RefServer("aip-151", time_scale=args.time_scale, fault_plan=fault_plan(args.fault_rate, 3)),
+        "uploads": RefServer(
+            "aip-151", time_scale=args.time_scale, seed=3, fault_plan=fault_plan(args.fault_rate, 3)
+        ),
     }
-    stop = threading.Event()
+    shared: Shared | None = None
     console: subprocess.Popen[bytes] | None = None
+    explorer: subprocess.Popen[str] | None = None
     service: ServiceProcess | None = None
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    threads: list[threading.Thread] = []
+    pool = concurrent.futures.ThreadPoolExecutor(len(servers))
+    started_at = time.monotonic()
     try:
-        for server in servers.values():
-            server.start()
-        print("reference servers:", ", ".join(f"{k} {s.url}" for k, s in servers.items()), flush=True)
-        explored = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "engine",
-                "explore",
-                "--permutations",
-                "10000",
-                "--ledger",
-                str(ledger),
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=300,
-        )
-        summary = "recorded" if explored.returncode in (0, 1) else f"failed: {explored.stderr[-300:]}"
-        print(f"race explorer: {summary}", flush=True)
+        # The explorer writes the fresh ledger while the servers come up; the service opens it after.
+        explorer = explore_into(ledger, 10_000)
+        starting = [pool.submit(server.start) for server in servers.values()]
+        for future in starting:
+            future.result()
+        print("reference servers: " + ", ".join(f"{k} {endpoint(s)}" for k, s in servers.items()), flush=True)
+        _, explore_err = explorer.communicate(timeout=300)
+        summary = "recorded" if explorer.returncode in (0, 1) else f"failed: {explore_err[-300:]}"
+        explorer = None
+        print(f"race explorer (10,000 interleavings): {summary}", flush=True)
         config = write_config(data, servers)
-        service = ServiceProcess(ledger, config, port=args.service_port).start()
-        print(f"service: {service.url} (ledger {ledger})", flush=True)
-        threading.Thread(target=workload, args=(service.url, stop, 7, args.rate), daemon=True).start()
-        if not args.no_console:
-            env = dict(os.environ, FINALITY_SERVICE_URL=service.url, FINALITY_LEDGER=str(ledger))
-            port = args.console_port or free_port()
-            console = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "streamlit",
-                    "run",
-                    str(ROOT / "app.py"),
-                    "--server.port",
-                    str(port),
-                    "--server.headless",
-                    "true",
-                    "--browser.gatherUsageStats",
-                    "false",
-                ],
-                env=env,
-                stdout=(data / "console.log").open("wb"),
-                stderr=subprocess.STDOUT,
+        service = ServiceProcess(ledger, config, port=port_or_free(args.service_port)).start()
+        print(f"service: {service.url} (ledger {ledger}, config {config})", flush=True)
+        shared = Shared(service.url, servers)
+        with ServiceClient(service.url, timeout=30) as client:
+            client.rollout(
+                "shadow",
+                {
+                    "actor": ACTOR_RELEASE,
+                    "reason": "shadow the report tool on the 2026-07-28 adapter before any canary",
+                    "tools": ["generate_report"],
+                },
             )
+            client.gates(record=True)
+        print("rollout: shadow on generate_report; a 5 % canary follows once the gates pass", flush=True)
+        people: list[tuple[Callable[..., None], tuple[object, ...]]] = [
+            (workload, (shared, args.seed, args.rate)),
+            (approver, (shared, args.seed + 1, (4.0, 10.0))),
+            (operator, (shared, 10.0, 3.0)),
+            (release_manager, (shared, 1, 8.0, 8.0)),
+        ]
+        for target, target_args in people:
+            thread = threading.Thread(target=target, args=target_args, name=target.__name__, daemon=True)
+            thread.start()
+            threads.append(thread)
+        if not args.no_console:
+            port = port_or_free(args.console_port)
+            console = start_console(data, service.url, ledger, port)
             print(f"\n  Finality console: http://127.0.0.1:{port}\n", flush=True)
-        print("Ctrl-C stops everything.", flush=True)
+        print(f"ready in {time.monotonic() - started_at:.1f} s. Ctrl-C stops everything.", flush=True)
         deadline = time.monotonic() + args.seconds if args.seconds else None
-        while not stop.is_set():
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            stop.wait(1)
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(0.5)
+            if console is not None and console.poll() is not None:
+                print(
+                    f"the console exited (status {console.returncode}); see {data / 'console.log'}",
+                    flush=True,
+                )
+                console = None
     except KeyboardInterrupt:
-        pass
+        print("\nstopping ...", flush=True)
     finally:
-        stop.set()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if shared is not None:
+            shared.stop.set()
+        for thread in threads:
+            thread.join(timeout=5)
+        if explorer is not None:
+            explorer.kill()
+            explorer.wait(timeout=10)
         if console is not None:
             console.terminate()
             try:
                 console.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 console.kill()
+                console.wait(timeout=10)
         if service is not None:
-            with ServiceClient(service.url, timeout=5) as client, contextlib.suppress(ServiceUnavailable):
+            with contextlib.suppress(ServiceUnavailable), ServiceClient(service.url, timeout=5) as client:
                 print(json.dumps(client.health()), flush=True)
             service.close()
+        pool.shutdown(wait=True)
         for server in servers.values():
             server.stop()
         print("demo stopped; data kept under", data, flush=True)
