@@ -201,8 +201,11 @@ on_budget_exhausted = "stop"
 
 def run_finality(
     servers: dict[str, RefServer], jobs: list[tuple[str, dict[str, object]]], folder: Path, deadline_s: float
-) -> dict[str, Counter[str]]:
-    """Submit every call through one service per protocol; wait until each is settled (receipt or UNKNOWN)."""
+) -> tuple[dict[str, Counter[str]], dict[str, list[str]]]:
+    """Submit every call through one service per protocol; wait until each is settled (receipt or UNKNOWN).
+
+    Returns the end states per protocol and the call nodes left in UNKNOWN per protocol.
+    """
     services = {}
     try:
         with concurrent.futures.ThreadPoolExecutor(len(servers)) as pool:
@@ -221,14 +224,16 @@ def run_finality(
                     client.submit(call_node=key, tool=TOOL.name, arguments=arguments)
         deadline = time.monotonic() + deadline_s
         states: dict[str, Counter[str]] = {}
+        unknown: dict[str, list[str]] = {}
         while True:
             for protocol, service in services.items():
                 with ServiceClient(service.url, timeout=30) as client:
                     rows = client.operations(limit=10_000)
                 states[protocol] = Counter(str(r["state"]) for r in rows)
+                unknown[protocol] = [str(r["call_node_id"]) for r in rows if r["state"] == "UNKNOWN"]
             settled = all(sum(c[s] for s in SETTLED) >= len(jobs) for c in states.values())
             if settled or time.monotonic() > deadline:
-                return states
+                return states, unknown
             time.sleep(0.5)
     finally:
         for service in services.values():
@@ -247,6 +252,30 @@ class SideCount:
     second_operations: int
     executed_twice_or_more: int
     extra_executions: int
+
+
+def faults_behind(
+    servers: dict[str, RefServer], jobs: list[tuple[str, dict[str, object]]], nodes: dict[str, list[str]]
+) -> Counter[str]:
+    """The faults the server fired on the tasks of these call nodes (found by the call's arguments)."""
+    echo_of = {
+        key: json.dumps({k: v for k, v in args.items() if k != "_sim"}, sort_keys=True) for key, args in jobs
+    }
+    causes: Counter[str] = Counter()
+    for protocol, server in servers.items():
+        stats = server.stats()
+        task_of = {
+            json.dumps(e["arguments"], sort_keys=True): e["task_id"]
+            for e in stats["executions"].get(TOOL.name, [])
+        }
+        fired: dict[str, list[str]] = {}
+        for f in stats["faults_fired"]:
+            fired.setdefault(f["task_id"], []).append(f["fault"])
+        for node in nodes.get(protocol, []):
+            task = task_of.get(echo_of.get(node, ""))
+            names = sorted(set(fired.get(task, []))) if task else []
+            causes[f"{protocol}: " + ("+".join(names) if names else "no fault fired")] += 1
+    return causes
 
 
 def server_counts(servers: dict[str, RefServer], calls_per_server: int) -> SideCount:
@@ -279,6 +308,7 @@ class RunResult:
     finality_unsettled: int
     naive_errors: Counter[str]
     finality_states: Counter[str]
+    unknown_causes: Counter[str]
     seconds: float
 
 
@@ -292,8 +322,11 @@ def one_run(args: argparse.Namespace, run: int, servers: dict[str, RefServer], f
     naive = server_counts(servers, args.calls)
     for server in servers.values():
         server.reset()
-    states = run_finality(servers, jobs, folder / f"run{run}", deadline_s=300 * args.time_scale * 4 + 60)
+    states, unknown = run_finality(
+        servers, jobs, folder / f"run{run}", deadline_s=300 * args.time_scale * 4 + 60
+    )
     finality = server_counts(servers, args.calls)
+    causes = faults_behind(servers, jobs, unknown)
     total = Counter[str]()
     for counter in states.values():
         total.update(counter)
@@ -308,6 +341,7 @@ def one_run(args: argparse.Namespace, run: int, servers: dict[str, RefServer], f
         sum(n for s, n in total.items() if s not in SETTLED),
         errors,
         total,
+        causes,
         time.perf_counter() - started,
     )
 
@@ -396,6 +430,12 @@ def main() -> int:
         "(the tool's arguments) appears more than once. MCP 2025-11-25 here offers no idempotency key, so a "
         "Finality call whose create response was lost cannot be looked up by key: it is parked as UNKNOWN for "
         "a person (never resubmitted), which is the last row.",
+        "Why Finality left calls to a person (faults the server fired on those tasks, all runs): "
+        + json.dumps(dict(sum((r.unknown_causes for r in results), Counter[str]()).most_common()))
+        + ". A 404 for a task that exists, a task deleted the moment it ended, a reply naming another "
+        "task, a result stamped with an older execution epoch, or a lost create response with no key to "
+        "look it up by: the server's word is missing or cannot be trusted, so the operation waits in UNKNOWN "
+        "with its key, request digest and candidate task ids instead of being guessed at or resubmitted.",
         "Finality end states over all runs: "
         + json.dumps(dict(sum((r.finality_states for r in results), Counter[str]())), sort_keys=True)
         + (
