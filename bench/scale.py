@@ -142,6 +142,8 @@ def main() -> int:
     with RefServer(args.protocol, time_scale=1.0) as server, tempfile.TemporaryDirectory() as tmp:
         url = server.endpoint if args.protocol.startswith("mcp") else server.url
         path = Path(args.keep_ledger) if args.keep_ledger else Path(tmp) / "scale.duckdb"
+        if path.exists():
+            parser.error(f"--keep-ledger {path} exists; the benchmark writes a new ledger")
         result = asyncio.run(drive(args, url, path))
         result["server_operations_created"] = server.stats()["operations_created"]["total"]
     if args.json:

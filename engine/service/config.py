@@ -47,7 +47,7 @@ _TOOL_KEYS = {
     "on_budget_exhausted",
     "shadow_server",
 }
-_TOP_KEYS = {"ledger", "global_qps", "rollout_salt", "servers", "tools", "poll"}
+_TOP_KEYS = {"ledger", "global_qps", "rollout_salt", "servers", "tools", "poll", "gate_interval_s"}
 _POLL_KEYS = {"default_interval_ms", "min_interval_ms", "max_interval_ms", "jitter", "retry_backoff_ms"}
 
 
@@ -99,6 +99,8 @@ class ServiceConfig:
     rollout_salt: str = "finality"
     ledger: str | None = None
     poll: PollConfig = field(default_factory=PollConfig)
+    gate_interval: timedelta | None = timedelta(seconds=10)
+    """How often the service evaluates the six gates and records the run (None: only on request)."""
 
 
 def _key(where: str, key: str) -> str:
@@ -229,7 +231,13 @@ def parse_config(data: dict[str, object]) -> ServiceConfig:
     )
     if poll.min_interval > poll.max_interval:
         raise ConfigError("poll.min_interval_ms", "must not exceed poll.max_interval_ms")
+    gate_interval_s = _number(data, "gate_interval_s", "", positive=False)
+    if gate_interval_s is not None and gate_interval_s < 0:
+        raise ConfigError("gate_interval_s", f"must be 0 (off) or a number of seconds, got {gate_interval_s}")
     return ServiceConfig(
+        gate_interval=timedelta(seconds=10)
+        if gate_interval_s is None
+        else (timedelta(seconds=gate_interval_s) if gate_interval_s > 0 else None),
         servers=servers,
         tools=tools,
         global_qps=_number(data, "global_qps", "") or 200.0,

@@ -66,6 +66,7 @@ async def serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         runner = asyncio.create_task(executor.run())
+        gates = asyncio.create_task(record_gates(executor, ledger, config.gate_interval))
         web = asyncio.create_task(server.serve())
         while not server.started:
             if web.done():
@@ -77,6 +78,29 @@ async def serve(
         await stop.wait()
         server.should_exit = True
         await web
+        gates.cancel()
         await executor.aclose()
         runner.cancel()
     ledger.close()
+
+
+async def record_gates(executor: Executor, ledger: Ledger, interval: timedelta | None) -> None:
+    """Evaluate the six gates every ``interval`` and record each run (with its raw inputs) in ``gate_runs``.
+
+    The console shows the latest run instead of rescanning a large ledger per page view. The scan
+    runs on a worker thread (its own cursor), so the executor's loop keeps advancing meanwhile.
+    A failed evaluation is logged and retried at the next interval; it never stops the service.
+    """
+    # Imported here: rollout sits above the engine and the service only records its verdicts.
+    from rollout.gates import evaluate
+
+    if interval is None:
+        return
+    while True:
+        try:
+            now = executor.clock.now()
+            inputs = await asyncio.to_thread(ledger.gate_inputs, now)
+            await asyncio.to_thread(ledger.record_gate_run, evaluate(inputs).results, now)
+        except Exception:  # one bad evaluation must not end the periodic record
+            logger.exception("periodic gate evaluation failed")
+        await executor.clock.sleep(interval)

@@ -175,11 +175,17 @@ def all_terminal(client: ServiceClient, call_nodes: list[str]) -> bool:
     return all(client.show(node)["terminal"] for node in call_nodes)
 
 
-def config_text(servers: Mapping[str, RefServer], *, global_qps: float = 100, extra: str = "") -> str:
-    """A service config over reference servers named ``mcp`` (2025-11-25), ``aip`` and ``ext`` (2026-07-28)."""
+def config_text(
+    servers: Mapping[str, RefServer], *, global_qps: float = 100, extra: str = "", top: str = ""
+) -> str:
+    """A service config over reference servers named ``mcp`` (2025-11-25), ``aip`` and ``ext`` (2026-07-28).
+
+    ``top`` adds top-level keys; ``extra`` is appended after the last table.
+    """
     return f"""
 global_qps = {global_qps}
 rollout_salt = "test"
+{top}
 
 [poll]
 default_interval_ms = 100

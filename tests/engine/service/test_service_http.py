@@ -190,3 +190,52 @@ def test_client_reports_an_unreachable_service() -> None:
 
     with ServiceClient("http://127.0.0.1:9", timeout=2) as client, pytest.raises(ServiceUnavailable):
         client.health()
+
+
+def test_the_service_records_a_gate_run_every_interval(
+    tmp_path: Path, write_config: Callable[..., Path]
+) -> None:
+    """With gate_interval_s set, gate runs (with their raw inputs) appear in the ledger without anyone asking."""
+    ledger_path = tmp_path / "gates.duckdb"
+    with (
+        ServiceProcess(ledger_path, write_config(top="gate_interval_s = 0.2")) as svc,
+        svc.client() as client,
+    ):
+        client.submit(call_node="g1", tool="generate_report", arguments={"_sim": {"duration_ms": 200}})
+        wait_until(lambda: all_terminal(client, ["g1"]), what="call terminal")
+
+        def runs() -> int:
+            rows = client.sql("SELECT count(DISTINCT run_id) FROM gate_runs")["rows"]
+            return int(rows[0][0])
+
+        wait_until(lambda: runs() >= 3, what="three recorded gate runs", timeout=60)
+    with Ledger.open(ledger_path, read_only=True) as ledger:
+        latest = ledger.gate_runs(limit=6)
+    assert {row["gate"] for row in latest} >= {"duplicate_operations", "traceability"}
+    assert all(row["inputs"] for row in latest)
+
+
+def test_a_negative_gate_interval_is_refused_naming_the_key(
+    tmp_path: Path, write_config: Callable[..., Path]
+) -> None:
+    """gate_interval_s must be 0 (off) or a number of seconds."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "engine",
+            "serve",
+            "--ledger",
+            str(tmp_path / "l.duckdb"),
+            "--config",
+            str(write_config(top="gate_interval_s = -1")),
+            "--port",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "gate_interval_s" in result.stderr
