@@ -2,28 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import random
-import sys
-from pathlib import Path
-from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench_kit import load
 
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-pollers = _load("pollers")
-naive_retry = _load("naive_retry")
+pollers = load("pollers")
+naive_retry = load("naive_retry")
 
 
 def test_google_style_waits_are_full_jitter_under_a_ceiling_growing_1_5x_from_1_s_to_20_s():

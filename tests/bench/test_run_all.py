@@ -2,33 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
-import sys
 import textwrap
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_kit import ROOT, load
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "bench" / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-run_all = _load("run_all")
-figures = _load("figures")
+run_all = load("run_all")
+figures = load("figures")
 
 
 def _script(folder: Path, name: str, body: str) -> str:
@@ -197,4 +181,3 @@ def test_the_registry_names_every_benchmark_script_in_the_repository():
     listed = {Path(b.script).name for b in run_all.BENCHMARKS}
     scripts = {p.name for p in (ROOT / "bench").glob("*.py")} - run_all.NOT_BENCHMARKS
     assert scripts <= listed
-    assert os.path.basename(__file__) not in listed
