@@ -20,7 +20,7 @@ import os
 
 import streamlit as st
 
-from engine.insights import ConsoleError, Insights
+from engine.insights import ConsoleError, GateView, Insights
 
 logger = logging.getLogger("finality.console")
 
@@ -75,7 +75,7 @@ def _insights(service_url: str, ledger: str) -> Insights:
 
 
 def _tuning() -> dict[str, str]:
-    keys = ("FINALITY_CONSOLE_CACHE_S", "FINALITY_CONSOLE_GATE_CACHE_S")
+    keys = ("FINALITY_CONSOLE_CACHE_S", "FINALITY_CONSOLE_GATE_CACHE_S", "FINALITY_CONSOLE_GATE_INTERVAL_S")
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
@@ -87,6 +87,31 @@ def console_insights() -> Insights:
         st.stop()  # ...so the copy of the page Streamlit started alone stops here
     insights: Insights = st.session_state["app_insights"]
     return insights
+
+
+def gate_stamp(insights: Insights, gates: GateView, key: str) -> None:
+    """Next to the gates: when they were evaluated, how long ago and why that is current, and a
+    "Re-evaluate now" button (the service evaluates and records a run; a file console reads the file)."""
+    left, right = st.columns([5, 1])
+    left.caption(gates.stamp(insights.now()))
+    right.button(
+        "Re-evaluate now",
+        key=key,
+        on_click=_reevaluate,
+        args=(insights,),
+        help="Evaluate the six gates on the ledger now instead of showing the latest recorded run.",
+    )
+    failure = st.session_state.pop("app_gates_error", None)
+    if failure:
+        st.error(failure)
+
+
+def _reevaluate(insights: Insights) -> None:
+    # A button callback runs before the page's next run, so the page then shows the fresh evaluation.
+    try:
+        insights.reevaluate()
+    except ConsoleError as exc:
+        st.session_state["app_gates_error"] = f"Re-evaluation failed: {exc}"
 
 
 def _set_actor() -> None:

@@ -33,8 +33,10 @@ Definitions (each a whole-ledger aggregate; a million operations read in about a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 GATE_INPUTS_TEMPLATE: Final = """
@@ -142,6 +144,118 @@ _COUNTS: Final = frozenset(
 _MEASURES: Final = frozenset(set(COLUMNS) - _COUNTS - {"last_run_at"})
 
 
+WRITE_SETTLE_S: Final = 2.0
+"""How long after the instant it records a write may be committed (the service's group commit
+flushes every 50 ms). A recorded run is taken as unwritten-since only when every recorded instant
+in the gate-input tables is at least this much older than the run: a write committed after the run
+read the ledger, but stamped just before it, would otherwise go unseen."""
+
+LATEST_RUN_SQL: Final = """
+WITH
+latest AS (SELECT * FROM gate_runs WHERE run_id = (SELECT max(run_id) FROM gate_runs)),
+writes AS (
+  SELECT greatest(
+           (SELECT max(finished_at) FROM explorer_runs),
+           (SELECT max(updated_at) FROM op_state),
+           (SELECT max(bound_at) FROM task_bindings),
+           (SELECT max(recorded_at) FROM transitions),
+           (SELECT greatest(max(sent_at), max(received_at)) FROM polls),
+           (SELECT max(accepted_at) FROM receipts),
+           (SELECT max(created_at) FROM outbox),
+           (SELECT greatest(max(opened_at), max(resolved_at)) FROM reconciliation),
+           (SELECT max(updated_at) FROM settings)
+         ) AS last_write_at,
+         (SELECT count(*) FROM explorer_runs WHERE rules = 'engine') AS now_explorer_runs,
+         (SELECT count(*) FROM op_state) AS now_operations,
+         (SELECT count(*) FROM polls) AS now_requests,
+         (SELECT count(*) FROM reconciliation WHERE kind = 'unknown') AS now_entries,
+         (SELECT count(*) FROM outbox) AS now_outbox_rows
+)
+SELECT latest.run_id, latest.gate, latest.inputs, latest.evaluated_at, writes.*
+FROM latest, writes ORDER BY latest.gate
+""".strip()
+"""The latest recorded gate run (one row per gate) with, on each row, the ledger's last recorded
+write instant over every table the gate inputs read and the row counts a late write would change.
+Answered from min/max statistics and table counts: no scan of the ledger's rows."""
+
+_RUN_COUNTS: Final = (
+    ("now_explorer_runs", "terminal_divergence", "explorer_runs"),
+    ("now_operations", "duplicate_operations", "operations"),
+    ("now_requests", "poll_amplification", "requests"),
+    ("now_entries", "unknown_reconciliation", "entries"),
+    ("now_outbox_rows", "traceability", "outbox_rows"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedRun:
+    """The latest recorded gate run, as ``LATEST_RUN_SQL`` read it."""
+
+    run_id: int
+    evaluated_at: datetime
+    inputs: dict[str, dict[str, object]] | None
+    """The raw inputs per gate; None when the run did not record them (``problem`` says why)."""
+    last_write_at: datetime | None
+    """The latest instant recorded in the gate-input tables when read (None: they are empty)."""
+    counts: dict[str, int]
+    problem: str = ""
+
+    def written_since(self) -> str | None:
+        """Why the ledger may have changed since this run read it, or None when it cannot have.
+
+        Exact for a ledger nobody writes while it is read (file mode): a write after the run
+        either records a later instant (checked with ``WRITE_SETTLE_S`` of margin) or changes a
+        count the run recorded.
+        """
+        if self.inputs is None:
+            return self.problem or "the run recorded no raw inputs"
+        if self.last_write_at is not None:
+            settled = self.evaluated_at - timedelta(seconds=WRITE_SETTLE_S)
+            if self.last_write_at > settled:
+                return (
+                    f"the ledger records a write at {self.last_write_at:%Y-%m-%d %H:%M:%S} UTC, "
+                    f"less than {WRITE_SETTLE_S:g} s before or after the run"
+                )
+        for column, gate, name in _RUN_COUNTS:
+            if self.counts.get(column) != self.inputs[gate][name]:
+                return (
+                    f"{gate}.{name} was {self.inputs[gate][name]} at the run, {self.counts.get(column)} now"
+                )
+        return None
+
+
+def recorded_run_from_rows(columns: list[str], rows: list[list[object]]) -> RecordedRun | None:
+    """``LATEST_RUN_SQL``'s rows as a ``RecordedRun``; None when no gate run is recorded."""
+    if not rows:
+        return None
+    records = [dict(zip(columns, row, strict=True)) for row in rows]
+    first = records[0]
+    evaluated_at = _timestamp(first["evaluated_at"])
+    last_write = first["last_write_at"]
+    problem = ""
+    inputs: dict[str, dict[str, object]] | None
+    try:
+        inputs = gate_inputs_from_recorded({str(r["gate"]): r["inputs"] for r in records})
+    except ValueError as exc:
+        inputs, problem = None, str(exc)
+    counts = {c: int(str(first[c])) for c, _, _ in _RUN_COUNTS}
+    return RecordedRun(
+        run_id=int(str(first["run_id"])),
+        evaluated_at=evaluated_at,
+        inputs=inputs,
+        last_write_at=None if last_write is None else _timestamp(last_write),
+        counts=counts,
+        problem=problem,
+    )
+
+
+def _timestamp(value: object) -> datetime:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    parsed = datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
 def timestamp_literal(now: datetime) -> str:
     """``now`` as a ``TIMESTAMPTZ`` literal in UTC (a naive datetime is taken to be UTC)."""
     instant = now if now.tzinfo else now.replace(tzinfo=UTC)
@@ -151,6 +265,43 @@ def timestamp_literal(now: datetime) -> str:
 def gate_inputs_sql(now: datetime) -> str:
     """The gate-inputs statement with ``now`` filled in, ready to run on a ledger connection or the sandbox."""
     return GATE_INPUTS_TEMPLATE.format(now=timestamp_literal(now)).strip()
+
+
+_LAYOUT: Final[dict[str, tuple[tuple[str, str], ...]]] = {
+    "terminal_divergence": (
+        ("explorer_runs", "explorer_runs"),
+        ("interleavings", "interleavings"),
+        ("divergent", "divergent"),
+        ("last_run_at", "last_run_at"),
+    ),
+    "duplicate_operations": (
+        ("operations", "operations"),
+        ("operations_with_second_server_task", "operations_with_second_server_task"),
+        ("resubmitted_after_proof_of_absence", "resubmitted"),
+    ),
+    "poll_amplification": (
+        ("requests", "requests"),
+        ("busiest_1s_window", "busiest_1s_window"),
+        ("configured_qps", "configured_qps"),
+    ),
+    "cancel_confirmation": (
+        ("confirmed", "confirmed"),
+        ("p99_s", "p99_s"),
+        ("max_s", "max_s"),
+        ("pending", "pending"),
+        ("oldest_pending_s", "oldest_pending_s"),
+    ),
+    "unknown_reconciliation": (
+        ("operations", "operations"),
+        ("entries", "entries"),
+        ("open", "open"),
+        ("oldest_open_s", "oldest_open_s"),
+        ("p99_age_s", "p99_age_s"),
+        ("slowest_resolution_s", "slowest_resolution_s"),
+    ),
+    "traceability": (("outbox_rows", "outbox_rows"), ("untraceable", "untraceable")),
+}
+"""Per gate: (input name, statement column) for each raw input, in the order ``rollout.gates`` reads them."""
 
 
 def gate_inputs_from_row(row: Mapping[str, object]) -> dict[str, dict[str, object]]:
@@ -163,40 +314,56 @@ def gate_inputs_from_row(row: Mapping[str, object]) -> dict[str, dict[str, objec
     if missing:
         raise ValueError(f"gate-inputs row lacks {missing}")
     v = {c: _value(c, row[c]) for c in COLUMNS}
-    return {
-        "terminal_divergence": {
-            "explorer_runs": v["explorer_runs"],
-            "interleavings": v["interleavings"],
-            "divergent": v["divergent"],
-            "last_run_at": v["last_run_at"],
-        },
-        "duplicate_operations": {
-            "operations": v["operations"],
-            "operations_with_second_server_task": v["operations_with_second_server_task"],
-            "resubmitted_after_proof_of_absence": v["resubmitted"],
-        },
-        "poll_amplification": {
-            "requests": v["requests"],
-            "busiest_1s_window": v["busiest_1s_window"],
-            "configured_qps": v["configured_qps"],
-        },
-        "cancel_confirmation": {
-            "confirmed": v["confirmed"],
-            "p99_s": v["p99_s"],
-            "max_s": v["max_s"],
-            "pending": v["pending"],
-            "oldest_pending_s": v["oldest_pending_s"],
-        },
-        "unknown_reconciliation": {
-            "operations": v["operations"],
-            "entries": v["entries"],
-            "open": v["open"],
-            "oldest_open_s": v["oldest_open_s"],
-            "p99_age_s": v["p99_age_s"],
-            "slowest_resolution_s": v["slowest_resolution_s"],
-        },
-        "traceability": {"outbox_rows": v["outbox_rows"], "untraceable": v["untraceable"]},
-    }
+    return {gate: {name: v[column] for name, column in pairs} for gate, pairs in _LAYOUT.items()}
+
+
+def gate_inputs_from_recorded(per_gate: Mapping[str, object]) -> dict[str, dict[str, object]]:
+    """The raw inputs of a recorded run (``gate_runs.inputs`` per gate, JSON text or a mapping) in the
+    shape ``gate_inputs_from_row`` returns, with the same value types whichever way they travelled.
+
+    Raises:
+        ValueError: a gate is missing, or its inputs are not exactly the raw inputs this module
+            defines (a run recorded with another shape, such as a seeded history's summary).
+    """
+    out: dict[str, dict[str, object]] = {}
+    for gate, pairs in _LAYOUT.items():
+        raw = per_gate.get(gate)
+        if isinstance(raw, str | bytes):
+            raw = json.loads(raw)
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"recorded run lacks the raw inputs of {gate}")
+        names = {name for name, _ in pairs}
+        if set(raw) != names:
+            raise ValueError(f"recorded inputs of {gate} are {sorted(raw)}, not {sorted(names)}")
+        out[gate] = {name: _value(column, raw[name]) for name, column in pairs}
+    return out
+
+
+def advance_clock(inputs: Mapping[str, Mapping[str, object]], seconds: float) -> dict[str, dict[str, object]]:
+    """The inputs read at some instant, as they read ``seconds`` later when nothing was written meanwhile.
+
+    Only the clock moved, so the pending cancels and the open UNKNOWN entries are the same ones,
+    each ``seconds`` older: ``oldest_pending_s`` and ``oldest_open_s`` (the ages a verdict reads)
+    advance exactly. ``p99_age_s`` (shown, read by no verdict) advances exactly when every entry is
+    open, stays when none is; when open and resolved entries mix it is kept as read (the true value
+    lies between it and it plus ``seconds``). Every other input does not depend on the clock.
+    """
+    if seconds < 0:
+        raise ValueError(f"the clock does not move backwards ({seconds} s)")
+    out = {gate: dict(values) for gate, values in inputs.items()}
+    cancel = out["cancel_confirmation"]
+    if cancel["pending"] and cancel["oldest_pending_s"] is not None:
+        cancel["oldest_pending_s"] = _float(cancel["oldest_pending_s"]) + seconds
+    unknown = out["unknown_reconciliation"]
+    if unknown["open"] and unknown["oldest_open_s"] is not None:
+        unknown["oldest_open_s"] = _float(unknown["oldest_open_s"]) + seconds
+        if unknown["open"] == unknown["entries"] and unknown["p99_age_s"] is not None:
+            unknown["p99_age_s"] = _float(unknown["p99_age_s"]) + seconds
+    return out
+
+
+def _float(value: object) -> float:
+    return float(str(value))
 
 
 def gate_inputs_from_values(
@@ -220,11 +387,8 @@ def _value(column: str, value: object) -> object:
         return int(number)
     if column in _MEASURES:
         return float(str(value))
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if isinstance(value, str):
-        parsed = datetime.fromisoformat(value)
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    if isinstance(value, datetime | str):
+        return _timestamp(value)
     raise ValueError(f"{column}: not a timestamp: {value!r}")
 
 
@@ -235,8 +399,14 @@ def _is_nan(value: object) -> bool:
 __all__ = [
     "COLUMNS",
     "GATE_INPUTS_TEMPLATE",
+    "LATEST_RUN_SQL",
+    "WRITE_SETTLE_S",
+    "RecordedRun",
+    "advance_clock",
+    "gate_inputs_from_recorded",
     "gate_inputs_from_row",
     "gate_inputs_from_values",
     "gate_inputs_sql",
+    "recorded_run_from_rows",
     "timestamp_literal",
 ]

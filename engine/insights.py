@@ -11,6 +11,16 @@ exact SQL behind each chart. Queries run on one of two sources:
   (``engine.sqlbox.run_query``) and ``Ledger.open(path, read_only=True)`` for the gate inputs.
   Actions are refused: only the process that owns the ledger may write it.
 
+The six gates come from the latest recorded gate run (``gate_runs``, with its raw inputs) when it
+is current, and are evaluated afresh otherwise (``Insights.gates``):
+
+* service: the running service records a run every ``gate_interval_s`` (default 10 s); a run no
+  older than that interval plus ``SERVICE_RUN_SLACK_S`` is current, shown with its age.
+* file: nobody writes the ledger, so a run is current when nothing was written after it
+  (``engine.gate_sql.RecordedRun.written_since``: the last recorded write instant and the counts,
+  from statistics, no scan); the clock-dependent ages are advanced to now exactly
+  (``engine.gate_sql.advance_clock``).
+
 ``Insights.from_env()`` picks the source from ``FINALITY_SERVICE_URL`` (preferred while the service
 answers) and ``FINALITY_LEDGER``. Queries aggregate in SQL; no page ever pulls a million rows.
 """
@@ -28,7 +38,7 @@ import threading
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
@@ -38,7 +48,14 @@ import pandas as pd  # type: ignore[import-untyped]
 from engine.client import ServiceClient, ServiceRefused, ServiceUnavailable
 from engine.clock import Clock, SystemClock, monotonic_seconds
 from engine.errors import EngineError
-from engine.gate_sql import GATE_INPUTS_TEMPLATE, gate_inputs_from_values
+from engine.gate_sql import (
+    GATE_INPUTS_TEMPLATE,
+    LATEST_RUN_SQL,
+    advance_clock,
+    gate_inputs_from_recorded,
+    gate_inputs_from_values,
+    recorded_run_from_rows,
+)
 from engine.ledger import GateRecord
 from engine.model import RECEIPT_STATES, LocalState
 from engine.model import Protocol as WireProtocol
@@ -51,6 +68,14 @@ ENV_SERVICE_URL: Final = "FINALITY_SERVICE_URL"
 ENV_LEDGER: Final = "FINALITY_LEDGER"
 ENV_CACHE_S: Final = "FINALITY_CONSOLE_CACHE_S"
 ENV_GATE_CACHE_S: Final = "FINALITY_CONSOLE_GATE_CACHE_S"
+ENV_GATE_INTERVAL_S: Final = "FINALITY_CONSOLE_GATE_INTERVAL_S"
+
+SERVICE_GATE_INTERVAL_S: Final = 10.0
+"""The service's default ``gate_interval_s``: it records a gate run this often."""
+SERVICE_RUN_SLACK_S: Final = 10.0
+"""What a recorded run may be older than the interval when the console reads it through the service:
+the SQL snapshot is up to 5 s old, and evaluating and recording take a second or two at a million
+operations. A run older than ``gate_interval + SERVICE_RUN_SLACK_S`` is not current."""
 
 CANCEL_SLO_S: Final = 60.0
 """The cancel-confirmation line drawn on the latency charts (the gate's threshold)."""
@@ -159,6 +184,11 @@ QUERIES: Final[dict[str, NamedQuery]] = {
             "Raw inputs of the six gates (engine.gate_sql: the one definition Ledger.gate_inputs shares)",
             GATE_INPUTS_TEMPLATE,
             times=("last_run_at",),
+        ),
+        NamedQuery(
+            "latest_gate_run",
+            "The latest recorded gate run with the ledger's last write instant and counts (engine.gate_sql)",
+            LATEST_RUN_SQL,
         ),
         NamedQuery(
             "arms",
@@ -502,7 +532,14 @@ class GateView:
     results: list[GateRecord]
     inputs: dict[str, dict[str, object]]
     evaluated_at: datetime
+    """When the inputs were read from the ledger."""
     source: str
+    run_id: int | None = None
+    """The recorded gate run these verdicts come from (None: evaluated by this console, not recorded)."""
+    basis: str = ""
+    """Why these verdicts are current (shown next to the gates)."""
+    aged_s: float = 0.0
+    """Seconds the clock-dependent ages were advanced past ``evaluated_at`` (file mode, nothing written since)."""
 
     @classmethod
     def evaluate(
@@ -517,7 +554,21 @@ class GateView:
 
     def with_thresholds(self, thresholds: object) -> GateView:
         """The what-if: the same raw inputs (no second read of the ledger) under other thresholds."""
-        return GateView.evaluate(self.inputs, self.evaluated_at, self.source, thresholds)
+        return replace(
+            self, results=GateView.evaluate(self.inputs, self.evaluated_at, self.source, thresholds).results
+        )
+
+    def age_s(self, now: datetime) -> float:
+        """Seconds since the inputs were read (0 for a run stamped ahead of this console's clock)."""
+        return max(0.0, (now - self.evaluated_at).total_seconds())
+
+    def stamp(self, now: datetime) -> str:
+        """``evaluated at HH:MM:SS UTC (N s ago)`` and why that is current, for the caption next to the gates."""
+        at = self.evaluated_at.astimezone(UTC)
+        text = f"evaluated at {at:%H:%M:%S} UTC ({self.age_s(now):.0f} s ago)"
+        if at.date() != now.astimezone(UTC).date():
+            text = f"evaluated at {at:%Y-%m-%d %H:%M:%S} UTC ({self.age_s(now):.0f} s ago)"
+        return text + (f" · {self.basis}" if self.basis else "")
 
     @property
     def passed(self) -> bool:
@@ -599,6 +650,10 @@ class Source(Protocol):
 
     def rollout(self, action: str, body: Json) -> Json: ...
 
+    def evaluate_gates(self) -> Json | None:
+        """The service's fresh evaluation, recorded as a run (``POST /api/v1/gates``); None without a service."""
+        ...
+
 
 class ServiceSource:
     """Reads and acts through the running service's control API."""
@@ -651,6 +706,9 @@ class ServiceSource:
     def rollout(self, action: str, body: Json) -> Json:
         return self._do(lambda: self.client.rollout(action, body))
 
+    def evaluate_gates(self) -> Json | None:
+        return self._do(lambda: self.client.gates(record=True))
+
 
 class FileSource:
     """Reads a ledger file read-only (no service running); refuses every action."""
@@ -689,6 +747,9 @@ class FileSource:
     def rollout(self, action: str, body: Json) -> Json:
         return self._refuse()
 
+    def evaluate_gates(self) -> Json | None:
+        return None  # read-only: the console evaluates itself and records nothing
+
 
 def _float(value: object) -> float | None:
     if value is None:
@@ -712,11 +773,20 @@ class Insights:
     """What the console pages read and do. Thread-safe; results of identical queries are cached briefly."""
 
     def __init__(
-        self, source: Source, *, clock: Clock | None = None, cache_s: float = 2.0, gate_cache_s: float = 15.0
+        self,
+        source: Source,
+        *,
+        clock: Clock | None = None,
+        cache_s: float = 2.0,
+        gate_cache_s: float = 15.0,
+        gate_interval_s: float = SERVICE_GATE_INTERVAL_S,
     ) -> None:
         self.source = source
         self.gate_cache_s = gate_cache_s
-        self._gate_inputs: tuple[float, dict[str, dict[str, object]], datetime] | None = None
+        self.gate_interval_s = gate_interval_s
+        """How often the service records a gate run (its ``gate_interval_s``; 0: only on request)."""
+        self._gate_view: tuple[float, GateView] | None = None
+        """The last evaluation this console made itself (fresh or by ``reevaluate``), with when."""
         self.clock: Clock = clock or SystemClock()
         self.cache_s = cache_s
         self._cache: dict[tuple[str, int], _Cached] = {}
@@ -741,6 +811,7 @@ class Insights:
         ledger = env.get(ENV_LEDGER, "").strip()
         cache_s = float(env.get(ENV_CACHE_S, "2") or 0)
         gate_cache_s = float(env.get(ENV_GATE_CACHE_S, "15") or 0)
+        interval_s = float(env.get(ENV_GATE_INTERVAL_S, str(SERVICE_GATE_INTERVAL_S)) or 0)
         note = ""
         if url:
             client = ServiceClient(url, timeout=30.0)
@@ -752,7 +823,13 @@ class Insights:
                     raise NotConfigured(f"the Finality service at {url} does not answer: {exc}") from exc
                 note = f"service at {url} does not answer; reading the ledger file read-only"
             else:
-                return cls(ServiceSource(client), clock=clock, cache_s=cache_s, gate_cache_s=gate_cache_s)
+                return cls(
+                    ServiceSource(client),
+                    clock=clock,
+                    cache_s=cache_s,
+                    gate_cache_s=gate_cache_s,
+                    gate_interval_s=interval_s,
+                )
         if ledger:
             return cls(FileSource(ledger, note), clock=clock, cache_s=cache_s, gate_cache_s=gate_cache_s)
         raise NotConfigured(
@@ -820,7 +897,7 @@ class Insights:
     def clear_cache(self) -> None:
         with self._lock:
             self._cache.clear()
-        self._gate_inputs = None
+        self._gate_view = None
         self._tables = None
 
     def close(self) -> None:
@@ -851,21 +928,100 @@ class Insights:
             raise QueryFailed("the gate-inputs query returned no row")
         return gate_inputs_from_values(columns, rows[0]), now
 
+    def recorded_gates(self) -> GateView | None:
+        """The six gates from the latest recorded run when it is current, else None (with no scan).
+
+        Service: the service records a run every ``gate_interval_s``; a run read through its SQL
+        snapshot is current while no older than that interval plus ``SERVICE_RUN_SLACK_S``. File:
+        nobody writes the ledger, so a run is current when nothing was written after it (the last
+        recorded write instant and the row counts, ``RecordedRun.written_since``); its clock-dependent
+        ages are then advanced to now, which is exactly what a fresh evaluation would read.
+        """
+        if not self.has_table("gate_runs"):
+            return None
+        columns, rows, _, _ = self._run(self.sql_of("latest_gate_run"), 100)
+        run = recorded_run_from_rows(columns, rows)
+        if run is None or run.inputs is None:
+            return None
+        now = self.now()
+        age = max(0.0, (now - run.evaluated_at).total_seconds())
+        if self.info.kind == "service":
+            bound = self.gate_interval_s + SERVICE_RUN_SLACK_S
+            if self.gate_interval_s <= 0 or age > bound:
+                return None
+            inputs, aged, basis = (
+                run.inputs,
+                0.0,
+                (
+                    f"run #{run.run_id}, recorded by the service every {self.gate_interval_s:g} s "
+                    f"(a run older than {bound:g} s is not used)"
+                ),
+            )
+        else:
+            if run.written_since() is not None:
+                return None
+            inputs, aged = advance_clock(run.inputs, age), age
+            basis = f"run #{run.run_id}; nothing written to the ledger since" + (
+                f", ages advanced {age:.0f} s to now" if age >= 1 else ""
+            )
+        view = GateView.evaluate(inputs, run.evaluated_at, self.info.kind)
+        return replace(view, run_id=run.run_id, basis=basis, aged_s=aged)
+
     def gates(self, thresholds: object | None = None, *, max_age_s: float | None = None) -> GateView:
         """The six gates, by ``rollout.gates.evaluate``; with other ``Thresholds``, the what-if on the same inputs.
 
-        The inputs scan the whole ledger (about a second at a million operations), so they are
-        reused for ``max_age_s`` (default ``gate_cache_s``); ``evaluated_at`` says when they were read.
-        To evaluate other thresholds on the inputs a view was built from, use ``GateView.with_thresholds``.
+        From the latest recorded run when it is current (``recorded_gates``), or this console's own
+        last evaluation when newer and no older than ``max_age_s`` (default ``gate_cache_s``);
+        otherwise evaluated afresh (a whole-ledger scan, about a second at a million operations).
+        ``evaluated_at`` says when the inputs were read and ``basis`` why they are current. To
+        evaluate other thresholds on the inputs a view was built from, use ``GateView.with_thresholds``.
         """
-        age = self.gate_cache_s if max_age_s is None else max_age_s
-        cached = self._gate_inputs
-        if cached is not None and monotonic_seconds() - cached[0] <= age:
-            inputs, now = cached[1], cached[2]
+        limit = self.gate_cache_s if max_age_s is None else max_age_s
+        candidates: list[GateView] = []
+        own = self._gate_view
+        if own is not None and monotonic_seconds() - own[0] <= limit:
+            candidates.append(own[1])
+        recorded = self.recorded_gates()
+        if recorded is not None:
+            candidates.append(recorded)
+        view = max(candidates, key=lambda v: v.evaluated_at) if candidates else self._evaluate_here()
+        return view if thresholds is None else view.with_thresholds(thresholds)
+
+    def _evaluate_here(self) -> GateView:
+        inputs, now = self.gate_inputs()
+        view = replace(
+            GateView.evaluate(inputs, now, self.info.kind),
+            basis="evaluated now by this console (no current recorded run)",
+        )
+        self._gate_view = (monotonic_seconds(), view)
+        return view
+
+    def reevaluate(self) -> GateView:
+        """Evaluate the gates afresh now ("Re-evaluate now").
+
+        Service: ``POST /api/v1/gates`` (the service reads its live ledger and records the run).
+        File: this console reads the ledger file itself (read-only: nothing is recorded).
+        """
+        at = self.now()
+        body = self.source.evaluate_gates()
+        if body is None:
+            view = self._evaluate_here()
+            view = replace(view, basis="re-evaluated now by this console (read-only: not recorded)")
         else:
-            inputs, now = self.gate_inputs()
-            self._gate_inputs = (monotonic_seconds(), inputs, now)
-        return GateView.evaluate(inputs, now, self.info.kind, thresholds)
+            try:
+                inputs = gate_inputs_from_recorded({str(g["gate"]): g["inputs"] for g in body["gates"]})
+            except (KeyError, TypeError, ValueError) as exc:
+                raise QueryFailed(f"the service's gate evaluation could not be read: {exc}") from exc
+            run_id = body.get("run_id")
+            view = replace(
+                GateView.evaluate(inputs, at, self.info.kind),
+                run_id=int(run_id) if isinstance(run_id, int) else None,
+                basis=f"re-evaluated now by the service (POST /api/v1/gates), recorded as run #{run_id}",
+            )
+        self._gate_view = (monotonic_seconds(), view)
+        with self._lock:
+            self._cache.clear()  # the gate history shows the new run as soon as the snapshot has it
+        return view
 
     def soon(self, read: Callable[..., _T], /, *args: object, **kwargs: object) -> Future[_T]:
         """Start a read in the background and return its future, so a page overlaps its independent reads.
@@ -1125,6 +1281,9 @@ class Insights:
         files["gates.json"] = _json_bytes(
             {
                 "evaluated_at": gates.evaluated_at,
+                "run_id": gates.run_id,
+                "basis": gates.basis,
+                "aged_s": gates.aged_s,
                 "passed": gates.passed,
                 "gates": [asdict(r) for r in gates.results],
                 "inputs": gates.inputs,

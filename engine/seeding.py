@@ -5,7 +5,9 @@ roles and rollout arms, each with its chain of transitions, its protocol request
 when terminal, its receipt, outbox entry and result; cancels with their confirmation latency (a
 long tail, a few past 60 s); ``input_required`` rounds (answered and pending); UNKNOWN operations
 with open reconciliation entries of various ages (some past 15 minutes) and resolved ones;
-leftover-effect entries; explorer runs and a history of gate runs. One million operations take well
+leftover-effect entries; explorer runs and a history of gate runs. Like a real ledger, it ends with a
+gate run evaluated on its own data (``Ledger.gate_inputs`` and ``rollout.gates.evaluate``, recorded
+with its raw inputs), so a console reading it finds a current run. One million operations take well
 under a few minutes. The rows are written by ``Ledger.import_rows`` (one transaction), which exists for
 this module only; the service never writes this way.
 
@@ -29,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.clock import SystemClock
+from engine.gate_sql import WRITE_SETTLE_S
 from engine.ledger import ExplorerRun, GateRecord, Ledger
 from engine.model import SCHEMA_VERSION
 
@@ -213,7 +216,9 @@ def seed_ledger(
         path: the ledger file to create.
         operations: how many operations (at least 100).
         seed: the random seed; the same seed and ``now`` give the same ledger.
-        now: the instant the history ends at (live operations are a few minutes old then).
+        now: the instant the history ends at (live operations are a few minutes old then); by
+            default ``WRITE_SETTLE_S`` before seeding starts, so the closing gate run, evaluated
+            when seeding ends, is later than every write by at least that margin.
         span: how far back the history goes.
         global_qps: the configured QPS recorded in ``settings`` (the poll-amplification gate's cap).
         gate_run_count: how many gate evaluations the history holds.
@@ -221,7 +226,7 @@ def seed_ledger(
     clock = SystemClock()
     started = clock.now()
     if now is None:
-        now = started
+        now = started - timedelta(seconds=WRITE_SETTLE_S)
     if operations < 100:
         raise ValueError("a seeded ledger needs at least 100 operations")
     target = Path(path)
@@ -571,6 +576,9 @@ def seed_ledger(
         ledger.put_setting("rollout_salt", "seeded", now)
         rows["explorer_runs"] = _explorer_runs(ledger, rng, now)
         rows["gate_runs"] = _gate_runs(ledger, rng, now, gate_run_count)
+        rows["gate_runs"] += _closing_gate_run(
+            ledger, max(clock.now(), now + timedelta(seconds=WRITE_SETTLE_S))
+        )
     return SeedSummary(str(target), n, rows, now, (clock.now() - started).total_seconds())
 
 
@@ -845,6 +853,16 @@ def _gate_runs(ledger: Ledger, rng: np.random.Generator, now: datetime, runs: in
             )
         ledger.record_gate_run(records, at)
     return runs * 6
+
+
+def _closing_gate_run(ledger: Ledger, at: datetime) -> int:
+    """The last act: the six gates evaluated at ``at`` on the seeded data, recorded with their raw inputs."""
+    # Imported here: rollout sits above the engine, which only records its verdicts.
+    from rollout.gates import evaluate
+
+    results = evaluate(ledger.gate_inputs(at)).results
+    ledger.record_gate_run(results, at)
+    return len(results)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

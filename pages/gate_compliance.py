@@ -5,15 +5,16 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import console_insights
+from app import console_insights, gate_stamp
 from engine.insights import Insights
 from rollout.gates import Thresholds
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
 st.title("Gate compliance")
-# One read of the raw inputs per render (a whole-ledger scan), started first so the coverage and
-# history below are drawn meanwhile; the what-if re-evaluates those same inputs.
+# The gates of the latest recorded run when it is current (else a whole-ledger scan), started first
+# so the coverage and history below are drawn meanwhile; the what-if re-evaluates those same raw
+# inputs (stored per gate with the run), with no second read of the ledger.
 gates_soon = insights.soon(insights.gates)
 
 
@@ -67,7 +68,13 @@ def live() -> None:
 live()
 
 st.subheader("What if")
-st.caption("The same raw inputs, read from the ledger now, evaluated by rollout.gates with other thresholds.")
+now_view = gates_soon.result()
+st.caption(
+    "The raw inputs of the gates shown below"
+    + (f" (recorded run #{now_view.run_id})" if now_view.run_id is not None else "")
+    + ", evaluated by rollout.gates with other thresholds: no second read of the ledger."
+)
+gate_stamp(insights, now_view, "gates_reevaluate")
 d = Thresholds()
 c1, c2, c3 = st.columns(3)
 c1.number_input("Min interleavings", value=d.min_interleavings, step=1000, key="gates_min_interleavings")
@@ -87,7 +94,6 @@ what_if = Thresholds(
     unknown_max_age_s=float(state["gates_unknown_min"]) * 60,
     min_traceable_share=float(state["gates_traceable"]),
 )
-now_view = gates_soon.result()
 if_view = now_view.with_thresholds(what_if)
 compare = now_view.frame()[["gate", "passed", "value", "threshold"]].rename(
     columns={"passed": "passes now", "threshold": "threshold now"}

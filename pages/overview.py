@@ -7,7 +7,7 @@ import json
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import console_insights
+from app import console_insights, gate_stamp
 from engine.insights import CANCEL_SLO_S, UNKNOWN_SLO_S, ConsoleError, Insights
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
@@ -17,8 +17,9 @@ st.title("Overview")
 
 @st.fragment(run_every=st.session_state["app_refresh_s"])
 def live() -> None:
-    # The gate inputs scan the whole ledger: start them (and the other independent reads) first,
-    # draw what is ready, and wait for each only where it is shown.
+    # The gates come from the latest recorded run when it is current (else a whole-ledger scan):
+    # start them (and the other independent reads) first, draw what is ready, and wait for each
+    # only where it is shown.
     gates_soon = insights.soon(insights.gates)
     alerts_soon = insights.soon(insights.alerts)
     flight_soon = insights.soon(insights.in_flight)
@@ -45,9 +46,8 @@ def live() -> None:
         st.subheader("Gates")
         gates = gates_soon.result()
         passed = sum(r.passed for r in gates.results)
-        st.caption(
-            f"{passed} of {len(gates.results)} pass · evaluated {gates.evaluated_at:%Y-%m-%d %H:%M:%S} UTC"
-        )
+        st.markdown(f"**{passed} of {len(gates.results)} pass**")
+        gate_stamp(insights, gates, "overview_reevaluate")
         rows = [
             {
                 "gate": r.gate,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import console_insights
+from app import console_insights, gate_stamp
 from engine.insights import PROTOCOLS, ConsoleError, Insights
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
@@ -51,7 +51,9 @@ if message is not None:
 
 @st.fragment(run_every=st.session_state["app_refresh_s"])
 def live() -> None:
-    gates_soon = insights.soon(insights.gates)  # a whole-ledger scan: overlap it with the rest
+    # The latest recorded run when current (else a whole-ledger scan): overlap it with the rest.
+    # Display only: on promote, the service evaluates the gates afresh itself and decides.
+    gates_soon = insights.soon(insights.gates)
     audit_soon = insights.soon(insights.audit_log)
     try:
         status = insights.rollout_status()
@@ -86,6 +88,12 @@ def live() -> None:
     gates = gates_soon.result()
     st.session_state["rollout_gates_pass"] = gates.passed
     st.session_state["rollout_failing"] = [f"{g.gate}: {g.verdict}" for g in gates.failing()]
+    st.subheader("Gates")
+    st.markdown(
+        f"**{sum(r.passed for r in gates.results)} of {len(gates.results)} pass** · "
+        "a promotion is decided by the service on its own fresh evaluation, not on this view"
+    )
+    gate_stamp(insights, gates, "rollout_reevaluate")
 
     st.subheader("Audit log")
     log = audit_soon.result()
