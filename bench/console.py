@@ -3,7 +3,10 @@
 The ledger is generated once per invocation with ``engine.seeding`` (its generation time is a
 note), or reused: ``--ledger PATH`` reads PATH when it exists and otherwise generates it there and
 keeps it, so a later run (``make bench``) does not generate it again. The console reads it read-only
-(no service), as ``streamlit run app.py`` does with ``FINALITY_LEDGER`` set.
+(no service), as ``streamlit run app.py`` does with ``FINALITY_LEDGER`` set. A seeded ledger ends,
+like a real one, with a gate run evaluated on its data; nothing is written after it, so the pages
+show that run (file mode's "current") instead of rescanning for the gate inputs. A ledger without a
+current run (generated before seeding recorded one) makes the gate pages rescan: the report says so.
 
 Per page and run, through Streamlit's ``AppTest`` (the page's script, the console's ``app.py``
 around it, and every query it makes):
@@ -49,7 +52,7 @@ PAGES = (
     "pages/evidence_bundle.py",
 )
 TARGET_S = 1.5
-CACHE_KEYS = ("FINALITY_CONSOLE_CACHE_S", "FINALITY_CONSOLE_GATE_CACHE_S")
+CACHE_KEYS = ("FINALITY_CONSOLE_CACHE_S", "FINALITY_CONSOLE_GATE_CACHE_S", "FINALITY_CONSOLE_GATE_INTERVAL_S")
 
 
 def render(page: str, components: object | None) -> tuple[float, float, object]:
@@ -91,6 +94,20 @@ def ledger_operations(path: Path) -> int:
     return int(str(run_query(path, "SELECT count(*) FROM op_identity").rows[0][0]))
 
 
+def gate_run_note(path: Path) -> str:
+    """Whether the console will find a current recorded gate run on this ledger (file mode)."""
+    from engine.insights import FileSource, Insights
+
+    insights = Insights(FileSource(path), cache_s=0)
+    try:
+        view = insights.recorded_gates()
+    finally:
+        insights.close()
+    if view is None:
+        return "no current recorded gate run: the gate pages evaluate the gates afresh (a whole-ledger scan)"
+    return f"the ledger's latest gate run (#{view.run_id}) is current (nothing written since): pages show it"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--ops", type=int, default=1_000_000, help="operations in a generated ledger")
@@ -123,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"ledger of {operations:,} operations generated in {generated_s:.1f} s (engine.seeding, once)"
                 + (" and kept for --ledger reuse" if args.ledger else "")
             )
+        report.notes.append(gate_run_note(ledger))
         os.environ.pop("FINALITY_SERVICE_URL", None)
         os.environ["FINALITY_LEDGER"] = str(ledger)
         for key in CACHE_KEYS:  # the console's caches as shipped
