@@ -276,7 +276,7 @@ WITH c AS (
 SELECT bucket, {group} AS series, count(*) AS cancels,
        quantile_cont(latency_s, 0.5) AS p50_s, quantile_cont(latency_s, 0.95) AS p95_s,
        quantile_cont(latency_s, 0.99) AS p99_s, max(latency_s) AS max_s
-FROM c WHERE protocol IN {protocols} AND arm IN {arms}
+FROM c WHERE protocol IN {protocols} AND {arm_filter}
 GROUP BY ALL ORDER BY bucket, series""",
             times=("bucket",),
             max_rows=20_000,
@@ -302,16 +302,22 @@ GROUP BY ALL ORDER BY protocol, arm""",
         NamedQuery(
             "slowest_cancels",
             "Slowest cancel confirmations (and unconfirmed cancels)",
+            # The slowest are picked from op_state and receipts alone (joined to the protocol and arm
+            # only to filter on them); the picked few are then joined to their identity and arm.
             """
-SELECT i.call_node_id, s.operation_id, i.protocol, {arm} AS arm, i.tool_name, s.state,
-       s.cancel_requested_at, r.accepted_at,
-       coalesce(epoch(r.accepted_at), epoch({now})) - epoch(s.cancel_requested_at) AS latency_s,
-       r.accepted_at IS NULL AS unconfirmed
-FROM op_state s JOIN op_identity i USING (operation_id) {arm_join} LEFT JOIN receipts r USING (operation_id)
-WHERE s.cancel_requested_at IS NOT NULL
-  AND (r.accepted_at IS NULL OR (r.accepted_at >= {since} AND r.accepted_at < {until}))
-  AND i.protocol IN {protocols} AND {arm} IN {arms}
-ORDER BY latency_s DESC LIMIT {limit}""",
+WITH picked AS (
+  SELECT s.operation_id, s.state, s.cancel_requested_at, r.accepted_at,
+         coalesce(epoch(r.accepted_at), epoch({now})) - epoch(s.cancel_requested_at) AS latency_s
+  FROM op_state s LEFT JOIN receipts r USING (operation_id) {filter_join}
+  WHERE s.cancel_requested_at IS NOT NULL
+    AND (r.accepted_at IS NULL OR (r.accepted_at >= {since} AND r.accepted_at < {until}))
+    AND {filter}
+  ORDER BY latency_s DESC, s.operation_id LIMIT {limit}
+)
+SELECT i.call_node_id, p.operation_id, i.protocol, {arm} AS arm, i.tool_name, p.state,
+       p.cancel_requested_at, p.accepted_at, p.latency_s, p.accepted_at IS NULL AS unconfirmed
+FROM picked p JOIN op_identity i USING (operation_id) {arm_join}
+ORDER BY p.latency_s DESC, p.operation_id""",
             times=("cancel_requested_at", "accepted_at"),
         ),
         NamedQuery(
@@ -848,8 +854,8 @@ class Insights:
     def sql_of(self, name: str, **params: object) -> str:
         """The SQL a named query runs with these parameters (what the pages show under each chart)."""
         arm, join = self._arm() if "{arm" in QUERIES[name].template else ("", "")
-        values = {k: _param(v) for k, v in params.items()}
-        return QUERIES[name].render(arm=arm, arm_join=join, **values)
+        values = {"arm": arm, "arm_join": join, **{k: _param(v) for k, v in params.items()}}
+        return QUERIES[name].render(**values)
 
     def _arm(self) -> tuple[str, str]:
         """How this ledger tells an operation's arm: from ``rollout_assignments`` once the ledger has it."""
@@ -1044,6 +1050,17 @@ class Insights:
         arms: Sequence[str] = ARMS,
     ) -> pd.DataFrame:
         group = {"protocol": "protocol", "arm": "arm", "all": "'all'"}[by]
+        chosen = _choices(arms, ARMS)
+        if by != "arm" and _all_arms(chosen):
+            # Every operation's arm is one of ARMS, so all of them selected filters nothing: the
+            # arm (a join with a million-row table) is not read at all.
+            arm_parts: dict[str, object] = {
+                "arm": _Raw("NULL"),
+                "arm_join": _Raw(""),
+                "arm_filter": _Raw("TRUE"),
+            }
+        else:
+            arm_parts = {"arm_filter": _Raw(f"arm IN {lit_list(list(chosen))}")}
         return self._named(
             "cancel_latency_over_time",
             since=since,
@@ -1051,7 +1068,7 @@ class Insights:
             bucket=bucket,
             group=_Raw(group),
             protocols=_choices(protocols, PROTOCOLS),
-            arms=_choices(arms, ARMS),
+            **arm_parts,
         )
 
     def cancel_latency_summary(
@@ -1079,13 +1096,24 @@ class Insights:
         arms: Sequence[str] = ARMS,
         limit: int = 25,
     ) -> pd.DataFrame:
+        chosen_protocols = _choices(protocols, PROTOCOLS)
+        chosen_arms = _choices(arms, ARMS)
+        if set(chosen_protocols) == set(PROTOCOLS) and _all_arms(chosen_arms):
+            # Every operation's protocol is one of PROTOCOLS and its arm one of ARMS: nothing to filter.
+            filter_join, where = "", "TRUE"
+        else:
+            arm, join = self._arm()
+            filter_join = f"JOIN op_identity i USING (operation_id) {join}"
+            where = (
+                f"i.protocol IN {lit_list(list(chosen_protocols))} AND {arm} IN {lit_list(list(chosen_arms))}"
+            )
         return self._named(
             "slowest_cancels",
             now=self.now(),
             since=since,
             until=until,
-            protocols=_choices(protocols, PROTOCOLS),
-            arms=_choices(arms, ARMS),
+            filter_join=_Raw(filter_join),
+            filter=_Raw(where),
             limit=_limit(limit),
         )
 
@@ -1375,6 +1403,12 @@ def _choices(values: Sequence[str], allowed: Sequence[str]) -> _Choices:
     if unknown:
         raise ValueError(f"unknown values {unknown}; allowed: {list(allowed)}")
     return _Choices(chosen)
+
+
+def _all_arms(chosen: Sequence[str]) -> bool:
+    """Whether every arm is chosen (an operation's arm is always one of ``ARMS``: ``rollout.assign.Arm``
+    or, with no recorded arm, ``unassigned``), so filtering on the arm would keep every row."""
+    return set(chosen) == set(ARMS)
 
 
 def _limit(value: int) -> int:
