@@ -3,10 +3,11 @@
 Starts three reference servers (MCP 2025-11-25, the MCP tasks extension 2026-07-28, AIP-151) with
 realistic, time-scaled durations and a small rate of every seed fault; records a race-explorer run
 into a fresh ledger; starts ``finality serve`` on that ledger and, through the rollout API, shadows
-the report tool and then opens a 5 % canary; runs a workload (calls, cancels, a person answering
-approvals after a while, an operator reconciling UNKNOWN and leftover-effect entries, gate runs);
-and starts the Streamlit console, whose URL it prints. Ctrl-C (or SIGTERM) stops every process it
-started. Within 30 seconds every console chart has data. A demo harness, not part of the engine.
+the report tool and then opens a 5 % canary (the service records a gate run every 10 s); runs a
+workload (calls, cancels, a person answering approvals after a while, an operator reconciling
+UNKNOWN and leftover-effect entries); and starts the Streamlit console, whose URL it prints. Ctrl-C
+(or SIGTERM) stops every process it started. Within 30 seconds every console chart has data. A demo
+harness, not part of the engine.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def write_config(folder: Path, servers: dict[str, RefServer]) -> Path:
 # generate_report onto the 2026-07-28 server) is set through the rollout API at start.
 global_qps = 100
 rollout_salt = "demo"
+gate_interval_s = 10
 
 [poll]
 default_interval_ms = 1000
@@ -338,23 +340,14 @@ def find_task(shared: Shared, client: ServiceClient, operation_id: str) -> str |
     return None
 
 
-def release_manager(shared: Shared, min_compared: int, override_after_s: float, gates_every_s: float) -> None:
+def release_manager(shared: Shared, min_compared: int, override_after_s: float) -> None:
     """Shadow is on from the start; the 5 % canary opens once ``min_compared`` shadow pairs were
     compared and every gate passes. If that has not happened after ``override_after_s`` (gates
     without data yet), it opens with an override, which the audit log records with its reason.
-
-    Also records a gate run every ``gates_every_s`` (the console's gate history).
     """
     started = time.monotonic()
-    last_gates = started
-    canary_open = False
     with ServiceClient(shared.url, timeout=30) as client:
         while not shared.stop.wait(1.0):
-            if time.monotonic() - last_gates >= gates_every_s:
-                last_gates = time.monotonic()
-                _quietly(shared, "release", client.gates, record=True)
-            if canary_open:
-                continue
             override = time.monotonic() - started >= override_after_s
             diffs = _quietly(shared, "release", client.shadow_diffs)
             compared = diffs.get("summary", {}).get("compared", 0) if isinstance(diffs, dict) else 0
@@ -382,7 +375,7 @@ def release_manager(shared: Shared, min_compared: int, override_after_s: float, 
                 continue
             else:
                 shared.say("release", "canary at 5 %" + (" (override, in the audit log)" if override else ""))
-            canary_open = True
+            return
 
 
 # ------------------------------------------------------------------------------------------- running
@@ -502,13 +495,12 @@ def main(argv: list[str] | None = None) -> int:
                     "tools": ["generate_report"],
                 },
             )
-            client.gates(record=True)
         print("rollout: shadow on generate_report; a 5 % canary follows once the gates pass", flush=True)
         people: list[tuple[Callable[..., None], tuple[object, ...]]] = [
             (workload, (shared, args.seed, args.rate)),
             (approver, (shared, args.seed + 1, (4.0, 10.0))),
             (operator, (shared, 10.0, 3.0)),
-            (release_manager, (shared, 1, 8.0, 8.0)),
+            (release_manager, (shared, 1, 8.0)),
         ]
         for target, target_args in people:
             thread = threading.Thread(target=target, args=target_args, name=target.__name__, daemon=True)
