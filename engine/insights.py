@@ -786,6 +786,7 @@ class Insights:
         cache_s: float = 2.0,
         gate_cache_s: float = 15.0,
         gate_interval_s: float = SERVICE_GATE_INTERVAL_S,
+        prefetch: bool = False,
     ) -> None:
         self.source = source
         self.gate_cache_s = gate_cache_s
@@ -802,6 +803,10 @@ class Insights:
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="finality-console")
         self.last_sql: dict[str, str] = {}
         """The SQL each named query last ran with (the evidence bundle's 'SQL behind each chart')."""
+        if prefetch:
+            # Every page's first query needs the table list (which arm join, whether gate runs
+            # exist); read it while the page is still laying itself out.
+            self._pool.submit(self.has_table, "gate_runs")
 
     # ------------------------------------------------------------------------------ building
 
@@ -835,9 +840,17 @@ class Insights:
                     cache_s=cache_s,
                     gate_cache_s=gate_cache_s,
                     gate_interval_s=interval_s,
+                    prefetch=True,
                 )
         if ledger:
-            return cls(FileSource(ledger, note), clock=clock, cache_s=cache_s, gate_cache_s=gate_cache_s)
+            return cls(
+                FileSource(ledger, note),
+                clock=clock,
+                cache_s=cache_s,
+                gate_cache_s=gate_cache_s,
+                gate_interval_s=interval_s,
+                prefetch=True,
+            )
         raise NotConfigured(
             f"set {ENV_SERVICE_URL} (a running `finality serve`) or {ENV_LEDGER} (a ledger file, read-only)"
         )
