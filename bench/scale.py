@@ -5,7 +5,8 @@ server-advised minimum ceil(duration / pollInterval), cancel-confirmation p99, a
 one-second window of protocol requests against the configured cap (all measured from the ledger's
 polls table, not from the executor's own counters).
 
-    python bench/scale.py [--ops 10000] [--qps 1000] [--duration-s 10] [--interval-s 5] [--cancel-share 0.1] [--json]
+    python bench/scale.py [--ops 10000] [--qps 1000] [--duration-s 10] [--interval-s 5] [--cancel-share 0.1]
+                          [--runs 5] [--json] [--keep-ledger PATH]
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import math
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,9 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import contextlib
 
+from bench.figures import Report
 from engine.clock import SystemClock
 from engine.ledger import Ledger
-from engine.model import RECEIPT_STATES
+from engine.model import RECEIPT_STATES, LocalState
 from engine.schedule import busiest_window
 from engine.service.config import parse_config
 from engine.service.executor import Executor
@@ -56,27 +59,42 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
     cpu0 = time.process_time()
     wall0 = time.perf_counter()
     nodes = [f"scale-{i}" for i in range(args.ops)]
+    op_of: dict[str, str] = {}
     for start in range(0, len(nodes), 1000):
         chunk = nodes[start : start + 1000]
-        await executor.submit_many([(n, "generate_report", {"n": n, "_sim": sim}) for n in chunk])
+        created = await executor.submit_many([(n, "generate_report", {"n": n, "_sim": sim}) for n in chunk])
+        op_of.update({op.call_node_id: op.operation_id for op in created})
     phases = {"submitted": round(time.perf_counter() - wall0, 1)}
-    cancel_nodes = nodes[:: max(1, int(1 / args.cancel_share))] if args.cancel_share > 0 else []
-    await asyncio.sleep(args.duration_s / 3)
+    # A person cancels each chosen operation a third of its duration after it started working,
+    # as many API requests arriving over time would (concurrent with each other and the polling).
+    waiting = set(nodes[:: max(1, int(1 / args.cancel_share))] if args.cancel_share > 0 else [])
+    working_since: dict[str, float] = {}
+    cancels: list[asyncio.Task[None]] = []
 
     async def cancel(node: str) -> None:
         with contextlib.suppress(Exception):  # an operation that finished first cannot be cancelled
             await executor.cancel(node, actor="bench", reason="scale benchmark cancel")
 
-    # Many people cancelling at once, as many API requests would arrive.
-    await asyncio.gather(*(cancel(node) for node in cancel_nodes))
-    phases["cancelled"] = round(time.perf_counter() - wall0, 1)
     deadline = time.perf_counter() + args.timeout_s
     peak_in_flight = 0
     while time.perf_counter() < deadline:
         peak_in_flight = max(peak_in_flight, executor.in_flight)
         if executor.in_flight == 0:
             break
-        await asyncio.sleep(0.5)
+        now = time.perf_counter()
+        for node in list(waiting):
+            op = executor._ops.get(op_of[node])
+            if op is None or op.state in RECEIPT_STATES:
+                waiting.discard(node)
+            elif op.state is LocalState.WORKING:
+                since = working_since.setdefault(node, now)
+                if now - since >= args.duration_s / 3:
+                    waiting.discard(node)
+                    cancels.append(asyncio.create_task(cancel(node)))
+        if not waiting and "cancels_sent" not in phases:
+            phases["cancels_sent"] = round(now - wall0, 1)
+        await asyncio.sleep(0.2)
+    await asyncio.gather(*cancels)
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
     store = executor._store
@@ -127,6 +145,31 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
     }
 
 
+FIGURES = (
+    # (result key, figure name, unit, better)
+    ("rss_mib", "peak RSS", "MiB", "lower"),
+    ("cpu_s_per_1000_requests", "CPU per 1,000 protocol requests", "CPU-s", "lower"),
+    ("ratio_to_minimum", "status polls per completed operation / advised minimum", "ratio", "lower"),
+    (
+        "requests_per_completed_op",
+        "protocol requests per operation (submit + polls + cancels)",
+        "requests",
+        "lower",
+    ),
+    ("busiest_window", "busiest 1-second window of protocol requests", "requests", "lower"),
+    ("cancel_p99_s", "cancel-confirmation p99 (requested -> receipt)", "s", "lower"),
+    ("wall_s", "wall time until every operation is terminal", "s", "lower"),
+)
+
+
+def one_run(args: argparse.Namespace, keep: Path | None) -> dict[str, object]:
+    with RefServer(args.protocol, time_scale=1.0) as server, tempfile.TemporaryDirectory() as tmp:
+        url = server.endpoint if args.protocol.startswith("mcp") else server.url
+        result = asyncio.run(drive(args, url, keep or Path(tmp) / "scale.duckdb"))
+        result["server_operations_created"] = server.stats()["operations_created"]["total"]
+    return result
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--ops", type=int, default=10_000)
@@ -136,21 +179,60 @@ def main() -> int:
     parser.add_argument("--cancel-share", type=float, default=0.1)
     parser.add_argument("--protocol", default="aip-151")
     parser.add_argument("--timeout-s", type=float, default=600)
-    parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--runs", type=int, default=1, help="runs, each in a fresh process (RSS is per process)"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print a bench/figures.py report as the last line"
+    )
+    parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)  # one run, its dict as JSON
     parser.add_argument("--keep-ledger", help="write the ledger here (a new file) and keep it for analysis")
     args = parser.parse_args()
-    with RefServer(args.protocol, time_scale=1.0) as server, tempfile.TemporaryDirectory() as tmp:
-        url = server.endpoint if args.protocol.startswith("mcp") else server.url
-        path = Path(args.keep_ledger) if args.keep_ledger else Path(tmp) / "scale.duckdb"
-        if path.exists():
-            parser.error(f"--keep-ledger {path} exists; the benchmark writes a new ledger")
-        result = asyncio.run(drive(args, url, path))
-        result["server_operations_created"] = server.stats()["operations_created"]["total"]
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key:28} {value}")
+    keep = Path(args.keep_ledger) if args.keep_ledger else None
+    if keep is not None and keep.exists():
+        parser.error(f"--keep-ledger {keep} exists; the benchmark writes a new ledger")
+    if args.raw or (args.runs == 1 and not args.json):
+        result = one_run(args, keep)
+        if args.raw:
+            print(json.dumps(result, default=str))
+        else:
+            for key, value in result.items():
+                print(f"{key:28} {value}")
+        return 0
+    forwarded = [a for a in sys.argv[1:] if a != "--json"]
+    runs: list[dict[str, object]] = []
+    for n in range(args.runs):
+        done = subprocess.run(
+            [sys.executable, __file__, *forwarded, "--raw"], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            print(done.stderr[-2000:], file=sys.stderr)
+            return done.returncode
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(f"run {n + 1}/{args.runs}: " + json.dumps(runs[-1], default=str), file=sys.stderr)
+    command = "python bench/scale.py " + " ".join([*forwarded, "--json"])
+    report = Report("scale", command)
+    for key, name, unit, better in FIGURES:
+        values = [float(r[key]) for r in runs if isinstance(r.get(key), int | float)]
+        if values:
+            report.add(name, unit, values, better=better)
+    first = runs[0]
+    report.notes.append(
+        f"{args.ops} operations in flight at once against one {args.protocol} reference server, one executor "
+        f"process; tasks last {args.duration_s} s, the server advises polling every {args.interval_s} s "
+        f"(advised minimum {first['advised_minimum_polls']} status polls per operation); QPS cap "
+        f"{args.qps:g}; {args.cancel_share:.0%} of operations cancelled a third of the way through."
+    )
+    report.notes.append(
+        "targets (issue #5): RSS <= 1024 MiB; busiest window <= the cap; polls per completed operation "
+        "<= 1.1x the advised minimum. Per run: "
+        + "; ".join(
+            f"terminal {r['terminal']}/{r['ops']}, server operations {r['server_operations_created']}, "
+            f"busiest {r['busiest_window']} vs cap {r['qps_cap']}"
+            for r in runs
+        )
+    )
+    report.emit()
     return 0
 
 

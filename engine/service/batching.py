@@ -39,14 +39,22 @@ class BatchingLedger(Ledger):
         self.flushed_transitions = 0
         self.flushed_acceptances = 0
         self.flushes = 0
+        """Write transactions issued through this store: group commits and immediate writes alike."""
         self._immediate = 0
+        self._grouped = 0
 
     # Writes that wait for the tick's flush ---------------------------------------------------------
 
     @contextmanager
     def immediate(self) -> Iterator[None]:
         """Within this block writes commit at once (after everything buffered): person actions
-        such as a cancel must be durable, and win or lose their compare-and-swap, right away."""
+        such as a cancel must be durable, and win or lose their compare-and-swap, right away.
+
+        Inside ``grouped()`` the writes join the group instead, which commits as one at its end.
+        """
+        if self._grouped:
+            yield
+            return
         # The lock keeps a person's write from racing a group commit running on the writer thread.
         with self._commit_lock:
             self.flush()
@@ -56,8 +64,27 @@ class BatchingLedger(Ledger):
             finally:
                 self._immediate -= 1
 
+    @contextmanager
+    def grouped(self) -> Iterator[list[tuple[Transition, BatchOutcome]]]:
+        """Person actions that arrived together: their writes commit in ONE transaction at the end.
+
+        Everything buffered before is committed first, so the actions act on durable rows. The
+        yielded list receives every refusal (of the first flush and of the group's own commit);
+        the caller answers each action only after this block, i.e. once its write is durable.
+        """
+        refused: list[tuple[Transition, BatchOutcome]] = []
+        with self._commit_lock:
+            refused += self.flush()
+            self._grouped += 1
+            try:
+                yield refused
+            finally:
+                self._grouped -= 1
+                refused += self.flush()
+
     def apply(self, transition: Transition) -> Operation:
         if self._immediate:
+            self.flushes += 1
             return super().apply(transition)
         self._pending.append(transition)
         self._overlay[transition.after.operation_id] = transition.after
@@ -68,6 +95,7 @@ class BatchingLedger(Ledger):
 
     def hold_outcome(self, operation_id: str, held: HeldOutcome) -> None:
         if self._immediate:
+            self.flushes += 1
             super().hold_outcome(operation_id, held)
             return
         self._held.append((operation_id, held))
@@ -79,6 +107,7 @@ class BatchingLedger(Ledger):
     def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt:
         if self._immediate:
             self.flush()
+            self.flushes += 1
             return super().accept_terminal(transition, payload)
         receipt = receipt_of(transition)  # not an acceptance at all: refused now, not at flush
         self._accepts.append((transition, payload))

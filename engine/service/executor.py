@@ -127,6 +127,7 @@ class Executor:
     _actions: list[tuple[Callable[[], Awaitable[object]], asyncio.Future[object]]] = field(
         default_factory=list
     )
+    _cancels: list[tuple[str, str, str, asyncio.Future[Operation]]] = field(default_factory=list)
     _running: dict[str, asyncio.Future[Wake]] = field(default_factory=dict)
     _finished: list[Wake] = field(default_factory=list)
     _finished_since: datetime = _NEVER
@@ -306,7 +307,7 @@ class Executor:
         return bool(self._finished) and self.clock.now() >= self._finished_since + FLUSH_DELAY
 
     async def _idle(self) -> None:
-        if self._actions or self._commit_due():
+        if self._actions or self._cancels or self._commit_due():
             return
         now = self.clock.now()
         if self._heap and self._heap[0][0] <= now and len(self._running) < MAX_RUNNING:
@@ -337,8 +338,10 @@ class Executor:
         3. launch every due operation that is not already running, as its own task.
         """
         self.stats["ticks"] += 1
-        if self._actions or self._commit_due():
+        if self._actions or self._cancels or self._commit_due():
             await self._commit()
+        if self._cancels:
+            self._cancel_queued()
         actions, self._actions = self._actions, []
         for action, future in actions:
             try:
@@ -765,26 +768,53 @@ class Executor:
         return await self._between_ticks(create)
 
     async def cancel(self, call_node: str, *, actor: str, reason: str) -> Operation:
-        """Raise the cancel generation and record CANCEL_REQUESTED; the request goes out next tick.
+        """Raise the cancel generation and record CANCEL_REQUESTED; the request goes out after that.
 
+        Cancels that arrive together are recorded together: one group commit between ticks, each
+        still its own compare-and-swap, and each caller answered only once its record is durable.
         A primary's running shadow is cancelled with it, so that the comparison stays like for like.
         """
+        future: asyncio.Future[Operation] = asyncio.get_running_loop().create_future()
+        self._cancels.append((call_node, actor, reason, future))
+        self._wake.set()
+        return await asyncio.wait_for(future, timeout=60)
 
-        async def do() -> Operation:
-            op = self._current(call_node)
-            driver = self._driver_for(op)
-            if driver is None:
-                raise ServiceError(409, f"operation's server {op.server} is not configured")
-            try:
-                with self._store.immediate():
-                    after = driver.request_cancel(op, actor=actor, reason=reason)
-            except EngineError as exc:
-                raise ServiceError(409, str(exc)) from exc
-            self._touched(after)
-            self._cancel_shadow(after, actor=actor, reason=reason)
-            return after
+    def _cancel_queued(self) -> None:
+        queued, self._cancels = self._cancels, []
+        done: list[tuple[asyncio.Future[Operation], Operation | Exception]] = []
+        with self._store.grouped() as refused:
+            for call_node, actor, reason, future in queued:
+                try:
+                    done.append((future, self._cancel_now(call_node, actor=actor, reason=reason)))
+                except Exception as exc:  # handed to the waiting API request, which reports it
+                    done.append((future, exc))
+        lost = {t.after.operation_id for t, _ in refused}
+        self._refused(refused, [])
+        for future, result in done:
+            if future.done():  # the caller stopped waiting; the record stands all the same
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            elif result.operation_id in lost:
+                future.set_exception(
+                    ServiceError(409, "the operation moved while the cancel was recorded; ask again")
+                )
+            else:
+                future.set_result(result)
 
-        return await self._between_ticks(do)
+    def _cancel_now(self, call_node: str, *, actor: str, reason: str) -> Operation:
+        op = self._current(call_node)
+        driver = self._driver_for(op)
+        if driver is None:
+            raise ServiceError(409, f"operation's server {op.server} is not configured")
+        try:
+            with self._store.immediate():
+                after = driver.request_cancel(op, actor=actor, reason=reason)
+        except EngineError as exc:
+            raise ServiceError(409, str(exc)) from exc
+        self._touched(after)
+        self._cancel_shadow(after, actor=actor, reason=reason)
+        return after
 
     def _cancel_shadow(self, primary: Operation, *, actor: str, reason: str) -> None:
         shadow_id = self._shadow_of.get(primary.operation_id)

@@ -1,0 +1,100 @@
+"""Cancels that arrive together: each its own compare-and-swap, recorded in one group commit, answered once durable."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+from engine.clock import SystemClock
+from engine.ledger import Ledger
+from engine.model import LocalState
+from engine.service.config import parse_config
+from engine.service.executor import Executor, ServiceError
+from engine.service.testing import config_text
+from refserver.testing import RefServer
+
+LONG = {"duration_ms": 600_000, "ttl_ms": 3_600_000}  # scaled by the servers' time scale: 30 s
+
+
+async def settle(predicate: Callable[[], bool], *, within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"timed out after {within} s waiting for {what}")
+
+
+async def test_concurrent_cancels_share_one_commit_and_each_is_durable_when_answered(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    config = parse_config(tomllib.loads(config_text(servers, global_qps=200)))
+    ledger = Ledger.open(tmp_path / "cancels.duckdb")
+    executor = Executor(ledger=ledger, config=config, clock=SystemClock(), rng=random.Random(7))
+    await executor.start()
+    runner = asyncio.create_task(executor.run())
+    try:
+        nodes = [f"c{i}" for i in range(40)]
+        await executor.submit_many([(n, "analyze_upload", {"n": n, "_sim": LONG}) for n in nodes])
+
+        def working() -> bool:
+            return all(op.state is LocalState.WORKING for op in ledger.operations())
+
+        await settle(working, within=30, what="all 40 working")
+        commits_before = executor._store.flushes
+        answers = await asyncio.gather(
+            *(executor.cancel(n, actor="ops", reason="batch stop") for n in nodes),
+            executor.cancel("no-such-node", actor="ops", reason="typo"),
+            return_exceptions=True,
+        )
+        *cancelled, missing = answers
+        assert isinstance(missing, ServiceError)
+        assert missing.status == 404
+        for answer in cancelled:
+            assert not isinstance(answer, BaseException), answer
+            assert answer.state is LocalState.CANCEL_REQUESTED
+            stored = ledger.get(answer.operation_id)  # durable by the time the caller is answered
+            assert stored is not None
+            assert stored.cancel_generation == 1
+            assert stored.cancel_requested_at is not None
+        # Forty person actions, a handful of commits (the group's, plus ticks' own), not forty.
+        assert executor._store.flushes - commits_before < 10
+        again = await asyncio.gather(
+            executor.cancel(nodes[0], actor="ops", reason="twice"), return_exceptions=True
+        )
+        assert isinstance(again[0], ServiceError | type(None)) or again[0].cancel_generation >= 1  # type: ignore[union-attr]
+    finally:
+        executor.request_stop()
+        await asyncio.wait_for(runner, timeout=60)
+        await executor.aclose()
+        ledger.close()
+
+
+async def test_a_single_cancel_is_answered_without_waiting_for_company(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    config = parse_config(tomllib.loads(config_text(servers, global_qps=200)))
+    ledger = Ledger.open(tmp_path / "one.duckdb")
+    executor = Executor(ledger=ledger, config=config, clock=SystemClock(), rng=random.Random(8))
+    await executor.start()
+    runner = asyncio.create_task(executor.run())
+    try:
+        await executor.submit_many([("solo", "analyze_upload", {"n": "solo", "_sim": LONG})])
+        await settle(
+            lambda: all(op.state is LocalState.WORKING for op in ledger.operations()),
+            within=30,
+            what="working",
+        )
+        started = time.monotonic()
+        answer = await executor.cancel("solo", actor="ops", reason="stop")
+        assert answer.state is LocalState.CANCEL_REQUESTED
+        assert time.monotonic() - started < 5
+    finally:
+        executor.request_stop()
+        await asyncio.wait_for(runner, timeout=60)
+        await executor.aclose()
+        ledger.close()
