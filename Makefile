@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit browser bench clean
+.PHONY: demo test lint typecheck unit browser postgres bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,7 +25,10 @@ unit: $(STAMP)
 browser:
 	bash scripts/install-browser.sh
 
-test: lint typecheck browser unit
+postgres:
+	bash scripts/install-postgres.sh
+
+test: lint typecheck browser postgres unit
 
 demo: $(STAMP)
 	$(PY) -m engine.demo

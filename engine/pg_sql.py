@@ -1,0 +1,191 @@
+"""Analyst SQL on a PostgreSQL ledger: one query, in a READ ONLY transaction, under a read-only role.
+
+Three layers, each enough on its own for writes: a statement check refuses anything but one
+SELECT / WITH / VALUES / TABLE / EXPLAIN with a clear message (and the few functions that could
+leave the role or run SQL held in a string); the query then runs in a ``READ ONLY`` transaction
+after ``SET LOCAL ROLE`` to a NOLOGIN role that holds USAGE on the ledger's schema and SELECT on
+its tables and nothing else, so writes, sequences, ``COPY`` to or from files and server-file
+functions (``pg_read_file``, ``pg_ls_dir``, ``lo_import``) fail on permissions. ``statement_timeout``
+bounds the time and a server-side cursor the rows fetched. Writes nothing; the transaction is
+always rolled back.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Final
+
+import psycopg
+from psycopg import errors as pg_errors
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from engine.errors import SqlRefused
+from engine.sqlbox import QueryResult
+
+if TYPE_CHECKING:
+    from engine.pg_ledger import PgLedger
+
+_ALLOWED: Final = frozenset({"select", "with", "values", "table", "explain"})
+_WHAT: Final = {
+    "insert": "writes (INSERT)",
+    "update": "writes (UPDATE)",
+    "delete": "writes (DELETE)",
+    "merge": "writes (MERGE)",
+    "truncate": "writes (TRUNCATE)",
+    "copy": "COPY (files and the copy protocol are out of reach)",
+    "create": "creating objects",
+    "drop": "dropping objects",
+    "alter": "altering objects",
+    "grant": "granting rights",
+    "revoke": "revoking rights",
+    "set": "changing settings",
+    "reset": "changing settings",
+    "begin": "transaction control",
+    "start": "transaction control",
+    "commit": "transaction control",
+    "end": "transaction control",
+    "rollback": "transaction control",
+    "abort": "transaction control",
+    "savepoint": "transaction control",
+    "release": "transaction control",
+    "do": "DO blocks",
+    "call": "CALL",
+    "prepare": "prepared statements",
+    "execute": "prepared statements",
+    "deallocate": "prepared statements",
+    "declare": "cursors",
+    "fetch": "cursors",
+    "move": "cursors",
+    "close": "cursors",
+    "lock": "LOCK",
+    "listen": "LISTEN/NOTIFY",
+    "notify": "LISTEN/NOTIFY",
+    "unlisten": "LISTEN/NOTIFY",
+    "vacuum": "maintenance commands",
+    "analyze": "maintenance commands",
+    "cluster": "maintenance commands",
+    "reindex": "maintenance commands",
+    "checkpoint": "maintenance commands",
+    "load": "LOAD of libraries",
+    "security": "security labels",
+    "import": "IMPORT FOREIGN SCHEMA",
+    "refresh": "REFRESH MATERIALIZED VIEW",
+    "discard": "DISCARD",
+    "comment": "COMMENT",
+    "reassign": "REASSIGN OWNED",
+}
+# The role is the real fence, but the login that runs the query may switch back to itself with
+# set_config('role', ...) (SET ROLE checks the session user), and these functions run SQL held in a
+# string, where a name check cannot see. Refused by name, quotes and case ignored.
+_ESCAPES: Final = re.compile(
+    r"\b(set_config|query_to_xml\w*|cursor_to_xml\w*|ts_stat|ts_rewrite|dblink\w*)\b", re.IGNORECASE
+)
+_LEADING: Final = re.compile(r"\A(?:\s+|--[^\n]*(?:\n|\Z)|/\*.*?\*/|\()*", re.DOTALL)
+
+
+def first_keyword(query: str) -> str:
+    """The statement's first word, lower case, after leading comments and parentheses."""
+    rest = query[_LEADING.match(query).end() :]  # type: ignore[union-attr]
+    match = re.match(r"[A-Za-z_]+", rest)
+    return match.group(0).lower() if match else ""
+
+
+def check_query(query: str) -> str:
+    """Refuse anything but one read-only statement; return the statement to run.
+
+    Raises:
+        SqlRefused: with what was refused and why.
+    """
+    text = query.strip().rstrip(";").strip()
+    if not text:
+        raise SqlRefused("empty query")
+    if len(text) > 100_000:
+        raise SqlRefused("query longer than 100,000 characters")
+    keyword = first_keyword(text)
+    if keyword not in _ALLOWED:
+        what = _WHAT.get(keyword, keyword.upper() or "this statement")
+        raise SqlRefused(f"read-only sandbox: {what} is not allowed; only SELECT queries run here")
+    if re.search(r"\bu&['\"]", text, re.IGNORECASE):
+        raise SqlRefused("read-only sandbox: Unicode-escaped names and strings (U&) are not allowed")
+    match = _ESCAPES.search(text.replace('"', ""))
+    if match:
+        raise SqlRefused(
+            f"read-only sandbox: {match.group(1).lower()}() is not allowed (it could change the role "
+            "or run SQL held in a string)"
+        )
+    return text
+
+
+def run_query(
+    ledger: PgLedger,
+    query: str,
+    *,
+    max_rows: int = 1000,
+    timeout: timedelta = timedelta(seconds=10),
+) -> QueryResult:
+    """Run one read-only query on the ledger under its analyst role; the same result shape as ``engine.sqlbox``.
+
+    Raises:
+        SqlRefused: the query is not a single read-only statement, lacks the rights it needs (writes,
+            sequences, server files), times out or fails.
+    """
+    text = check_query(query)
+    role = ledger.analyst_role
+    try:
+        with ledger.connection() as conn, conn.transaction(force_rollback=True):
+            return _run(conn, text, role, max_rows, timeout)
+    except SqlRefused:
+        raise
+    except pg_errors.QueryCanceled as exc:
+        raise SqlRefused(f"query stopped after {timeout.total_seconds():g} s") from exc
+    except pg_errors.InsufficientPrivilege as exc:
+        raise SqlRefused(f"refused by the read-only role {role}: {_first_line(exc)}") from exc
+    except pg_errors.ReadOnlySqlTransaction as exc:
+        raise SqlRefused(f"refused by the read-only transaction: {_first_line(exc)}") from exc
+    except pg_errors.SyntaxError as exc:
+        if "multiple commands" in str(exc):
+            raise SqlRefused("one statement at a time") from exc
+        raise SqlRefused(f"query failed: {_first_line(exc)}") from exc
+    except psycopg.Error as exc:
+        raise SqlRefused(f"query failed: {_first_line(exc)}") from exc
+
+
+def _run(
+    conn: psycopg.Connection[TupleRow], text: str, role: str, max_rows: int, timeout: timedelta
+) -> QueryResult:
+    conn.execute("SET TRANSACTION READ ONLY")
+    conn.execute(
+        "SELECT set_config('statement_timeout', %s, true)",
+        [f"{max(1, int(timeout.total_seconds() * 1000))}ms"],
+    )
+    try:
+        conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
+    except psycopg.Error as exc:
+        raise SqlRefused(
+            f"analyst SQL is unavailable: cannot switch to the read-only role {role} "
+            f"(the ledger's login must be able to create it, or be granted it): {_first_line(exc)}"
+        ) from exc
+    started = time.perf_counter()
+    if first_keyword(text) == "explain":
+        # Binary results force the extended protocol, which runs exactly one statement.
+        with conn.cursor() as cur:
+            cur.execute(text, binary=True)
+            columns = [d.name for d in cur.description or ()]
+            rows = cur.fetchmany(max_rows + 1)
+    else:
+        # A server-side cursor: DECLARE takes one SELECT (no data-modifying WITH) and only the
+        # rows fetched leave the server.
+        with conn.cursor(name="finality_analyst_query") as cur:
+            cur.execute(text)
+            columns = [d.name for d in cur.description or ()]
+            rows = cur.fetchmany(max_rows + 1)
+    elapsed = (time.perf_counter() - started) * 1000
+    truncated = len(rows) > max_rows
+    return QueryResult(columns, [list(r) for r in rows[:max_rows]], truncated, elapsed)
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

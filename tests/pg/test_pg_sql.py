@@ -1,0 +1,207 @@
+"""Analyst SQL on a PostgreSQL ledger: one read-only query, READ ONLY transaction, read-only role, time and row caps.
+
+Each layer is shown to refuse on its own: the statement check (clear messages), the role (no rights
+but SELECT: files, sequences, catalogs of secrets), and the read-only transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from engine.errors import SqlRefused
+from engine.ledgers import open_ledger
+from engine.pg_ledger import ANALYST_ROLE, PgLedger
+from engine.pg_sql import check_query, run_query
+from engine.testing import make_operation
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def ledger(pg_url: str) -> Iterator[PgLedger]:
+    led = open_ledger(pg_url)
+    assert isinstance(led, PgLedger)
+    led.create_operation(make_operation("n1"), {"report": "n1"})
+    led.put_setting("global_qps", "50", NOW)
+    yield led
+    led.close()
+
+
+def settings_intact(ledger: PgLedger) -> bool:
+    return ledger.setting("global_qps") == "50" and ledger.count("operations") == 1
+
+
+def test_a_query_reads_the_ledger_under_the_analyst_role(ledger: PgLedger) -> None:
+    """A SELECT runs as the read-only role, in a read-only transaction, and returns the sandbox's result shape."""
+    result = ledger.analyst_query(
+        "SELECT current_user AS who, current_setting('transaction_read_only') AS ro, "
+        "(SELECT count(*) FROM operations) AS ops, (SELECT state FROM operations) AS state"
+    )
+    assert result.columns == ["who", "ro", "ops", "state"]
+    assert result.rows == [[ANALYST_ROLE, "on", 1, "SUBMITTING"]]
+    shape = result.as_json()
+    assert shape["row_count"] == 1
+    assert shape["truncated"] is False
+    rows = run_query(
+        ledger, "WITH o AS (SELECT created_at FROM operations) SELECT created_at FROM o"
+    ).as_json()["rows"]
+    assert rows == [[NOW.isoformat()]]
+
+
+def test_rows_are_capped(ledger: PgLedger) -> None:
+    """No more than max_rows rows come back, and the result says it was cut."""
+    result = run_query(ledger, "SELECT g FROM generate_series(1, 100000) AS g", max_rows=100)
+    assert len(result.rows) == 100
+    assert result.truncated
+
+
+def test_a_slow_query_is_stopped(ledger: PgLedger) -> None:
+    """statement_timeout stops a query that runs past its time."""
+    with pytest.raises(SqlRefused, match=r"stopped after 0\.2 s"):
+        run_query(ledger, "SELECT pg_sleep(5)", timeout=timedelta(milliseconds=200))
+    assert run_query(ledger, "SELECT 1").rows == [[1]]  # the connection is fine afterwards
+
+
+def test_explain_runs(ledger: PgLedger) -> None:
+    """EXPLAIN is allowed (it plans, and with ANALYZE runs, the same read-only query)."""
+    result = run_query(ledger, "EXPLAIN SELECT * FROM operations")
+    assert result.columns == ["QUERY PLAN"]
+    assert result.rows
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("INSERT INTO settings VALUES ('k', 'v', now())", "writes (INSERT)"),
+        ("update settings set value = '0'", "writes (UPDATE)"),
+        ("  -- a comment first\n DELETE FROM settings", "writes (DELETE)"),
+        ("TRUNCATE receipts", "writes (TRUNCATE)"),
+        ("COPY settings TO '/tmp/stolen.csv'", "COPY"),
+        ("COPY (SELECT * FROM settings) TO STDOUT", "COPY"),
+        ("CREATE TABLE x (a int)", "creating objects"),
+        ("DROP TABLE receipts", "dropping objects"),
+        ("SET ROLE postgres", "changing settings"),
+        ("RESET ROLE", "changing settings"),
+        ("BEGIN", "transaction control"),
+        ("DO $$ BEGIN PERFORM 1; END $$", "DO blocks"),
+        ("GRANT ALL ON receipts TO PUBLIC", "granting rights"),
+        ("", "empty query"),
+    ],
+)
+def test_anything_but_a_read_is_refused_with_a_clear_message(
+    ledger: PgLedger, query: str, message: str
+) -> None:
+    """The statement check names what was refused before anything runs."""
+    with pytest.raises(SqlRefused, match=message.replace("(", r"\(").replace(")", r"\)")):
+        run_query(ledger, query)
+    assert settings_intact(ledger)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT set_config('role', 'postgres', false)",
+        "SELECT \"set_config\"('role', 'postgres', true)",
+        "SELECT pg_catalog.SET_CONFIG('statement_timeout', '0', true)",
+        "SELECT query_to_xml('DELETE FROM settings RETURNING *', true, false, '')",
+        "SELECT * FROM ts_stat('SELECT to_tsvector(value) FROM settings')",
+        "SELECT U&\"\\0073et_config\"('role', 'postgres', true)",
+    ],
+)
+def test_ways_out_of_the_role_are_refused_by_name(ledger: PgLedger, query: str) -> None:
+    """set_config could switch back to the login role, and a few functions run SQL held in a string: refused."""
+    with pytest.raises(SqlRefused, match=r"not allowed"):
+        run_query(ledger, query)
+
+
+def test_several_statements_are_refused(ledger: PgLedger) -> None:
+    """Only one statement runs: a second one hidden after a semicolon is refused with the first."""
+    with pytest.raises(SqlRefused, match="one statement at a time"):
+        run_query(ledger, "SELECT 1; DELETE FROM settings")
+    with pytest.raises(SqlRefused, match="one statement at a time"):
+        run_query(ledger, "EXPLAIN SELECT 1; DELETE FROM settings")
+    assert settings_intact(ledger)
+
+
+def test_a_write_hidden_in_a_select_is_refused(ledger: PgLedger) -> None:
+    """A data-modifying WITH, a row lock or nextval: refused by the database, nothing changes."""
+    for query in (
+        "WITH d AS (DELETE FROM settings RETURNING *) SELECT * FROM d",
+        "EXPLAIN ANALYZE WITH d AS (DELETE FROM settings RETURNING *) SELECT * FROM d",
+        "SELECT * FROM settings FOR UPDATE",
+        "SELECT nextval('transition_seq')",
+        "SELECT lo_import('/etc/hostname')",
+    ):
+        with pytest.raises(SqlRefused):
+            run_query(ledger, query)
+    assert settings_intact(ledger)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT pg_read_file('/etc/passwd')",
+        "SELECT pg_read_binary_file('/etc/passwd')",
+        "SELECT * FROM pg_ls_dir('.')",
+        "SELECT * FROM pg_stat_file('postgresql.conf')",
+        "SELECT rolpassword FROM pg_authid",
+        "SELECT current_setting('data_directory')",
+        "SELECT lo_export(1, '/tmp/x')",
+    ],
+)
+def test_files_and_secrets_are_out_of_the_roles_reach(ledger: PgLedger, query: str) -> None:
+    """Server files and password hashes: the query passes the check and the role's missing rights refuse it."""
+    check_query(query)  # not refused by name: the database refuses it
+    with pytest.raises(SqlRefused, match=r"permission denied|must be superuser|privileges of"):
+        run_query(ledger, query)
+
+
+def test_the_role_alone_refuses_writes(pg_url: str, ledger: PgLedger) -> None:
+    """Without the check and outside a read-only transaction, the analyst role still cannot write or read files."""
+    with psycopg.connect(pg_url) as con:
+        for statement in (
+            "INSERT INTO settings VALUES ('k', 'v', now())",
+            "DELETE FROM receipts",
+            "SELECT nextval('transition_seq')",
+            "SELECT pg_read_file('/etc/passwd')",
+            "CREATE TABLE public.planted (a int)",
+        ):
+            with con.transaction(force_rollback=True):
+                con.execute(f"SET LOCAL ROLE {ANALYST_ROLE}")
+                with pytest.raises(psycopg.errors.InsufficientPrivilege), con.transaction():
+                    con.execute(statement)
+    assert settings_intact(ledger)
+
+
+def test_the_read_only_transaction_alone_refuses_writes(pg_url: str, ledger: PgLedger) -> None:
+    """Even the ledger's own login cannot write inside the READ ONLY transaction analyst SQL runs in."""
+    with psycopg.connect(pg_url) as con:
+        for statement in ("INSERT INTO settings VALUES ('k', 'v', now())", "DELETE FROM receipts"):
+            with con.transaction(force_rollback=True):
+                con.execute("SET TRANSACTION READ ONLY")
+                with pytest.raises(psycopg.errors.ReadOnlySqlTransaction), con.transaction():
+                    con.execute(statement)
+    assert settings_intact(ledger)
+
+
+def test_without_the_role_analyst_sql_is_refused_with_the_reason(pg_url: str, ledger: PgLedger) -> None:
+    """A ledger whose login could not set up the role refuses analyst SQL and says why."""
+    reader = PgLedger.open(pg_url, read_only=True, analyst_role="finality_nobody_made_this")
+    try:
+        with pytest.raises(SqlRefused, match="analyst SQL is unavailable"):
+            reader.analyst_query("SELECT 1")
+    finally:
+        reader.close()
+
+
+def test_a_read_only_ledger_handle_runs_analyst_sql(pg_url: str, ledger: PgLedger) -> None:
+    """The console's read-only handle runs analyst queries too."""
+    reader = PgLedger.open(pg_url, read_only=True)
+    try:
+        assert reader.analyst_query("SELECT count(*) FROM receipts").rows == [[0]]
+    finally:
+        reader.close()
