@@ -7,6 +7,14 @@ is refused with a clear message before it runs. Results are capped in rows and i
 
 Snapshots are made by the process that owns the ledger (``Ledger.snapshot``); readers with no
 service running may point the sandbox at a ledger file directly, which it attaches read-only.
+
+Attaching costs tens of milliseconds (more on a large ledger). For files only the sandbox reads
+(the service's snapshots) ``keep_open=True`` lets each thread keep its last sandbox and reuse it
+while the attached file is the same file, unchanged (inode, size and modification time); a
+replaced snapshot gets a fresh sandbox. Reuse is safe because the sandbox accepts only single
+read-only statements and its configuration is locked: no query can leave anything behind for the
+next. It is off by default because DuckDB refuses to open a file in-process a second time while
+a sandbox holds it. ``close_sandboxes`` drops the calling thread's sandbox.
 """
 
 from __future__ import annotations
@@ -93,7 +101,7 @@ def check_query(query: str) -> None:
     if len(text) > 100_000:
         raise SqlRefused("query longer than 100,000 characters")
     try:
-        statements = duckdb.connect(":memory:").extract_statements(text)
+        statements = _parser().extract_statements(text)
     except duckdb.Error as exc:
         raise SqlRefused(f"cannot parse the query: {exc}") from exc
     if len(statements) != 1:
@@ -115,6 +123,7 @@ def run_query(
     *,
     max_rows: int = 1000,
     timeout: timedelta = timedelta(seconds=10),
+    keep_open: bool = False,
 ) -> QueryResult:
     """Run one read-only query against a ledger snapshot (or file), attached as ``ledger`` and set as default.
 
@@ -122,28 +131,80 @@ def run_query(
         SqlRefused: the query is not a single read-only statement, reaches outside, times out or fails.
     """
     check_query(query)
+    con = _sandbox(Path(source))
+    try:
+        return _run(con, query, max_rows, timeout)
+    finally:
+        if not keep_open:
+            close_sandboxes()
+
+
+def _run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int, timeout: timedelta) -> QueryResult:
+    timer = threading.Timer(timeout.total_seconds(), con.interrupt)
+    timer.start()
+    started = time.perf_counter()
+    try:
+        cur = con.execute(query)
+        columns = [d[0] for d in cur.description or ()]
+        rows = cur.fetchmany(max_rows + 1)
+    except duckdb.InterruptException as exc:
+        close_sandboxes()
+        raise SqlRefused(f"query stopped after {timeout.total_seconds():g} s") from exc
+    except duckdb.Error as exc:
+        raise SqlRefused(f"query failed: {exc}") from exc
+    finally:
+        timer.cancel()
+    elapsed = (time.perf_counter() - started) * 1000
+    truncated = len(rows) > max_rows
+    return QueryResult(columns, [list(r) for r in rows[:max_rows]], truncated, elapsed)
+
+
+_local = threading.local()
+
+
+def _parser() -> duckdb.DuckDBPyConnection:
+    """A connection used only to split and classify statements (no data, reused per thread)."""
+    con: duckdb.DuckDBPyConnection | None = getattr(_local, "parser", None)
+    if con is None:
+        con = duckdb.connect(":memory:")
+        _local.parser = con
+    return con
+
+
+def _identity(path: Path) -> tuple[str, int, int, int]:
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise SqlRefused(f"cannot open the ledger for reading: {exc.strerror}") from exc
+    return (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _sandbox(path: Path) -> duckdb.DuckDBPyConnection:
+    """This thread's sandbox on ``path``: reused while the file is unchanged, else attached afresh."""
+    identity = _identity(path)
+    cached: tuple[tuple[str, int, int, int], duckdb.DuckDBPyConnection] | None = getattr(
+        _local, "sandbox", None
+    )
+    if cached is not None and cached[0] == identity:
+        return cached[1]
+    close_sandboxes()
     con = duckdb.connect(":memory:")
     try:
-        path = str(source).replace("'", "''")
-        con.execute(f"ATTACH '{path}' AS ledger (READ_ONLY)")
+        quoted = str(path).replace("'", "''")
+        con.execute(f"ATTACH '{quoted}' AS ledger (READ_ONLY)")
         con.execute("USE ledger")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
-        timer = threading.Timer(timeout.total_seconds(), con.interrupt)
-        timer.start()
-        started = time.perf_counter()
-        try:
-            cur = con.execute(query)
-            columns = [d[0] for d in cur.description or ()]
-            rows = cur.fetchmany(max_rows + 1)
-        except duckdb.InterruptException as exc:
-            raise SqlRefused(f"query stopped after {timeout.total_seconds():g} s") from exc
-        except duckdb.Error as exc:
-            raise SqlRefused(f"query failed: {exc}") from exc
-        finally:
-            timer.cancel()
-        elapsed = (time.perf_counter() - started) * 1000
-    finally:
+    except duckdb.Error as exc:
         con.close()
-    truncated = len(rows) > max_rows
-    return QueryResult(columns, [list(r) for r in rows[:max_rows]], truncated, elapsed)
+        raise SqlRefused(f"cannot open the ledger for reading: {exc}") from exc
+    _local.sandbox = (identity, con)
+    return con
+
+
+def close_sandboxes() -> None:
+    """Close the calling thread's cached sandbox (the next query attaches afresh)."""
+    cached = getattr(_local, "sandbox", None)
+    _local.sandbox = None
+    if cached is not None:
+        cached[1].close()

@@ -73,3 +73,43 @@ def test_hostile_sql_is_refused_clearly(snapshot: Path, query: str, message: str
     with pytest.raises(SqlRefused, match=message):
         run_query(snapshot, query)
     assert run_query(snapshot, "SELECT count(*) FROM op_state").rows == before
+
+
+def test_a_kept_sandbox_is_reused_until_its_snapshot_is_replaced(tmp_path: Path) -> None:
+    """keep_open reuses the attached snapshot; a newer snapshot at the same path is attached afresh."""
+    from engine import sqlbox
+
+    with Ledger.open(tmp_path / "live.duckdb") as ledger:
+        ledger.create_many([(make_operation(f"k{i}"), {"i": i}) for i in range(3)])
+        snap = ledger.snapshot(tmp_path / "snap.duckdb")
+        count = "SELECT count(*) FROM operations"
+        assert run_query(snap, count, keep_open=True).rows == [[3]]
+        first = sqlbox._local.sandbox[1]
+        assert run_query(snap, count, keep_open=True).rows == [[3]]
+        assert sqlbox._local.sandbox[1] is first  # same file, unchanged: no new attach
+        ledger.create_many([(make_operation(f"k{i}"), {"i": i}) for i in range(3, 5)])
+        ledger.snapshot(tmp_path / "snap.duckdb")  # replaced by rename: a new file
+        assert run_query(snap, count, keep_open=True).rows == [[5]]
+        assert sqlbox._local.sandbox[1] is not first
+    sqlbox.close_sandboxes()
+    assert sqlbox._local.sandbox is None
+
+
+def test_a_sandbox_not_kept_leaves_the_file_free_to_open(tmp_path: Path) -> None:
+    """Without keep_open the sandbox is closed after the query, so the file can be opened for writing."""
+    with Ledger.open(tmp_path / "l.duckdb") as ledger:
+        ledger.create_many([(make_operation("f1"), {"i": 1})])
+    assert run_query(tmp_path / "l.duckdb", "SELECT count(*) FROM operations").rows == [[1]]
+    with Ledger.open(tmp_path / "l.duckdb") as ledger:  # refused if a sandbox still held it
+        assert ledger.count("op_state") == 1
+
+
+def test_kept_sandboxes_refuse_writes_like_fresh_ones(snapshot: Path) -> None:
+    """Reuse changes nothing about what is refused: the kept sandbox still runs only single SELECTs."""
+    run_query(snapshot, "SELECT 1", keep_open=True)
+    for query in ("DELETE FROM op_state", "SET threads = 1", "ATTACH ':memory:' AS x", "SELECT 1; SELECT 2"):
+        with pytest.raises(SqlRefused):
+            run_query(snapshot, query, keep_open=True)
+    with pytest.raises(SqlRefused, match="reaches outside"):
+        run_query(snapshot, "SELECT * FROM read_text('/etc/passwd')", keep_open=True)
+    assert run_query(snapshot, "SELECT count(*) FROM operations", keep_open=True).rows == [[50]]
