@@ -51,6 +51,7 @@ from engine.adapters.verify import (
     Expectation,
     PayloadKind,
     epoch_echo_of,
+    error_outcome,
     related_task_of,
     summarize,
     verify_outcome,
@@ -370,15 +371,7 @@ class Mcp2025Backend:
         expected = replace(self._expect(op, caps), task_id=None)
         if reply.error is not None:
             # Refused before any work: -32601/-32600/-32602 for taskSupport misuse land here too.
-            payload = reply.error.payload()
-            outcome = verify_outcome(
-                ServerStatus.FAILED,
-                payload,
-                PayloadKind.JSONRPC_ERROR,
-                expected,
-                epoch_echo=epoch_echo_of(payload),
-            )
-            return Inline(self._inline.keep(op, outcome))
+            return Inline(self._inline.keep(op, error_outcome(reply.error.payload(), expected)))
         result = require_result(reply, "tools/call")
         if "task" in result:
             created = parse_wire(v2025.CreateTaskResult, result, "tools/call")

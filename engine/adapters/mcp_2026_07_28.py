@@ -41,6 +41,7 @@ from engine.adapters.verify import (
     Expectation,
     PayloadKind,
     epoch_echo_of,
+    error_outcome,
     related_task_of,
     verify_outcome,
 )
@@ -308,15 +309,7 @@ class Mcp2026Backend:
         reply = await self._call(op, request.arguments, caps)
         expected = Expectation(task_id=None, max_result_bytes=self._options.max_result_bytes)
         if reply.error is not None:
-            payload = reply.error.payload()
-            outcome = verify_outcome(
-                ServerStatus.FAILED,
-                payload,
-                PayloadKind.JSONRPC_ERROR,
-                expected,
-                epoch_echo=epoch_echo_of(payload),
-            )
-            return Inline(self._inline.keep(op, outcome))
+            return Inline(self._inline.keep(op, error_outcome(reply.error.payload(), expected)))
         result = require_result(reply, "tools/call")
         kind = result.get("resultType", "complete")
         if kind == "task":

@@ -159,6 +159,17 @@ def verify_outcome(
     )
 
 
+def error_outcome(payload: Json, expected: Expectation) -> Outcome:
+    """A JSON-RPC error answering ``tools/call``: ``FAILED`` with the error object as its payload, verified.
+
+    Both MCP versions answer a refused call (before any work) this way; the error is kept as sent,
+    because the outcome digest is over it.
+    """
+    return verify_outcome(
+        ServerStatus.FAILED, payload, PayloadKind.JSONRPC_ERROR, expected, epoch_echo=epoch_echo_of(payload)
+    )
+
+
 def _check_shape(kind: PayloadKind, payload: Json) -> None:
     if kind is PayloadKind.AIP_RESPONSE:
         # An AIP-151 response is whatever message the method declares; JSON object is all we know.
