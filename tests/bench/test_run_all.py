@@ -94,11 +94,11 @@ def test_a_benchmark_past_its_timeout_is_killed_with_its_children_and_reported(t
         tmp_path,
         "slow.py",
         f"""
-        import subprocess, sys, time
-        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        import subprocess, sys, threading
+        child = subprocess.Popen([sys.executable, "-c", "import threading; threading.Event().wait(60)"])
         open({str(pid_file)!r}, "w").write(str(child.pid))
         print("started", file=sys.stderr, flush=True)
-        time.sleep(60)
+        threading.Event().wait(60)
         """,
     )
     slow = run_all.Benchmark("slow", script, "Slow", timeout_s=2.0)
