@@ -1,7 +1,8 @@
 """Finality console: sets the page config, builds one ``Insights`` per configuration, and runs the chosen page.
 
 Presentation only. Every page reads through ``engine.insights`` (the running service over HTTP, or
-a ledger file read-only when no service runs: ``FINALITY_SERVICE_URL`` / ``FINALITY_LEDGER``).
+a ledger file or PostgreSQL ledger read-only when no service runs: ``FINALITY_SERVICE_URL`` /
+``FINALITY_LEDGER``).
 Each page's URL is its file's name (``/rollout_control``), and any page can be opened first.
 
     streamlit run app.py
@@ -140,6 +141,10 @@ def main() -> None:
         info = insights.info
         if info.kind == "service":
             st.caption(f"Live: service at {info.location}")
+        elif info.kind == "postgres":
+            st.caption(f"Read-only: PostgreSQL ledger {info.location}")
+            if info.note:
+                st.warning(info.note)
         else:
             st.caption(f"Read-only: ledger file {info.location}")
             if info.note:

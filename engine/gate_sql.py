@@ -1,11 +1,13 @@
 """The one definition of the six gates' raw inputs: a single SQL statement and its row -> inputs conversion.
 
-``GATE_INPUTS_SQL`` is one read-only SELECT over the ledger's tables (unqualified names), returning
-one row. It runs unchanged in two places: on the ledger's own connection (``Ledger.gate_inputs``,
-used by the rollout controller, ``finality gates`` and ``GET /api/v1/gates``) and as a sandboxed
-query on a snapshot or a read-only ledger file (the console, ``engine.insights``). The only
-parameter, ``{now}``, is filled with a ``TIMESTAMPTZ`` literal by ``gate_inputs_sql`` (the sandbox
-takes no bound parameters, so the text carries the instant itself).
+``GATE_INPUTS_TEMPLATE`` is one read-only SELECT over the ledger's tables (unqualified names),
+returning one row, for both backends: written in SQL that DuckDB and PostgreSQL both run, except two
+fragments each says its own way (``GATE_INPUTS_DIALECTS``, side by side). It runs on the ledger's own
+connection (``Ledger.gate_inputs``, used by the rollout controller, ``finality gates`` and
+``GET /api/v1/gates``), as a sandboxed query on a snapshot or a read-only ledger file (the console,
+``engine.insights``) and, on PostgreSQL, as analyst SQL (``PgLedger.analyst_query``). The one
+parameter, ``{now}``, is filled with a ``TIMESTAMPTZ`` literal by ``gate_inputs_sql(now, dialect)``
+(the sandbox takes no bound parameters, so the text carries the instant itself).
 
 ``gate_inputs_from_row`` turns that row (column name -> value) into the nested shape
 ``rollout.gates.evaluate`` takes; the inputs are hashed into the rollout audit chain, so counts
@@ -42,15 +44,16 @@ from typing import Final
 GATE_INPUTS_TEMPLATE: Final = """
 WITH
 explorer AS (
-  SELECT count(*) AS runs, coalesce(sum(distinct_interleavings), 0) AS interleavings,
-         coalesce(sum(divergent), 0) AS divergent, max(finished_at) AS last_run_at
+  SELECT count(*) AS runs, CAST(coalesce(sum(distinct_interleavings), 0) AS BIGINT) AS interleavings,
+         CAST(coalesce(sum(divergent), 0) AS BIGINT) AS divergent, max(finished_at) AS last_run_at
   FROM explorer_runs WHERE rules = 'engine'
 ),
 ops AS (SELECT count(*) AS n, count(*) FILTER (WHERE submit_attempts > 0) AS resubmitted FROM op_state),
 dups AS (
-  SELECT count(*) AS n FROM (SELECT operation_id FROM task_bindings GROUP BY operation_id HAVING count(*) > 1)
+  SELECT count(*) AS n
+  FROM (SELECT operation_id FROM task_bindings GROUP BY operation_id HAVING count(*) > 1) AS d
 ),
-b AS (SELECT epoch_us(sent_at) // 1000000 AS sec, count(*) AS n FROM polls GROUP BY ALL),
+b AS (SELECT {sent_second} AS sec, count(*) AS n FROM polls GROUP BY 1),
 best AS (SELECT coalesce(max(n), 0) AS n FROM b),
 cand AS (
   SELECT b.sec FROM b LEFT JOIN b AS nxt ON nxt.sec = b.sec + 1
@@ -58,25 +61,25 @@ cand AS (
 ),
 near AS (SELECT sec FROM cand UNION SELECT sec + 1 FROM cand),
 w AS (
-  SELECT count(*) OVER (ORDER BY sent_at RANGE BETWEEN CURRENT ROW AND INTERVAL 999999 MICROSECONDS FOLLOWING) AS n
-  FROM polls WHERE epoch_us(sent_at) // 1000000 IN (SELECT sec FROM near)
+  SELECT count(*) OVER (ORDER BY sent_at RANGE BETWEEN CURRENT ROW AND INTERVAL '999999 microseconds' FOLLOWING) AS n
+  FROM polls WHERE {sent_second} IN (SELECT sec FROM near)
 ),
 cancels AS (
   SELECT count(*) AS confirmed,
-         quantile_cont(epoch(r.accepted_at) - epoch(s.cancel_requested_at), 0.99) AS p99_s,
-         max(epoch(r.accepted_at) - epoch(s.cancel_requested_at)) AS max_s
+         percentile_cont(0.99) WITHIN GROUP (ORDER BY {latency}) AS p99_s,
+         max({latency}) AS max_s
   FROM op_state s JOIN receipts r USING (operation_id) WHERE s.cancel_requested_at IS NOT NULL
 ),
 pending AS (
-  SELECT count(*) AS n, max(epoch({now}) - epoch(cancel_requested_at)) AS oldest_s FROM op_state
+  SELECT count(*) AS n, max({pending_age}) AS oldest_s FROM op_state
   WHERE cancel_requested_at IS NOT NULL AND state NOT IN ('ACCEPTED', 'CANCELLED_ACCEPTED')
 ),
 unknown AS (
   SELECT count(*) AS entries, count(*) FILTER (WHERE status = 'open') AS open,
-         max(CASE WHEN status = 'open' THEN epoch({now}) - epoch(opened_at) END) AS oldest_open_s,
-         quantile_cont(CASE WHEN status = 'open' THEN epoch({now}) - epoch(opened_at)
-                       ELSE epoch(resolved_at) - epoch(opened_at) END, 0.99) AS p99_age_s,
-         max(CASE WHEN status = 'resolved' THEN epoch(resolved_at) - epoch(opened_at) END) AS slowest_resolution_s
+         max(CASE WHEN status = 'open' THEN {open_age} END) AS oldest_open_s,
+         percentile_cont(0.99) WITHIN GROUP (ORDER BY CASE WHEN status = 'open' THEN {open_age}
+                                             ELSE {resolution} END) AS p99_age_s,
+         max(CASE WHEN status = 'resolved' THEN {resolution} END) AS slowest_resolution_s
   FROM reconciliation WHERE kind = 'unknown'
 ),
 trace AS (
@@ -89,13 +92,55 @@ SELECT explorer.runs AS explorer_runs, explorer.interleavings, explorer.divergen
        ops.n AS operations, dups.n AS operations_with_second_server_task, ops.resubmitted,
        (SELECT count(*) FROM polls) AS requests,
        greatest((SELECT n FROM best), coalesce((SELECT max(n) FROM w), 0)) AS busiest_1s_window,
-       (SELECT TRY_CAST(value AS DOUBLE) FROM settings WHERE key = 'global_qps') AS configured_qps,
+       (SELECT {qps} FROM settings WHERE key = 'global_qps') AS configured_qps,
        cancels.confirmed, cancels.p99_s, cancels.max_s, pending.n AS pending, pending.oldest_s AS oldest_pending_s,
        unknown.entries, unknown.open, unknown.oldest_open_s, unknown.p99_age_s, unknown.slowest_resolution_s,
        trace.outbox_rows, trace.untraceable
 FROM explorer, ops, dups, cancels, pending, unknown, trace
 """
-"""The statement with a ``{now}`` placeholder (the only one); fill it with ``gate_inputs_sql``."""
+"""The statement, in SQL both DuckDB and PostgreSQL run, with ``{now}`` and the dialect's fragments
+(``GATE_INPUTS_DIALECTS``) as placeholders; fill them with ``gate_inputs_sql``."""
+
+DIALECTS: Final = ("duckdb", "postgres")
+"""The SQL dialects of the ledger's backends: DuckDB (``engine.ledger``) and PostgreSQL (``engine.pg_ledger``)."""
+
+
+def seconds_between(later: str, earlier: str) -> str:
+    """``later - earlier`` in seconds, a DOUBLE on either backend (DuckDB's ``extract(epoch ...)`` is
+    already one, so its cast costs nothing there; PostgreSQL's is NUMERIC)."""
+    return f"(CAST(extract(epoch FROM {later}) AS FLOAT8) - CAST(extract(epoch FROM {earlier}) AS FLOAT8))"
+
+
+GATE_INPUTS_DIALECTS: Final[dict[str, dict[str, str]]] = {
+    "duckdb": {
+        # integer arithmetic on the stored microseconds: the busiest-window scan reads every poll
+        "sent_second": "epoch_us(sent_at) // 1000000",
+        "qps": "TRY_CAST(value AS DOUBLE)",
+    },
+    "postgres": {
+        "sent_second": "CAST(floor(extract(epoch FROM sent_at)) AS BIGINT)",
+        # TRY_CAST's NULL for a value that is not a number
+        "qps": (
+            "CASE WHEN value ~ '^\\s*[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?\\s*$' "
+            "THEN CAST(value AS FLOAT8) END"
+        ),
+    },
+}
+"""What each dialect says its own way, side by side: the second a poll was sent in, and the configured
+QPS read from its text (NULL when it is not a number)."""
+
+_COMMON_FRAGMENTS: Final = {
+    "latency": seconds_between("r.accepted_at", "s.cancel_requested_at"),
+    "pending_age": seconds_between("{now}", "cancel_requested_at"),
+    "open_age": seconds_between("{now}", "opened_at"),
+    "resolution": seconds_between("resolved_at", "opened_at"),
+}
+
+GATE_INPUTS_FRAGMENTS: Final[dict[str, dict[str, str]]] = {
+    dialect: {**_COMMON_FRAGMENTS, **GATE_INPUTS_DIALECTS[dialect]} for dialect in DIALECTS
+}
+"""Per dialect, every placeholder of ``GATE_INPUTS_TEMPLATE`` but ``{now}`` (they may hold ``{now}``)."""
+
 
 COLUMNS: Final = (
     "explorer_runs",
@@ -262,9 +307,22 @@ def timestamp_literal(now: datetime) -> str:
     return f"TIMESTAMPTZ '{instant.astimezone(UTC).isoformat()}'"
 
 
-def gate_inputs_sql(now: datetime) -> str:
-    """The gate-inputs statement with ``now`` filled in, ready to run on a ledger connection or the sandbox."""
-    return GATE_INPUTS_TEMPLATE.format(now=timestamp_literal(now)).strip()
+def gate_inputs_sql(now: datetime, dialect: str = "duckdb") -> str:
+    """The gate-inputs statement in ``dialect`` (``duckdb`` or ``postgres``) with ``now`` filled in,
+    ready to run on a ledger connection, in the DuckDB sandbox or as PostgreSQL analyst SQL.
+
+    Raises:
+        ValueError: an unknown dialect.
+    """
+    return fill_gate_inputs(GATE_INPUTS_TEMPLATE, dialect, now=timestamp_literal(now))
+
+
+def fill_gate_inputs(template: str, dialect: str, **params: str) -> str:
+    """``template`` (``GATE_INPUTS_TEMPLATE``) with ``dialect``'s fragments and ``params`` filled in."""
+    if dialect not in GATE_INPUTS_FRAGMENTS:
+        raise ValueError(f"unknown SQL dialect {dialect!r}; known: {list(DIALECTS)}")
+    fragments = {k: v.format(**params) for k, v in GATE_INPUTS_FRAGMENTS[dialect].items()}
+    return template.format(**params, **fragments).strip()
 
 
 _LAYOUT: Final[dict[str, tuple[tuple[str, str], ...]]] = {
@@ -398,15 +456,20 @@ def _is_nan(value: object) -> bool:
 
 __all__ = [
     "COLUMNS",
+    "DIALECTS",
+    "GATE_INPUTS_DIALECTS",
+    "GATE_INPUTS_FRAGMENTS",
     "GATE_INPUTS_TEMPLATE",
     "LATEST_RUN_SQL",
     "WRITE_SETTLE_S",
     "RecordedRun",
     "advance_clock",
+    "fill_gate_inputs",
     "gate_inputs_from_recorded",
     "gate_inputs_from_row",
     "gate_inputs_from_values",
     "gate_inputs_sql",
     "recorded_run_from_rows",
+    "seconds_between",
     "timestamp_literal",
 ]

@@ -2,27 +2,37 @@
 
 Pages read only through ``Insights``; they never build SQL. Every query is a named template here
 (``QUERIES``) with its parameters turned into quoted literals, so the evidence bundle can show the
-exact SQL behind each chart. Queries run on one of two sources:
+exact SQL behind each chart. Queries run on one of three sources:
 
 * ``ServiceSource``: the running ``finality serve`` over its control API (``ServiceClient``):
-  ``POST /api/v1/sql`` for the queries (sandboxed, on a snapshot), ``/api/v1/gates``,
-  ``/api/v1/rollout/...`` and the approval/reconciliation/cancel routes for actions.
+  ``POST /api/v1/sql`` for the queries (sandboxed, on a snapshot; on a PostgreSQL ledger, analyst
+  SQL), ``/api/v1/gates``, ``/api/v1/rollout/...`` and the approval/reconciliation/cancel routes for
+  actions.
 * ``FileSource``: no service running; the ledger file is read read-only through the SQL sandbox
-  (``engine.sqlbox.run_query``) and ``Ledger.open(path, read_only=True)`` for the gate inputs.
-  Actions are refused: only the process that owns the ledger may write it.
+  (``engine.sqlbox.run_query``). Actions are refused: only the process that owns the ledger may write it.
+* ``PostgresSource``: no service running, a PostgreSQL ledger (``FINALITY_LEDGER=postgresql://...``);
+  every query is analyst SQL (``PgLedger.analyst_query``: a READ ONLY transaction under the
+  read-only analyst role), the rollout status is read through a read-only ledger handle. Actions
+  are refused, as in file mode.
+
+The named queries are one text for both backends' SQL (DuckDB and PostgreSQL); the few fragments
+each dialect says its own way sit side by side in the query's entry (``NamedQuery.fragments``),
+chosen by the source's ``dialect``. A service names its ledger's dialect in its health answer, or
+is asked once with ``SELECT version()``.
 
 The six gates come from the latest recorded gate run (``gate_runs``, with its raw inputs) when it
 is current, and are evaluated afresh otherwise (``Insights.gates``):
 
 * service: the running service records a run every ``gate_interval_s`` (default 10 s); a run no
   older than that interval plus ``SERVICE_RUN_SLACK_S`` is current, shown with its age.
-* file: nobody writes the ledger, so a run is current when nothing was written after it
+* file (and PostgreSQL with no service): a run is current when nothing was written after it
   (``engine.gate_sql.RecordedRun.written_since``: the last recorded write instant and the counts,
   from statistics, no scan); the clock-dependent ages are advanced to now exactly
   (``engine.gate_sql.advance_clock``).
 
 ``Insights.from_env()`` picks the source from ``FINALITY_SERVICE_URL`` (preferred while the service
-answers) and ``FINALITY_LEDGER``. Queries aggregate in SQL; no page ever pulls a million rows.
+answers) and ``FINALITY_LEDGER`` (a DuckDB file, or a ``postgresql://`` URL). Queries aggregate in
+SQL; no page ever pulls a million rows.
 """
 
 from __future__ import annotations
@@ -49,6 +59,8 @@ from engine.client import ServiceClient, ServiceRefused, ServiceUnavailable
 from engine.clock import Clock, SystemClock, monotonic_seconds
 from engine.errors import EngineError
 from engine.gate_sql import (
+    DIALECTS,
+    GATE_INPUTS_FRAGMENTS,
     GATE_INPUTS_TEMPLATE,
     LATEST_RUN_SQL,
     advance_clock,
@@ -56,6 +68,7 @@ from engine.gate_sql import (
     gate_inputs_from_values,
     recorded_run_from_rows,
 )
+from engine.gate_sql import seconds_between as secs
 from engine.ledger import GateRecord
 from engine.model import RECEIPT_STATES, LocalState
 from engine.model import Protocol as WireProtocol
@@ -162,19 +175,45 @@ def lit_list(values: Sequence[object]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class NamedQuery:
-    """One chart's or table's SQL, with ``{placeholders}`` filled by ``Insights`` from literals only."""
+    """One chart's or table's SQL, with ``{placeholders}`` filled by ``Insights`` from literals only.
+
+    ``template`` runs on both backends; ``fragments`` holds, per dialect (``duckdb``, ``postgres``),
+    the placeholders each says its own way (a fragment may itself hold the query's placeholders).
+    """
 
     name: str
     title: str
     template: str
     times: tuple[str, ...] = ()
     max_rows: int = 1000
+    fragments: Mapping[str, Mapping[str, str]] | None = None
 
-    def render(self, **params: str) -> str:
-        return self.template.format(**params).strip()
+    def render(self, dialect: str = "duckdb", **params: str) -> str:
+        if dialect not in DIALECTS:
+            raise ValueError(f"unknown SQL dialect {dialect!r}; known: {list(DIALECTS)}")
+        own = {k: v.format(**params) for k, v in (self.fragments or {}).get(dialect, {}).items()}
+        return self.template.format(**params, **own).strip()
 
 
 _OPS = "op_state s JOIN op_identity i USING (operation_id) {arm_join}"
+_STATE_COLUMNS = (
+    "state, server_status, task_id, poll_cursor, input_round, answered_round, input_request_key, "
+    "cancel_generation, cancel_requested_at, expires_at, result_digest, result_held, "
+    "effect_reconciliation_required, submit_attempts, epoch, row_version, updated_at"
+)
+"""``op_state``'s columns but its key, as the analysts' record has them (PostgreSQL's lease columns are left out)."""
+
+_CANCEL_LATENCY = secs("r.accepted_at", "s.cancel_requested_at")
+_OPEN_AGE = secs("{now}", "opened_at")
+
+
+def _percentiles(value: str, *fractions: tuple[float, str]) -> str:
+    return ", ".join(
+        f"percentile_cont({f}) WITHIN GROUP (ORDER BY {value}) AS {name}" for f, name in fractions
+    )
+
+
+_LATENCY_PERCENTILES = _percentiles("latency_s", (0.5, "p50_s"), (0.95, "p95_s"), (0.99, "p99_s"))
 
 QUERIES: Final[dict[str, NamedQuery]] = {
     q.name: q
@@ -184,6 +223,7 @@ QUERIES: Final[dict[str, NamedQuery]] = {
             "Raw inputs of the six gates (engine.gate_sql: the one definition Ledger.gate_inputs shares)",
             GATE_INPUTS_TEMPLATE,
             times=("last_run_at",),
+            fragments=GATE_INPUTS_FRAGMENTS,
         ),
         NamedQuery(
             "latest_gate_run",
@@ -197,7 +237,7 @@ QUERIES: Final[dict[str, NamedQuery]] = {
             # with no recorded arm are all operations less the assignments (no million-row join).
             f"""
 WITH assigned AS (
-  SELECT arm, count(*) AS operations, max(assigned_at) AS last_assigned_at FROM rollout_assignments GROUP BY ALL
+  SELECT arm, count(*) AS operations, max(assigned_at) AS last_assigned_at FROM rollout_assignments GROUP BY 1
 ),
 unassigned AS (
   SELECT 'unassigned' AS arm,
@@ -208,7 +248,7 @@ totals AS (SELECT * FROM assigned UNION ALL SELECT * FROM unassigned WHERE opera
 live AS (
   SELECT coalesce(ra.arm, 'unassigned') AS arm, count(*) AS in_flight
   FROM (SELECT operation_id FROM op_state WHERE state NOT IN {TERMINAL_SQL}) s
-  LEFT JOIN rollout_assignments ra USING (operation_id) GROUP BY ALL
+  LEFT JOIN rollout_assignments ra USING (operation_id) GROUP BY 1
 )
 SELECT arm, operations, coalesce(in_flight, 0) AS in_flight, last_assigned_at
 FROM totals LEFT JOIN live USING (arm)
@@ -221,12 +261,12 @@ ORDER BY arm""",
             f"""
 WITH totals AS (
   SELECT {{arm}} AS arm, count(*) AS operations, max(i.created_at) AS last_assigned_at
-  FROM op_identity i GROUP BY ALL
+  FROM op_identity i GROUP BY 1
 ),
 live AS (
   SELECT {{arm}} AS arm, count(*) AS in_flight
   FROM (SELECT operation_id FROM op_state WHERE state NOT IN {TERMINAL_SQL}) s
-  JOIN op_identity i USING (operation_id) GROUP BY ALL
+  JOIN op_identity i USING (operation_id) GROUP BY 1
 )
 SELECT arm, operations, coalesce(in_flight, 0) AS in_flight, last_assigned_at
 FROM totals LEFT JOIN live USING (arm)
@@ -241,7 +281,7 @@ SELECT s.state, i.protocol, count(*) AS operations,
        min(i.created_at) AS oldest_created_at
 FROM op_state s JOIN op_identity i USING (operation_id)
 WHERE s.state NOT IN {TERMINAL_SQL}
-GROUP BY ALL ORDER BY s.state, i.protocol""",
+GROUP BY 1, 2 ORDER BY s.state, i.protocol""",
             times=("oldest_created_at",),
         ),
         NamedQuery(
@@ -250,86 +290,87 @@ GROUP BY ALL ORDER BY s.state, i.protocol""",
             f"""
 SELECT
   (SELECT count(*) FROM reconciliation WHERE kind = 'unknown' AND status = 'open') AS unknown_open,
-  (SELECT max(epoch({{now}}) - epoch(opened_at)) FROM reconciliation
+  (SELECT max({_OPEN_AGE}) FROM reconciliation
      WHERE kind = 'unknown' AND status = 'open') AS unknown_oldest_s,
   (SELECT count(*) FROM reconciliation WHERE kind = 'unknown' AND status = 'open'
-     AND epoch({{now}}) - epoch(opened_at) > {UNKNOWN_SLO_S}) AS unknown_over_slo,
+     AND {_OPEN_AGE} > {UNKNOWN_SLO_S}) AS unknown_over_slo,
   (SELECT count(*) FROM reconciliation WHERE kind = 'effects' AND status = 'open') AS effects_open,
   (SELECT count(*) FROM approvals WHERE status = 'pending') AS approvals_pending,
   (SELECT count(*) FROM approvals WHERE status = 'pending' AND deadline < {{now}}) AS approvals_overdue,
   (SELECT count(*) FROM op_state WHERE cancel_requested_at IS NOT NULL
      AND state NOT IN {TERMINAL_SQL}) AS cancels_pending,
   (SELECT count(*) FROM op_state WHERE cancel_requested_at IS NOT NULL AND state NOT IN {TERMINAL_SQL}
-     AND epoch({{now}}) - epoch(cancel_requested_at) > {CANCEL_SLO_S}) AS cancels_over_slo""",
+     AND {secs("{now}", "cancel_requested_at")} > {CANCEL_SLO_S}) AS cancels_over_slo""",
         ),
         NamedQuery(
             "cancel_latency_over_time",
             "Cancel confirmation latency (p50/p95/p99) over time",
-            """
+            f"""
 WITH c AS (
-  SELECT time_bucket({bucket}, r.accepted_at) AS bucket, i.protocol, {arm} AS arm,
-         epoch(r.accepted_at) - epoch(s.cancel_requested_at) AS latency_s
-  FROM op_state s JOIN receipts r USING (operation_id) JOIN op_identity i USING (operation_id) {arm_join}
+  SELECT {{bucket_start}} AS bucket, i.protocol, {{arm}} AS arm, {_CANCEL_LATENCY} AS latency_s
+  FROM op_state s JOIN receipts r USING (operation_id) JOIN op_identity i USING (operation_id) {{arm_join}}
   WHERE s.cancel_requested_at IS NOT NULL
-    AND r.accepted_at >= {since} AND r.accepted_at < {until}
+    AND r.accepted_at >= {{since}} AND r.accepted_at < {{until}}
 )
-SELECT bucket, {group} AS series, count(*) AS cancels,
-       quantile_cont(latency_s, 0.5) AS p50_s, quantile_cont(latency_s, 0.95) AS p95_s,
-       quantile_cont(latency_s, 0.99) AS p99_s, max(latency_s) AS max_s
-FROM c WHERE protocol IN {protocols} AND {arm_filter}
-GROUP BY ALL ORDER BY bucket, series""",
+SELECT bucket, {{group}} AS series, count(*) AS cancels, {_LATENCY_PERCENTILES}, max(latency_s) AS max_s
+FROM c WHERE protocol IN {{protocols}} AND {{arm_filter}}
+GROUP BY 1, 2 ORDER BY bucket, series""",
             times=("bucket",),
             max_rows=20_000,
+            fragments={
+                # DuckDB's time_bucket counts from 2000-01-03 (a Monday); date_bin from the same origin
+                "duckdb": {"bucket_start": "time_bucket({bucket}, r.accepted_at)"},
+                "postgres": {
+                    "bucket_start": "date_bin({bucket}, r.accepted_at, TIMESTAMPTZ '2000-01-03 00:00:00+00')"
+                },
+            },
         ),
         NamedQuery(
             "cancel_latency_summary",
             "Cancel confirmation latency per protocol and arm",
             f"""
 WITH c AS (
-  SELECT i.protocol, {{arm}} AS arm,
-         epoch(r.accepted_at) - epoch(s.cancel_requested_at) AS latency_s
+  SELECT i.protocol, {{arm}} AS arm, {_CANCEL_LATENCY} AS latency_s
   FROM op_state s JOIN receipts r USING (operation_id) JOIN op_identity i USING (operation_id) {{arm_join}}
   WHERE s.cancel_requested_at IS NOT NULL
     AND r.accepted_at >= {{since}} AND r.accepted_at < {{until}}
 )
-SELECT protocol, arm, count(*) AS cancels,
-       quantile_cont(latency_s, 0.5) AS p50_s, quantile_cont(latency_s, 0.95) AS p95_s,
-       quantile_cont(latency_s, 0.99) AS p99_s, max(latency_s) AS max_s,
+SELECT protocol, arm, count(*) AS cancels, {_LATENCY_PERCENTILES}, max(latency_s) AS max_s,
        count(*) FILTER (WHERE latency_s >= {CANCEL_SLO_S}) AS over_60s
 FROM c WHERE protocol IN {{protocols}} AND arm IN {{arms}}
-GROUP BY ALL ORDER BY protocol, arm""",
+GROUP BY 1, 2 ORDER BY protocol, arm""",
         ),
         NamedQuery(
             "slowest_cancels",
             "Slowest cancel confirmations (and unconfirmed cancels)",
             # The slowest are picked from op_state and receipts alone (joined to the protocol and arm
             # only to filter on them); the picked few are then joined to their identity and arm.
-            """
+            f"""
 WITH picked AS (
   SELECT s.operation_id, s.state, s.cancel_requested_at, r.accepted_at,
-         coalesce(epoch(r.accepted_at), epoch({now})) - epoch(s.cancel_requested_at) AS latency_s
-  FROM op_state s LEFT JOIN receipts r USING (operation_id) {filter_join}
+         {secs("coalesce(r.accepted_at, {now})", "s.cancel_requested_at")} AS latency_s
+  FROM op_state s LEFT JOIN receipts r USING (operation_id) {{filter_join}}
   WHERE s.cancel_requested_at IS NOT NULL
-    AND (r.accepted_at IS NULL OR (r.accepted_at >= {since} AND r.accepted_at < {until}))
-    AND {filter}
-  ORDER BY latency_s DESC, s.operation_id LIMIT {limit}
+    AND (r.accepted_at IS NULL OR (r.accepted_at >= {{since}} AND r.accepted_at < {{until}}))
+    AND {{filter}}
+  ORDER BY latency_s DESC, s.operation_id LIMIT {{limit}}
 )
-SELECT i.call_node_id, p.operation_id, i.protocol, {arm} AS arm, i.tool_name, p.state,
+SELECT i.call_node_id, p.operation_id, i.protocol, {{arm}} AS arm, i.tool_name, p.state,
        p.cancel_requested_at, p.accepted_at, p.latency_s, p.accepted_at IS NULL AS unconfirmed
-FROM picked p JOIN op_identity i USING (operation_id) {arm_join}
+FROM picked p JOIN op_identity i USING (operation_id) {{arm_join}}
 ORDER BY p.latency_s DESC, p.operation_id""",
             times=("cancel_requested_at", "accepted_at"),
         ),
         NamedQuery(
             "unknown_age_histogram",
             "Open reconciliation entries by age",
-            """
+            f"""
 WITH a AS (
-  SELECT kind, (epoch({now}) - epoch(opened_at)) / 60.0 AS age_min
-  FROM reconciliation WHERE status = 'open' AND kind IN {kinds}
+  SELECT kind, {_OPEN_AGE} / 60.0 AS age_min
+  FROM reconciliation WHERE status = 'open' AND kind IN {{kinds}}
 )
-SELECT kind, least(floor(age_min / {bin_min}) * {bin_min}, {cap_min}) AS age_bin_min, count(*) AS entries
-FROM a GROUP BY ALL ORDER BY kind, age_bin_min""",
+SELECT kind, least(floor(age_min / {{bin_min}}) * {{bin_min}}, {{cap_min}}) AS age_bin_min, count(*) AS entries
+FROM a GROUP BY 1, 2 ORDER BY kind, age_bin_min""",
         ),
         NamedQuery(
             "reconciliation_aging",
@@ -337,21 +378,21 @@ FROM a GROUP BY ALL ORDER BY kind, age_bin_min""",
             f"""
 SELECT r.entry_id, r.kind, r.operation_id, i.call_node_id, i.protocol, i.tool_name, s.state,
        r.task_id, r.idempotency_key, r.reason, r.opened_at,
-       epoch({{now}}) - epoch(r.opened_at) AS age_s,
-       epoch({{now}}) - epoch(r.opened_at) > {UNKNOWN_SLO_S} AS over_15_min
+       {secs("{now}", "r.opened_at")} AS age_s,
+       {secs("{now}", "r.opened_at")} > {UNKNOWN_SLO_S} AS over_15_min
 FROM reconciliation r JOIN op_identity i USING (operation_id) JOIN op_state s USING (operation_id)
 WHERE r.status = 'open' AND r.kind IN {{kinds}}
-ORDER BY r.opened_at LIMIT {{limit}}""",
+ORDER BY r.opened_at, r.entry_id LIMIT {{limit}}""",
             times=("opened_at",),
         ),
         NamedQuery(
             "reconciliation_resolved",
             "Recently resolved reconciliation entries",
-            """
+            f"""
 SELECT entry_id, kind, operation_id, actor, resolution, opened_at, resolved_at,
-       epoch(resolved_at) - epoch(opened_at) AS took_s
+       {secs("resolved_at", "opened_at")} AS took_s
 FROM reconciliation WHERE status = 'resolved'
-ORDER BY resolved_at DESC LIMIT {limit}""",
+ORDER BY resolved_at DESC, entry_id LIMIT {{limit}}""",
             times=("opened_at", "resolved_at"),
         ),
         NamedQuery(
@@ -369,8 +410,9 @@ ORDER BY run_id, gate""",
             "Race explorer coverage",
             """
 SELECT rules, count(*) AS runs, count(DISTINCT scenario) AS scenarios, count(DISTINCT protocol) AS protocols,
-       sum(explored) AS explored, sum(distinct_interleavings) AS interleavings, sum(divergent) AS divergent,
-       bool_and(exhaustive) AS exhaustive, max(finished_at) AS last_finished_at
+       CAST(sum(explored) AS BIGINT) AS explored, CAST(sum(distinct_interleavings) AS BIGINT) AS interleavings,
+       CAST(sum(divergent) AS BIGINT) AS divergent, bool_and(exhaustive) AS exhaustive,
+       max(finished_at) AS last_finished_at
 FROM explorer_runs GROUP BY rules ORDER BY rules <> 'engine', rules""",
             times=("last_finished_at",),
         ),
@@ -387,8 +429,8 @@ FROM explorer_runs ORDER BY run_id DESC LIMIT {limit}""",
             "filter_options",
             "Values to filter operations by",
             """
-SELECT 'protocol' AS field, protocol AS value FROM (SELECT DISTINCT protocol FROM op_identity)
-UNION ALL SELECT 'tool', tool_name FROM (SELECT DISTINCT tool_name FROM op_identity)
+SELECT 'protocol' AS field, protocol AS value FROM (SELECT DISTINCT protocol FROM op_identity) AS p
+UNION ALL SELECT 'tool', tool_name FROM (SELECT DISTINCT tool_name FROM op_identity) AS t
 UNION ALL SELECT 'bounds', CAST(min(created_at) AS VARCHAR) FROM op_identity
 UNION ALL SELECT 'bounds', CAST(max(created_at) AS VARCHAR) FROM op_identity
 ORDER BY 1, 2""",
@@ -413,13 +455,13 @@ ORDER BY i.created_at DESC, s.operation_id""",
             "Operations (filtered) per state",
             """
 SELECT s.state, count(*) AS operations FROM {source}
-WHERE {where} GROUP BY ALL ORDER BY operations DESC""",
+WHERE {where} GROUP BY 1 ORDER BY operations DESC, s.state""",
         ),
         NamedQuery(
             "operation",
             "One operation",
             f"""
-SELECT i.*, s.* EXCLUDE (operation_id), {{arm}} AS arm FROM {_OPS}
+SELECT i.*, {", ".join("s." + c for c in _STATE_COLUMNS.split(", "))}, {{arm}} AS arm FROM {_OPS}
 WHERE s.operation_id = (
   SELECT operation_id FROM op_identity WHERE call_node_id = {{key}} OR operation_id = {{key}} LIMIT 1
 )""",
@@ -428,22 +470,23 @@ WHERE s.operation_id = (
         NamedQuery(
             "operation_timeline",
             "One call node's timeline: transitions, protocol requests, receipt",
-            """
-WITH op AS (SELECT operation_id FROM op_identity WHERE call_node_id = {key} OR operation_id = {key} LIMIT 1)
+            f"""
+WITH op AS (SELECT operation_id FROM op_identity WHERE call_node_id = {{key}} OR operation_id = {{key}} LIMIT 1)
 SELECT 'transition' AS kind, recorded_at AS occurred_at, event AS what,
        coalesce(from_state, '') || ' -> ' || to_state AS detail, cause AS note, accepted AS ok, seq AS ord
 FROM transitions WHERE operation_id = (SELECT operation_id FROM op)
 UNION ALL
 SELECT 'request', sent_at, method, outcome,
        CASE WHEN received_at IS NULL THEN 'no reply'
-            ELSE CAST(round((epoch(received_at) - epoch(sent_at)) * 1000, 1) AS VARCHAR) || ' ms' END,
+            ELSE CAST(round(CAST({secs("received_at", "sent_at")} * 1000 AS DECIMAL(18, 3)), 1) AS VARCHAR)
+                 || ' ms' END,
        outcome = 'ok', NULL
 FROM polls WHERE operation_id = (SELECT operation_id FROM op)
 UNION ALL
 SELECT 'receipt', accepted_at, status, coalesce(result_digest, cancel_evidence, ''),
        'epoch ' || epoch || ', cancel generation ' || cancel_generation, TRUE, NULL
 FROM receipts WHERE operation_id = (SELECT operation_id FROM op)
-ORDER BY occurred_at, ord NULLS LAST""",
+ORDER BY occurred_at, ord NULLS LAST, kind, what""",
             times=("occurred_at",),
             max_rows=5000,
         ),
@@ -455,16 +498,16 @@ SELECT a.operation_id, a.input_round, i.call_node_id, i.tool_name, i.protocol, s
        s.input_round AS current_round, a.message, a.requested_schema, a.schema_digest, a.deadline, a.opened_at,
        a.request_key
 FROM approvals a JOIN op_identity i USING (operation_id) JOIN op_state s USING (operation_id)
-WHERE a.status = 'pending' ORDER BY a.opened_at LIMIT {limit}""",
+WHERE a.status = 'pending' ORDER BY a.opened_at, a.operation_id, a.input_round LIMIT {limit}""",
             times=("deadline", "opened_at"),
         ),
         NamedQuery(
             "approvals_answered",
             "Recently answered approvals",
-            """
+            f"""
 SELECT operation_id, input_round, actor, answer, opened_at, answered_at,
-       epoch(answered_at) - epoch(opened_at) AS waited_s
-FROM approvals WHERE status = 'answered' ORDER BY answered_at DESC LIMIT {limit}""",
+       {secs("answered_at", "opened_at")} AS waited_s
+FROM approvals WHERE status = 'answered' ORDER BY answered_at DESC, operation_id, input_round LIMIT {{limit}}""",
             times=("opened_at", "answered_at"),
         ),
         NamedQuery(
@@ -472,7 +515,7 @@ FROM approvals WHERE status = 'answered' ORDER BY answered_at DESC LIMIT {limit}
             "The ledger's tables",
             """
 SELECT table_name FROM information_schema.tables
-WHERE table_catalog = current_database() AND table_schema = 'main' ORDER BY 1""",
+WHERE table_catalog = current_database() AND table_schema = current_schema() ORDER BY 1""",
         ),
         NamedQuery(
             "audit_log",
@@ -483,16 +526,22 @@ SELECT * FROM rollout_events ORDER BY 1 DESC LIMIT {limit}""",
         ),
     )
 }
+"""Every chart's and table's SQL. One text for both backends (DuckDB and PostgreSQL run it alike), but
+for a query's ``fragments``, which each dialect says its own way, side by side in the same entry."""
 
 SQL_EXAMPLES: Final[dict[str, str]] = {
     "Operations per state and protocol": (
-        "SELECT state, protocol, count(*) AS n FROM operations GROUP BY ALL ORDER BY n DESC"
+        "SELECT state, protocol, count(*) AS n FROM operations GROUP BY 1, 2 ORDER BY n DESC, 1, 2"
     ),
     "Cancel latency percentiles per protocol": (
         "SELECT i.protocol, count(*) AS cancels,\n"
-        "       quantile_cont(epoch(r.accepted_at) - epoch(s.cancel_requested_at), [0.5, 0.95, 0.99]) AS p50_p95_p99_s\n"
+        + "".join(
+            f"       percentile_cont({f}) WITHIN GROUP (ORDER BY {_CANCEL_LATENCY}) AS {name},\n"
+            for f, name in ((0.5, "p50_s"), (0.95, "p95_s"))
+        )
+        + f"       percentile_cont(0.99) WITHIN GROUP (ORDER BY {_CANCEL_LATENCY}) AS p99_s\n"
         "FROM op_state s JOIN receipts r USING (operation_id) JOIN op_identity i USING (operation_id)\n"
-        "WHERE s.cancel_requested_at IS NOT NULL GROUP BY ALL ORDER BY 1"
+        "WHERE s.cancel_requested_at IS NOT NULL GROUP BY 1 ORDER BY 1"
     ),
     "Open UNKNOWN entries, oldest first": (
         "SELECT entry_id, operation_id, idempotency_key, task_id, opened_at, reason\n"
@@ -500,17 +549,18 @@ SQL_EXAMPLES: Final[dict[str, str]] = {
     ),
     "Protocol requests per second, busiest windows": (
         "SELECT date_trunc('second', sent_at) AS second, count(*) AS requests\n"
-        "FROM polls GROUP BY ALL ORDER BY requests DESC LIMIT 20"
+        "FROM polls GROUP BY 1 ORDER BY requests DESC LIMIT 20"
     ),
     "Outbox rows without a receipt (must be none)": (
         "SELECT o.* FROM outbox o LEFT JOIN receipts r USING (call_node_id) WHERE r.call_node_id IS NULL"
     ),
     "Polls per accepted operation": (
         "SELECT o.protocol, avg(p.n) AS polls_per_operation FROM operations o\n"
-        "JOIN (SELECT operation_id, count(*) AS n FROM polls GROUP BY ALL) p USING (operation_id)\n"
-        "WHERE o.state = 'ACCEPTED' GROUP BY ALL ORDER BY 1"
+        "JOIN (SELECT operation_id, count(*) AS n FROM polls GROUP BY 1) p USING (operation_id)\n"
+        "WHERE o.state = 'ACCEPTED' GROUP BY 1 ORDER BY 1"
     ),
 }
+"""Examples for the SQL page, in SQL both backends run."""
 
 CHARTS: Final[dict[str, tuple[str, ...]]] = {
     "Overview": ("arms", "in_flight", "alerts"),
@@ -624,7 +674,7 @@ class RolloutStatus:
 @dataclass(frozen=True, slots=True)
 class SourceInfo:
     kind: str
-    """``service`` or ``file``."""
+    """``service``, ``file`` (a DuckDB ledger file) or ``postgres`` (a PostgreSQL ledger, no service)."""
     location: str
     writable: bool
     note: str = ""
@@ -643,6 +693,13 @@ class SqlResult:
 
 class Source(Protocol):
     info: SourceInfo
+
+    @property
+    def dialect(self) -> str:
+        """The ledger's SQL dialect (``engine.gate_sql.DIALECTS``): which fragments the named queries use."""
+        ...
+
+    def close(self) -> None: ...
 
     def query(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]: ...
 
@@ -664,9 +721,25 @@ class Source(Protocol):
 class ServiceSource:
     """Reads and acts through the running service's control API."""
 
-    def __init__(self, client: ServiceClient) -> None:
+    def __init__(self, client: ServiceClient, health: Json | None = None) -> None:
         self.client = client
         self.info = SourceInfo("service", client.base_url, writable=True)
+        self._dialect = _dialect_of_health(health or {})
+        self._dialect_lock = threading.Lock()
+
+    @property
+    def dialect(self) -> str:
+        """What the service's health answer says its ledger is; else asked once with ``SELECT version()``
+        (DuckDB answers ``v1.x``, PostgreSQL ``PostgreSQL 15...``)."""
+        with self._dialect_lock:
+            if self._dialect is None:
+                _, rows, _, _ = self.query("SELECT version() AS version", 1)
+                text = str(rows[0][0]) if rows and rows[0] else ""
+                self._dialect = "postgres" if text.lower().startswith("postgresql") else "duckdb"
+            return self._dialect
+
+    def close(self) -> None:
+        self.client.close()
 
     def query(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]:
         try:
@@ -719,11 +792,16 @@ class ServiceSource:
 class FileSource:
     """Reads a ledger file read-only (no service running); refuses every action."""
 
+    dialect = "duckdb"
+
     def __init__(self, path: str | Path, note: str = "") -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise NotConfigured(f"ledger file {self.path} does not exist")
         self.info = SourceInfo("file", str(self.path), writable=False, note=note)
+
+    def close(self) -> None:
+        pass
 
     def query(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]:
         try:
@@ -755,6 +833,100 @@ class FileSource:
 
     def evaluate_gates(self) -> Json | None:
         return None  # read-only: the console evaluates itself and records nothing
+
+
+class PostgresSource:
+    """Reads a PostgreSQL ledger with no service: every query is analyst SQL (``PgLedger.analyst_query``:
+    one statement, in a READ ONLY transaction under the read-only analyst role), the rollout status is
+    read through a read-only ledger handle; every action is refused (the executors own the writes).
+
+    The ledger must have been opened (migrated) once by a writer, which also creates the analyst role.
+    """
+
+    dialect = "postgres"
+
+    def __init__(self, url: str, note: str = "", *, pool_size: int = 4) -> None:
+        # Imported here: a console on DuckDB needs no PostgreSQL driver.
+        from engine.pg_ledger import PgLedger
+
+        try:
+            self.ledger = PgLedger.open(url, read_only=True, pool_size=pool_size)
+        except EngineError as exc:
+            raise NotConfigured(str(exc)) from exc
+        self.info = SourceInfo("postgres", self.ledger.path, writable=False, note=note)
+
+    def close(self) -> None:
+        self.ledger.close()
+
+    def query(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]:
+        try:
+            result = self.ledger.analyst_query(sql, max_rows=max_rows)
+        except EngineError as exc:
+            raise QueryFailed(str(exc)) from exc
+        return result.columns, result.rows, result.truncated, result.elapsed_ms
+
+    def rollout_status(self) -> Json | None:
+        """The rollout as recorded (stage, exposure, epoch, kill switch with what remains in flight) and
+        the audit chain verified against its anchor; None before the first rollout action."""
+        # Imported here: rollout sits above the engine, which only presents what it recorded.
+        from rollout.controller import verify_ledger
+        from rollout.plan import RolloutState
+
+        try:
+            row = self.ledger.rollout_state()
+            if row is None:
+                return None
+            state = RolloutState.from_json(row)
+            live = self.ledger.live_by_protocol()
+            audit = verify_ledger(self.ledger)  # type: ignore[arg-type]  # reads only the LedgerPort
+        except (EngineError, ValueError) as exc:
+            raise ActionRefused(503, f"rollout status unavailable: {exc}") from exc
+        remaining = {p: sum(live.get(p, {}).values()) for p in state.disabled_protocols}
+        return {
+            **state.as_json(),
+            "percentage": state.exposure_bp / 100,
+            "remaining": remaining,
+            "audit": {"verified": audit.ok, "events": audit.checked, "detail": "; ".join(audit.problems)},
+        }
+
+    def _refuse(self) -> Json:
+        raise ReadOnlyConsole(
+            "this console reads a PostgreSQL ledger read-only; start `finality serve` on it and set "
+            f"{ENV_SERVICE_URL} to act (only the executors write the ledger)"
+        )
+
+    def resolve(self, entry_id: int, body: Json) -> Json:
+        return self._refuse()
+
+    def answer(self, operation_id: str, input_round: int, body: Json) -> Json:
+        return self._refuse()
+
+    def cancel(self, call_node: str, body: Json) -> Json:
+        return self._refuse()
+
+    def rollout(self, action: str, body: Json) -> Json:
+        return self._refuse()
+
+    def evaluate_gates(self) -> Json | None:
+        return None  # read-only: the console evaluates itself and records nothing
+
+
+def _dialect_of_health(health: Mapping[str, object]) -> str | None:
+    """The ledger's dialect if the service's health answer names it (``dialect``, or a ``ledger``
+    backend name or URL); None when it does not say."""
+    for key in ("dialect", "ledger_dialect", "ledger_backend", "backend", "ledger"):
+        value = health.get(key)
+        if isinstance(value, Mapping):
+            found = _dialect_of_health(value)
+            if found is not None:
+                return found
+            continue
+        text = str(value or "").strip().lower()
+        if text.startswith("postgres"):
+            return "postgres"
+        if text.startswith("duckdb"):
+            return "duckdb"
+    return None
 
 
 def _float(value: object) -> float | None:
@@ -827,7 +999,7 @@ class Insights:
         if url:
             client = ServiceClient(url, timeout=30.0)
             try:
-                client.health()
+                health = client.health()
             except (ServiceUnavailable, ServiceRefused) as exc:
                 client.close()
                 if not ledger:
@@ -835,7 +1007,7 @@ class Insights:
                 note = f"service at {url} does not answer; reading the ledger file read-only"
             else:
                 return cls(
-                    ServiceSource(client),
+                    ServiceSource(client, health if isinstance(health, dict) else None),
                     clock=clock,
                     cache_s=cache_s,
                     gate_cache_s=gate_cache_s,
@@ -843,8 +1015,13 @@ class Insights:
                     prefetch=True,
                 )
         if ledger:
+            source: Source
+            if ledger.lower().startswith(("postgresql://", "postgres://")):
+                source = PostgresSource(ledger, note.replace("the ledger file", "the PostgreSQL ledger"))
+            else:
+                source = FileSource(ledger, note)
             return cls(
-                FileSource(ledger, note),
+                source,
                 clock=clock,
                 cache_s=cache_s,
                 gate_cache_s=gate_cache_s,
@@ -852,12 +1029,18 @@ class Insights:
                 prefetch=True,
             )
         raise NotConfigured(
-            f"set {ENV_SERVICE_URL} (a running `finality serve`) or {ENV_LEDGER} (a ledger file, read-only)"
+            f"set {ENV_SERVICE_URL} (a running `finality serve`) or {ENV_LEDGER} (a ledger file or a "
+            "postgresql:// URL, read-only)"
         )
 
     @property
     def info(self) -> SourceInfo:
         return self.source.info
+
+    @property
+    def dialect(self) -> str:
+        """The SQL dialect of the ledger the queries run on: ``duckdb`` or ``postgres``."""
+        return self.source.dialect
 
     def now(self) -> datetime:
         return self.clock.now()
@@ -868,7 +1051,7 @@ class Insights:
         """The SQL a named query runs with these parameters (what the pages show under each chart)."""
         arm, join = self._arm() if "{arm" in QUERIES[name].template else ("", "")
         values = {"arm": arm, "arm_join": join, **{k: _param(v) for k, v in params.items()}}
-        return QUERIES[name].render(**values)
+        return QUERIES[name].render(self.dialect, **values)
 
     def _arm(self) -> tuple[str, str]:
         """How this ledger tells an operation's arm: from ``rollout_assignments`` once the ledger has it."""
@@ -920,8 +1103,9 @@ class Insights:
         self._tables = None
 
     def close(self) -> None:
-        """Stop the background readers (``soon``); the sources hold no open connection."""
+        """Stop the background readers (``soon``) and close the source (a PostgreSQL source's pool)."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self.source.close()
 
     # overview -------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ Arms: a shadow operation has role ``shadow``; a primary operation is on the ``ca
 adapter version is ``CANARY_ADAPTER_VERSION`` and on ``control`` otherwise (see ``engine.insights``).
 
     python -m engine.seeding --ops 100000 --out data/seeded.duckdb [--seed 0]
+    python -m engine.seeding --ops 100000 --out postgresql://user:pw@host/db   # an empty database
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.clock import SystemClock
+from engine.clock import Clock, SystemClock
 from engine.gate_sql import WRITE_SETTLE_S
-from engine.ledger import ExplorerRun, GateRecord, Ledger
+from engine.ledger import ExplorerRun, GateRecord
+from engine.ledgers import LedgerPort, is_postgres, open_ledger
 from engine.model import SCHEMA_VERSION
 
 CANARY_ADAPTER_VERSION = "finality-0.2"
@@ -209,11 +211,13 @@ def seed_ledger(
     span: timedelta = timedelta(days=7),
     global_qps: float = 200.0,
     gate_run_count: int = 48,
+    clock: Clock | None = None,
 ) -> SeedSummary:
     """Write a new ledger at ``path`` (which must not exist) holding ``operations`` operations.
 
     Args:
-        path: the ledger file to create.
+        path: the ledger file to create, or a ``postgresql://`` URL of a database that holds no
+            operations yet (it is migrated first).
         operations: how many operations (at least 100).
         seed: the random seed; the same seed and ``now`` give the same ledger.
         now: the instant the history ends at (live operations are a few minutes old then); by
@@ -222,15 +226,18 @@ def seed_ledger(
         span: how far back the history goes.
         global_qps: the configured QPS recorded in ``settings`` (the poll-amplification gate's cap).
         gate_run_count: how many gate evaluations the history holds.
+        clock: what the closing gate run is stamped from (default the system clock); with a fixed
+            ``now`` and a fixed clock, two ledgers seeded alike (a DuckDB file and a PostgreSQL
+            database) hold the same rows.
     """
-    clock = SystemClock()
+    clock = clock or SystemClock()
     started = clock.now()
     if now is None:
         now = started - timedelta(seconds=WRITE_SETTLE_S)
     if operations < 100:
         raise ValueError("a seeded ledger needs at least 100 operations")
-    target = Path(path)
-    if target.exists():
+    target = str(path)
+    if not is_postgres(target) and Path(target).exists():
         raise FileExistsError(f"{target} exists; seeding only creates new ledgers")
     rng = np.random.default_rng(seed)
     n = operations
@@ -548,7 +555,10 @@ def seed_ledger(
         "assigned_at": created,
     }
 
-    with Ledger.open(target) as ledger:
+    ledger = open_ledger(target)
+    try:
+        if ledger.count("op_state"):
+            raise FileExistsError(f"{ledger.path} holds operations; seeding only fills new ledgers")
         extra: dict[str, pa.Table] = {}
         columns = ledger.table_columns().get("rollout_assignments")
         if columns is not None:
@@ -579,7 +589,10 @@ def seed_ledger(
         rows["gate_runs"] += _closing_gate_run(
             ledger, max(clock.now(), now + timedelta(seconds=WRITE_SETTLE_S))
         )
-    return SeedSummary(str(target), n, rows, now, (clock.now() - started).total_seconds())
+        where = str(ledger.path) if is_postgres(target) else target  # a URL without its password
+    finally:
+        ledger.close()
+    return SeedSummary(where, n, rows, now, (clock.now() - started).total_seconds())
 
 
 def _polls(
@@ -774,7 +787,7 @@ _SCENARIOS = (
 )
 
 
-def _explorer_runs(ledger: Ledger, rng: np.random.Generator, now: datetime) -> int:
+def _explorer_runs(ledger: LedgerPort, rng: np.random.Generator, now: datetime) -> int:
     count = 0
     finished = now - timedelta(hours=3)
     for scenario in _SCENARIOS:
@@ -815,7 +828,7 @@ def _explorer_runs(ledger: Ledger, rng: np.random.Generator, now: datetime) -> i
     return count + 1
 
 
-def _gate_runs(ledger: Ledger, rng: np.random.Generator, now: datetime, runs: int) -> int:
+def _gate_runs(ledger: LedgerPort, rng: np.random.Generator, now: datetime, runs: int) -> int:
     """An hourly history of gate evaluations; the UNKNOWN gate fails now and then, as it does today."""
     thresholds = {
         "terminal_divergence": 0.0,
@@ -855,7 +868,7 @@ def _gate_runs(ledger: Ledger, rng: np.random.Generator, now: datetime, runs: in
     return runs * 6
 
 
-def _closing_gate_run(ledger: Ledger, at: datetime) -> int:
+def _closing_gate_run(ledger: LedgerPort, at: datetime) -> int:
     """The last act: the six gates evaluated at ``at`` on the seeded data, recorded with their raw inputs."""
     # Imported here: rollout sits above the engine, which only records its verdicts.
     from rollout.gates import evaluate

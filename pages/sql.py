@@ -1,4 +1,4 @@
-"""SQL: the sandboxed, read-only query page (a snapshot of the ledger), with examples and CSV/Parquet download."""
+"""SQL: the read-only query page (a snapshot of a DuckDB ledger, or analyst SQL on PostgreSQL), with examples and CSV/Parquet download."""
 
 from __future__ import annotations
 
@@ -10,10 +10,17 @@ from engine.insights import SQL_EXAMPLES, ConsoleError, Insights, frame_to_csv, 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
 st.title("SQL")
-st.caption(
-    "One read-only SELECT at a time, on a snapshot of the ledger. Writes, COPY, ATTACH, INSTALL and "
-    "file-reading functions are refused. Tables and columns: docs/ledger.md."
-)
+if insights.dialect == "postgres":
+    st.caption(
+        "One read-only SELECT at a time, in PostgreSQL's dialect, in a READ ONLY transaction under the "
+        "ledger's read-only analyst role. Writes, COPY, settings and server-file functions are refused. "
+        "Tables and columns: docs/ledger.md."
+    )
+else:
+    st.caption(
+        "One read-only SELECT at a time, on a snapshot of the ledger. Writes, COPY, ATTACH, INSTALL and "
+        "file-reading functions are refused. Tables and columns: docs/ledger.md."
+    )
 
 
 def _load_example() -> None:

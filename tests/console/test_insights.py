@@ -62,7 +62,7 @@ def test_every_named_query_runs_on_a_seeded_ledger(insights: Insights) -> None:
     assert len(insights.reconciliation_aging()) > 0
     assert len(insights.timeline("node-1")) > 0
     assert insights.operation("node-1") is not None
-    assert "quantile_cont" in insights.last_sql["cancel_latency_over_time"]
+    assert "percentile_cont" in insights.last_sql["cancel_latency_over_time"]
     assert set(insights.last_sql) <= set(QUERIES)
 
 

@@ -152,4 +152,4 @@ def test_evidence_page_offers_the_bundle_and_shows_the_sql_behind_charts(console
     assert len(at.get("download_button")) == 1
     sql = "\n".join(c.value for c in at.code)
     assert "FROM reconciliation" in sql
-    assert "quantile_cont" in sql
+    assert "percentile_cont" in sql
