@@ -367,3 +367,47 @@ def test_every_sql_example_runs_alike_on_both(example: str, both: tuple[Insights
         assert list(mine.frame["requests"]) == list(theirs.frame["requests"])
     else:
         assert_same(mine.frame, theirs.frame, ordered=ordered)
+
+
+def test_rollout_status_and_its_audit_chain_are_read_from_a_postgres_ledger(
+    pg_cluster: TemporaryPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no service, the rollout page shows the recorded stage, exposure, epoch, kill switch and the
+    verified audit chain, read through a read-only handle; the actions stay refused."""
+    from engine.testing import FakeClock
+    from rollout.controller import RolloutController
+    from rollout.plan import Action, Request
+    from rollout.route import ToolPaths
+
+    url = pg_cluster.create_database(f"rollout_{uuid.uuid4().hex[:12]}")
+    tools = {"generate_report": ToolPaths("generate_report", "old", "new", side_effect_free=True)}
+    writer = open_ledger(url)
+    try:
+        controller = RolloutController(writer, FakeClock(), tools, salt="s1")  # type: ignore[arg-type]
+        controller.act(Request(Action.SHADOW, actor="rm", reason="start"))
+        controller.act(Request(Action.CANARY, actor="rm", reason="five", canary_bp=500, override=True))
+        controller.act(Request(Action.DISABLE_PROTOCOL, actor="oncall", reason="bad", protocol="aip-151"))
+    finally:
+        writer.close()
+    insights = Insights(PostgresSource(url), cache_s=0)
+    try:
+        status = insights.rollout_status()
+        assert status is not None
+        assert (status.stage, status.percentage, status.disabled_protocols) == ("canary", 5.0, ("aip-151",))
+        assert status.remaining == {"aip-151": 0}
+        assert (status.audit.verified, status.audit.events) == (True, 3)
+        audit = insights.audit_log()
+        assert audit is not None
+        assert list(audit["seq"]) == [3, 2, 1]
+    finally:
+        insights.close()
+
+    monkeypatch.delenv("FINALITY_SERVICE_URL", raising=False)
+    monkeypatch.setenv("FINALITY_LEDGER", url)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.switch_page("pages/rollout_control.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Stage"] == "canary"
+    assert metrics["Audit chain"] == "verified"
