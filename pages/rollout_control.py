@@ -62,7 +62,10 @@ def live() -> None:
         st.error(f"rollout status unavailable: {exc}")
     st.session_state["rollout_available"] = status is not None
     if status is None:
-        st.info("No rollout status: the service has no rollout API yet, or this console reads a ledger file.")
+        st.info(
+            "No rollout status: no rollout action is recorded yet, the service has no rollout API yet, "
+            "or this console reads a ledger file."
+        )
     else:
         c1, c2, c3, c4 = st.columns(4)
         c1.metric("Stage", status.stage)
@@ -107,7 +110,8 @@ live()
 
 can_act = insights.info.writable and st.session_state.get("rollout_available", False)
 if not insights.info.writable:
-    st.warning("Read-only console (ledger file): actions need the running service.")
+    what = "PostgreSQL ledger" if insights.info.kind == "postgres" else "ledger file"
+    st.warning(f"Read-only console ({what}): actions need the running service.")
 
 st.subheader("Actions")
 a1, a2, a3 = st.columns(3)
