@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import cast
 
 from engine.client import ServiceRefused as ServiceRefusedError
 from engine.clock import SystemClock
@@ -94,11 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("rest", nargs=argparse.REMAINDER)
 
     serve = sub.add_parser("serve", help="run the executor and the control API (owns the ledger)")
-    serve.add_argument("--ledger", help="ledger file (default: the config's 'ledger')")
+    serve.add_argument(
+        "--ledger",
+        help="ledger file, or postgresql://... URL shared by several executors (default: the config's 'ledger')",
+    )
     serve.add_argument("--config", required=True, help="TOML configuration")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8700)
     serve.add_argument("--seed", type=int, help="seed for poll jitter (reproducible schedules)")
+    serve.add_argument(
+        "--lease-s",
+        type=float,
+        help="PostgreSQL ledger: lease length in seconds (default: the config's lease_s)",
+    )
 
     def service_command(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
@@ -335,8 +344,14 @@ def _print_report(report: dict[str, object], as_json: bool) -> None:
         print(f"  {row['at']}  {row['from']} -> {row['to']}  {row['event']}  {row['cause']}{mark}")
 
 
-def _open(path: str, *, read_only: bool = False) -> Ledger:
-    return Ledger.open(path, read_only=read_only)
+def _open(target: str, *, read_only: bool = False) -> Ledger:
+    """A DuckDB file or a ``postgresql://`` URL (``engine.ledgers.open_ledger``).
+
+    Typed as DuckDB's ``Ledger`` for the report and gate helpers, which use only what both offer.
+    """
+    from engine.ledgers import open_ledger
+
+    return cast(Ledger, open_ledger(target, read_only=read_only))
 
 
 def cmd_call(args: argparse.Namespace) -> int:
@@ -426,7 +441,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ledger = args.ledger or config.ledger
     if ledger is None:
         raise ConfigError("--ledger", "no ledger given (and the config names none)")
-    asyncio.run(serve(config, ledger, host=args.host, port=args.port, seed=args.seed))
+    asyncio.run(serve(config, ledger, host=args.host, port=args.port, seed=args.seed, lease_s=args.lease_s))
     return EXIT_OK
 
 

@@ -903,6 +903,15 @@ class Ledger:
 
     @contextmanager
     def _tx(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        if self.read_only:
+            # Said at once: DuckDB's own refusal would look like a constraint conflict to callers.
+            raise LedgerUnavailable(f"ledger {self.path} was opened read-only")
+        with self._begin() as con:
+            yield con
+
+    @contextmanager
+    def _begin(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A transaction on this thread's cursor (reads use it too: see ``get_many``)."""
         con = self._con
         con.execute("BEGIN TRANSACTION")
         try:
@@ -1029,7 +1038,7 @@ class Ledger:
     def _existing_by_call_node(self, nodes: Sequence[str]) -> dict[str, Operation]:
         # In a transaction: registering a table on a cursor whose last result was read with
         # fetchone() (e.g. ``get``) is refused by DuckDB; BEGIN closes that result first.
-        with self._tx() as con:
+        with self._begin() as con:
             con.register("wanted_nodes", pa.table({"call_node_id": pa.array(list(nodes), pa.string())}))
             try:
                 cur = con.execute(
@@ -2220,7 +2229,7 @@ class Ledger:
         """Several operations by id in one query (the ones that exist)."""
         if not operation_ids:
             return {}
-        with self._tx() as con:
+        with self._begin() as con:
             con.register("wanted_ops", pa.table({"operation_id": pa.array(list(operation_ids), pa.string())}))
             try:
                 cur = con.execute(

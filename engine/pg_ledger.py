@@ -87,6 +87,9 @@ Cursor = psycopg.Cursor[TupleRow]
 T = TypeVar("T")
 
 # ------------------------------------------------------------------------------------ migrations
+SEND_SLOTS_TABLE: Final = "send_slots"
+"""Coordination table of the shared QPS budget (migration 8); not part of the ledger's data."""
+
 # The same schema as engine.ledger.MIGRATIONS 1-6, in PostgreSQL's dialect (DOUBLE PRECISION for
 # DOUBLE); later ones are PostgreSQL's own. Numbers are this backend's: DuckDB's and PostgreSQL's
 # schema versions are counted apart. Never edit a released migration: add a new one.
@@ -399,6 +402,51 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             "CREATE INDEX polls_sent_at ON polls (sent_at)",
             "CREATE INDEX reconciliation_operation ON reconciliation (operation_id, kind)",
             "CREATE INDEX rollout_assignments_primary ON rollout_assignments (primary_operation_id)",
+        ),
+    ),
+    (
+        8,
+        "send slots: the global QPS budget shared by every executor",
+        (
+            # One row per (scope, slot): how many requests were booked into that slot. Scope '*' is
+            # the global cap, a server URL that server's cap. Coordination state, not ledger data:
+            # ``table_columns`` leaves the table out.
+            f"""CREATE TABLE {SEND_SLOTS_TABLE} (
+                scope VARCHAR NOT NULL,
+                slot BIGINT NOT NULL,
+                used INTEGER NOT NULL,
+                PRIMARY KEY (scope, slot)
+            )""",
+            # Books ``p_n`` sends into the earliest slots from ``p_from`` on that have room in every
+            # scope; returns the slot of each. Rows are locked in (slot, scope) order, so two
+            # bookers never deadlock; a booker waits only for another booking of the same slot.
+            f"""CREATE FUNCTION {SEND_SLOTS_TABLE}_book(p_scopes VARCHAR[], p_caps INTEGER[], p_from BIGINT, p_n INTEGER)
+            RETURNS BIGINT[] LANGUAGE plpgsql AS $$
+            DECLARE
+                k BIGINT := p_from;
+                got BIGINT[] := '{{}}';
+                room INTEGER;
+                u INTEGER;
+                i INTEGER;
+            BEGIN
+                WHILE coalesce(array_length(got, 1), 0) < p_n LOOP
+                    room := p_n - coalesce(array_length(got, 1), 0);
+                    FOR i IN 1 .. array_length(p_scopes, 1) LOOP
+                        INSERT INTO {SEND_SLOTS_TABLE} (scope, slot, used) VALUES (p_scopes[i], k, 0)
+                            ON CONFLICT DO NOTHING;
+                        SELECT used INTO u FROM {SEND_SLOTS_TABLE}
+                            WHERE scope = p_scopes[i] AND slot = k FOR UPDATE;
+                        room := least(room, p_caps[i] - u);
+                    END LOOP;
+                    IF room > 0 THEN
+                        UPDATE {SEND_SLOTS_TABLE} SET used = used + room
+                            WHERE scope = ANY(p_scopes) AND slot = k;
+                        got := got || array_fill(k, ARRAY[room]);
+                    END IF;
+                    k := k + 1;
+                END LOOP;
+                RETURN got;
+            END $$""",
         ),
     ),
 )
@@ -1473,6 +1521,33 @@ class PgLedger:
             for r in self._fetchall(sql_text + " ORDER BY lease_expires_at, operation_id", params)
         ]
 
+    # ------------------------------------------------------------------ the shared QPS budget
+
+    def book_send_slots(
+        self, scopes: Sequence[str], caps: Sequence[int], first_slot: int, n: int
+    ) -> list[int]:
+        """Book ``n`` sends into the earliest slots from ``first_slot`` on with room in every scope.
+
+        A slot is a number on a grid the caller chose (``engine.runtime.limiter.SharedLimiter``);
+        ``caps[i]`` is how many sends slot may hold in ``scopes[i]``. One transaction, atomic
+        across every executor sharing the database. Returns the slot of each booked send, in order.
+        """
+        if n <= 0:
+            return []
+        order = sorted(range(len(scopes)), key=lambda i: scopes[i])  # one lock order for every booker
+        with self._tx() as cur:
+            row = cur.execute(
+                f"SELECT {SEND_SLOTS_TABLE}_book(%s::varchar[], %s::integer[], %s, %s)",
+                [[scopes[i] for i in order], [int(caps[i]) for i in order], first_slot, n],
+            ).fetchone()
+        return [int(k) for k in (row[0] if row else [])]
+
+    def prune_send_slots(self, before_slot: int) -> int:
+        """Forget bookings of slots before ``before_slot`` (long past); returns how many rows went."""
+        with self._tx() as cur:
+            cur.execute(f"DELETE FROM {SEND_SLOTS_TABLE} WHERE slot < %s", [before_slot])
+            return int(cur.rowcount)
+
     # ------------------------------------------------------- polls, approvals and reconciliation
 
     def record_polls(self, rows: Sequence[PollRecord]) -> None:
@@ -2279,6 +2354,8 @@ class PgLedger:
         )
         out: dict[str, list[str]] = {}
         for table, column in rows:
+            if table == SEND_SLOTS_TABLE:
+                continue  # the executors' QPS coordination, not ledger data
             out.setdefault(str(table), []).append(str(column))
         return out
 

@@ -1,13 +1,16 @@
 """The QPS budget at run time: per-server and global request windows, waited out on the injected clock.
 
 Every protocol request passes ``acquire`` first. The arithmetic lives in ``engine.schedule.RateWindow``;
-this module only waits. No ledger, no HTTP.
+this module only waits. No ledger, no HTTP: ``SharedLimiter`` (several executors sharing one budget)
+books its send slots through a function it is given.
 """
 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
+import contextlib
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 
 from engine.clock import Clock
 from engine.schedule import RateWindow
@@ -48,3 +51,113 @@ class Limiter:
         if at > now:
             await self._clock.sleep(at - now)
         return at
+
+
+_UNIX = datetime(1970, 1, 1, tzinfo=UTC)
+_SLOTS_PER_SECOND = (10, 8, 5, 4, 2, 1)
+"""Slot counts that divide one second into a whole number of microseconds."""
+PRUNE_EVERY = timedelta(seconds=30)
+
+
+def slot_grid(global_qps: float) -> tuple[int, int]:
+    """The shared budget's grid: ``(slot length in microseconds, sends per slot)``.
+
+    Every send goes out at the start of a slot. With ``S`` slots per second, a half-open window of
+    one second holds exactly ``S`` slot starts, so at most ``S * per_slot <= global_qps`` sends,
+    wherever the window is. Picks the ``S`` that lets the most through (the finer grid on a tie);
+    below 1 QPS a slot is ``1 / global_qps`` seconds long and holds one send.
+    """
+    if global_qps <= 0:
+        raise ValueError("a rate limit must be positive")
+    if global_qps < 1:
+        return round(1_000_000 / global_qps), 1
+    best = max(_SLOTS_PER_SECOND, key=lambda s: (s * int(global_qps // s), s))
+    return 1_000_000 // best, int(global_qps // best)
+
+
+BookSlots = Callable[[Sequence[str], Sequence[int], int, int], list[int]]
+"""``(scopes, caps, first_slot, n) -> slots``: atomic booking in shared state (``PgLedger.book_send_slots``)."""
+
+
+class SharedLimiter(Limiter):
+    """The QPS budget shared by several executor processes through the ledger's database.
+
+    Time is cut into slots (``slot_grid``); each slot holds ``per_slot`` sends overall and its
+    share of each server's cap. ``acquire`` books the earliest slot with room (atomically, across
+    every process: ``book``), waits for the slot's start and returns that instant, which the
+    caller records as the send time. Waiters that arrive together are booked in one round trip.
+    The in-flight bound stays per process.
+    """
+
+    def __init__(
+        self,
+        clock: Clock,
+        book: BookSlots,
+        *,
+        global_qps: float,
+        per_server: dict[str, float] | None = None,
+        max_in_flight: int = 48,
+        prune: Callable[[int], object] | None = None,
+    ) -> None:
+        super().__init__(clock, global_qps=global_qps, per_server=per_server, max_in_flight=max_in_flight)
+        self._book = book
+        self._prune = prune
+        self.slot_us, self.per_slot = slot_grid(global_qps)
+        # A server's cap on the same grid (at least one send per slot: a cap below one per slot
+        # is only approximated across processes).
+        self._server_caps = {
+            url: max(1, int(qps * self.slot_us // 1_000_000)) for url, qps in (per_server or {}).items()
+        }
+        self._waiting: dict[str, list[asyncio.Future[datetime]]] = {}
+        self._pump: asyncio.Task[None] | None = None
+        self._pruned_at: datetime | None = None
+        self.bookings = 0
+        """Round trips to the shared state."""
+
+    def _first_slot(self, now: datetime) -> int:
+        us = (now - _UNIX) // timedelta(microseconds=1)
+        return -(-us // self.slot_us)
+
+    def _instant(self, slot: int) -> datetime:
+        return _UNIX + timedelta(microseconds=slot * self.slot_us)
+
+    async def acquire(self, server: str) -> datetime:
+        future: asyncio.Future[datetime] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(server, []).append(future)
+        if self._pump is None or self._pump.done():
+            self._pump = asyncio.ensure_future(self._book_waiting())
+        at = await future
+        now = self._clock.now()
+        if at > now:
+            await self._clock.sleep(at - now)
+        return at
+
+    async def _book_waiting(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting, {}
+            for server, futures in batch.items():
+                scopes = ["*"]
+                caps = [self.per_slot]
+                if server in self._server_caps:
+                    scopes.append(server)
+                    caps.append(self._server_caps[server])
+                now = self._clock.now()
+                try:
+                    slots = await asyncio.to_thread(
+                        self._book, scopes, caps, self._first_slot(now), len(futures)
+                    )
+                    self.bookings += 1
+                except Exception as exc:  # handed to each waiter: its request is retried later
+                    for future in futures:
+                        if not future.done():
+                            future.set_exception(exc)
+                    continue
+                for future, slot in zip(futures, slots, strict=True):
+                    if not future.done():
+                        future.set_result(self._instant(slot))
+                if self._prune is not None and (
+                    self._pruned_at is None or now - self._pruned_at >= PRUNE_EVERY
+                ):
+                    self._pruned_at = now
+                    with contextlib.suppress(Exception):  # best effort: old rows only cost space
+                        await asyncio.to_thread(self._prune, self._first_slot(now - PRUNE_EVERY))

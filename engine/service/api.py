@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.applications import Starlette
@@ -50,6 +50,7 @@ from starlette.routing import Route
 
 from engine.errors import EngineError, InvalidRecord, SqlRefused
 from engine.ledger import Ledger
+from engine.ledgers import LedgerPort
 from engine.runtime.report import operation_report
 from engine.service.executor import Executor, ServiceError
 from rollout.assign import percent_to_bp
@@ -59,6 +60,12 @@ from rollout.plan import Request as RolloutRequest
 from rollout.plan import RolloutRefused
 
 Handler = Callable[[Request], Awaitable[Response]]
+
+
+def as_ledger(ledger: LedgerPort) -> Ledger:
+    """``operation_report`` and ``verify_ledger`` are typed against DuckDB's ``Ledger`` but read only
+    through ``LedgerPort`` methods, which PostgreSQL's ledger offers too."""
+    return cast(Ledger, ledger)
 
 
 def _default(value: object) -> object:
@@ -119,7 +126,7 @@ def _guard(handler: Handler) -> Handler:
 
 
 def build_api(
-    executor: Executor, ledger: Ledger, *, sql: Callable[[str, int], dict[str, object]] | None = None
+    executor: Executor, ledger: LedgerPort, *, sql: Callable[[str, int], dict[str, object]] | None = None
 ) -> Starlette:
     """The ASGI app over one executor and its ledger."""
     registry = CollectorRegistry()
@@ -160,7 +167,7 @@ def build_api(
             arguments=arguments,
             principal=_optional(body, "principal"),
         )
-        return JSON(operation_report(ledger, op.call_node_id), status_code=201)
+        return JSON(operation_report(as_ledger(ledger), op.call_node_id), status_code=201)
 
     async def operations(request: Request) -> Response:
         q = request.query_params
@@ -174,7 +181,7 @@ def build_api(
         return JSON({"operations": rows})
 
     async def show(request: Request) -> Response:
-        report = operation_report(ledger, request.path_params["call_node"])
+        report = operation_report(as_ledger(ledger), request.path_params["call_node"])
         if report is None:
             raise ServiceError(404, f"no operation for call node {request.path_params['call_node']!r}")
         return JSON(report)
@@ -184,7 +191,7 @@ def build_api(
         actor = _text(body, "actor")
         reason = _text(body, "reason")
         op = await executor.cancel(request.path_params["call_node"], actor=actor, reason=reason)
-        return JSON(operation_report(ledger, op.call_node_id), status_code=202)
+        return JSON(operation_report(as_ledger(ledger), op.call_node_id), status_code=202)
 
     async def approvals(request: Request) -> Response:
         return JSON({"approvals": ledger.approvals(pending_only=True)})
@@ -202,7 +209,7 @@ def build_api(
         op = await executor.answer(
             request.path_params["operation_id"], input_round=round_, answer=value, actor=actor
         )
-        return JSON(operation_report(ledger, op.call_node_id))
+        return JSON(operation_report(as_ledger(ledger), op.call_node_id))
 
     async def reconciliation(request: Request) -> Response:
         return JSON({"entries": ledger.reconciliation(open_only=request.query_params.get("all") is None)})
@@ -351,7 +358,7 @@ def _limit(request: Request, default: int = 100) -> int:
         raise ServiceError(400, "limit must be an integer") from exc
 
 
-def build_rollout_routes(executor: Executor, ledger: Ledger) -> list[Route]:
+def build_rollout_routes(executor: Executor, ledger: LedgerPort) -> list[Route]:
     """The ``/api/v1/rollout`` routes: status and reads, and one POST per action."""
 
     async def status(request: Request) -> Response:
@@ -370,7 +377,7 @@ def build_rollout_routes(executor: Executor, ledger: Ledger) -> list[Route]:
         return JSON({"events": ledger.rollout_events(limit=_limit(request), newest_first=True)})
 
     async def audit(request: Request) -> Response:
-        return JSON(verify_ledger(ledger).as_json())
+        return JSON(verify_ledger(as_ledger(ledger)).as_json())
 
     async def shadow_diffs(request: Request) -> Response:
         diverged = request.query_params.get("diverged") not in (None, "", "0", "false")

@@ -11,6 +11,9 @@ the receipt and its outbox entry are written in that same transaction. Nothing i
 acceptance, so deferring its commit to the tick's flush delays only the caller's view of it; a
 refused acceptance comes back like a refused transition and the scheduler reloads the operation.
 Inside ``immediate()`` (person actions) it commits at once, as before.
+
+It wraps any ``engine.ledgers.LedgerPort`` by delegation (DuckDB's ``Ledger``, PostgreSQL's
+``PgLedger`` or a fenced handle of it): every call it does not buffer goes to ``inner`` unchanged.
 """
 
 from __future__ import annotations
@@ -18,17 +21,24 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from engine.acceptance import receipt_of
-from engine.ledger import BatchOutcome, HeldOutcome, Json, Ledger, PollRecord, WriteGroup
+from engine.ledger import BatchOutcome, HeldOutcome, Json, PollRecord, WriteGroup
 from engine.model import Operation, Receipt, Transition
 
+if TYPE_CHECKING:
+    from engine.ledgers import LedgerPort
 
-class BatchingLedger(Ledger):
-    """The same ledger file and API, with ``apply`` and ``record_polls`` deferred to ``flush``."""
 
-    def __init__(self, inner: Ledger) -> None:
-        super().__init__(inner._root, inner.path, inner.read_only)
+class BatchingLedger:
+    """The same ledger API, with ``apply``, ``record_polls``, held outcomes and acceptances deferred to ``flush``.
+
+    ``inner`` may be swapped between flushes (the executor does so when its fence changes).
+    """
+
+    def __init__(self, inner: LedgerPort) -> None:
+        self.inner = inner
         self._pending: list[Transition] = []
         self._overlay: dict[str, Operation] = {}
         self._polls: list[PollRecord] = []
@@ -42,6 +52,12 @@ class BatchingLedger(Ledger):
         """Write transactions issued through this store: group commits and immediate writes alike."""
         self._immediate = 0
         self._grouped = 0
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything not buffered here is the wrapped ledger's own (reads, creation, approvals, ...).
+        if name == "inner":  # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     # Writes that wait for the tick's flush ---------------------------------------------------------
 
@@ -85,7 +101,7 @@ class BatchingLedger(Ledger):
     def apply(self, transition: Transition) -> Operation:
         if self._immediate:
             self.flushes += 1
-            return super().apply(transition)
+            return self.inner.apply(transition)
         self._pending.append(transition)
         self._overlay[transition.after.operation_id] = transition.after
         return transition.after
@@ -96,19 +112,19 @@ class BatchingLedger(Ledger):
     def hold_outcome(self, operation_id: str, held: HeldOutcome) -> None:
         if self._immediate:
             self.flushes += 1
-            super().hold_outcome(operation_id, held)
+            self.inner.hold_outcome(operation_id, held)
             return
         self._held.append((operation_id, held))
 
     def get(self, operation_id: str) -> Operation | None:
         pending = self._overlay.get(operation_id) or self._committing.get(operation_id)
-        return pending if pending is not None else super().get(operation_id)
+        return pending if pending is not None else self.inner.get(operation_id)
 
     def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt:
         if self._immediate:
             self.flush()
             self.flushes += 1
-            return super().accept_terminal(transition, payload)
+            return self.inner.accept_terminal(transition, payload)
         receipt = receipt_of(transition)  # not an acceptance at all: refused now, not at flush
         self._accepts.append((transition, payload))
         self._overlay[transition.after.operation_id] = transition.after
@@ -133,7 +149,7 @@ class BatchingLedger(Ledger):
         if group.empty:
             return []
         with self._commit_lock:
-            outcome = super().commit_group(group)
+            outcome = self.inner.commit_group(group)
         self.flushes += 1
         self.flushed_transitions += len(group.transitions)
         self.flushed_acceptances += len(group.acceptances)

@@ -2,8 +2,9 @@
 
 Example::
 
-    ledger = "data/finality.duckdb"          # optional; --ledger wins
-    global_qps = 200
+    ledger = "data/finality.duckdb"          # optional; --ledger wins (or postgresql://...)
+    global_qps = 200                         # across every executor sharing a PostgreSQL ledger
+    lease_s = 30                             # PostgreSQL only: lease length (takeover after expiry)
     rollout_salt = "2026-q4"
 
     [servers.reports]
@@ -47,7 +48,7 @@ _TOOL_KEYS = {
     "on_budget_exhausted",
     "shadow_server",
 }
-_TOP_KEYS = {"ledger", "global_qps", "rollout_salt", "servers", "tools", "poll", "gate_interval_s"}
+_TOP_KEYS = {"ledger", "global_qps", "rollout_salt", "servers", "tools", "poll", "gate_interval_s", "lease_s"}
 _POLL_KEYS = {"default_interval_ms", "min_interval_ms", "max_interval_ms", "jitter", "retry_backoff_ms"}
 
 
@@ -101,6 +102,8 @@ class ServiceConfig:
     poll: PollConfig = field(default_factory=PollConfig)
     gate_interval: timedelta | None = timedelta(seconds=10)
     """How often the service evaluates the six gates and records the run (None: only on request)."""
+    lease_s: float = 30.0
+    """PostgreSQL ledger: how long an executor's lease lasts without renewal (renewed every third)."""
 
 
 def _key(where: str, key: str) -> str:
@@ -244,6 +247,7 @@ def parse_config(data: dict[str, object]) -> ServiceConfig:
         rollout_salt=_string(data, "rollout_salt", "") or "finality",
         ledger=_string(data, "ledger", ""),
         poll=poll,
+        lease_s=_number(data, "lease_s", "") or 30.0,
     )
 
 

@@ -15,6 +15,16 @@ non-terminal operation is adopted with ``EpochRaised`` through ``step``. Replies
 old drivers sent before the raise are stamped with the old epoch: ``step`` refuses them and the
 refusal is logged as a transition (``fenced``). The service is the composition root, so it may
 import ``rollout``; the engine layers below it never do.
+
+Several executors (a PostgreSQL ledger, ``lease_s`` set): each process has an owner name and a
+fresh lease token, and writes only through ``ledger.fenced(Fence(owner, token, epoch, lease_s))``.
+It drives only operations it leases: the ones it creates, and the ones ``claim`` hands it (free,
+or expired because their holder died). Every ``lease_s / 3`` it renews its leases, drops every
+operation ``renew`` no longer returns, and claims more. A write refused with ``LeaseLost`` drops
+its operation; if the epoch was raised by another executor, drivers restart at the new epoch and
+the operations still held are adopted. Requests are spaced by a QPS budget shared through the
+database (``SharedLimiter``). A clean stop releases every lease. DuckDB (one process) needs none
+of this: ``lease_s`` is None and the code paths are the single-process ones.
 """
 
 from __future__ import annotations
@@ -24,13 +34,15 @@ import functools
 import heapq
 import itertools
 import logging
+import os
 import random
+import socket
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import httpx
 
@@ -39,6 +51,7 @@ from engine.adapters.base import Backend, Capabilities, Json
 from engine.clock import Clock, monotonic_seconds
 from engine.errors import DuplicateOperation, EngineError, NegotiationError
 from engine.ledger import BatchOutcome, Ledger
+from engine.ledgers import LeasingLedgerPort, LedgerPort
 from engine.machine import step
 from engine.model import (
     RECEIPT_STATES,
@@ -58,9 +71,10 @@ from engine.model import (
     Transition,
     new_operation,
 )
+from engine.pg_ledger import Fence, LeaseLost, PgLedger
 from engine.runtime.call import ADAPTER_VERSION
 from engine.runtime.driver import Driver, StaleRound, Wake
-from engine.runtime.limiter import Limiter
+from engine.runtime.limiter import Limiter, SharedLimiter
 from engine.schedule import PollPolicy
 from engine.service.batching import BatchingLedger
 from engine.service.config import ServerConfig, ServiceConfig, ToolConfig
@@ -89,6 +103,14 @@ the delay is small against any poll interval, and person actions never wait for 
 
 _NEVER = datetime.min.replace(tzinfo=UTC)
 
+CLAIM_BATCH = 500
+"""Operations one claim may lease at once."""
+
+
+def owner_name() -> str:
+    """This process as a lease owner: host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
 
 class ServiceError(EngineError):
     """A request to the service that cannot be carried out; ``status`` is the HTTP status to answer."""
@@ -111,12 +133,22 @@ class _Server:
 class Executor:
     """Owns the ledger's writes while the service runs."""
 
-    ledger: Ledger
+    ledger: LedgerPort
     config: ServiceConfig
     clock: Clock
     rng: random.Random = field(default_factory=random.Random)
     epoch: Epoch = field(default_factory=lambda: Epoch(1))
     client: httpx.AsyncClient | None = None
+    lease_s: float | None = None
+    """Share the ledger with other executors (PostgreSQL only): lease length in seconds; None: alone."""
+    owner: str = field(default_factory=owner_name)
+    lease_token: str = field(default_factory=lambda: str(uuid.uuid4()))
+    """Fresh per process start: a restarted executor holds none of its former leases."""
+    _leasing: LeasingLedgerPort | None = field(default=None, init=False)
+    """The unfenced ledger, for leases and reads (``ledger`` becomes the fenced handle)."""
+    _lost: set[str] = field(default_factory=set)
+    """Operations dropped (lease lost) while an advance of theirs was running."""
+    _lease_due: datetime = _NEVER
     _store: BatchingLedger = field(init=False)
     _servers: dict[str, _Server] = field(default_factory=dict)
     _heap: list[tuple[datetime, int, str]] = field(default_factory=list)
@@ -143,6 +175,8 @@ class Executor:
             "adopted": 0,
             "commits": 0,
             "committed_writes": 0,
+            "claimed": 0,
+            "lease_lost": 0,
         }
     )
     commit_seconds: float = 0.0
@@ -156,7 +190,26 @@ class Executor:
     _primary_of: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.lease_s is not None:
+            if not isinstance(self.ledger, PgLedger):
+                raise ValueError("leases (several executors) need a PostgreSQL ledger")
+            if self.lease_s <= 0:
+                raise ValueError("lease_s must be positive")
+            self._leasing = self.ledger
         self._store = BatchingLedger(self.ledger)
+
+    @property
+    def shared(self) -> bool:
+        """Whether this executor shares the ledger with others (leases, fencing, shared QPS)."""
+        return self._leasing is not None
+
+    def _refence(self) -> None:
+        """Write through a handle fenced by this process's lease token at the current epoch."""
+        if self._leasing is None or self.lease_s is None:
+            return
+        self._store.flush()
+        self.ledger = self._leasing.fenced(Fence(self.owner, self.lease_token, int(self.epoch), self.lease_s))
+        self._store.inner = self.ledger
 
     # ------------------------------------------------------------------------------ start up
 
@@ -178,13 +231,27 @@ class Executor:
             self.client = httpx.AsyncClient(
                 limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
             )
-        limiter = Limiter(
-            self.clock,
-            max_in_flight=MAX_IN_FLIGHT_REQUESTS,
-            global_qps=self.config.global_qps,
-            per_server={s.url: s.qps for s in self.config.servers.values()},
-        )
+        per_server = {s.url: s.qps for s in self.config.servers.values()}
+        limiter: Limiter
+        if isinstance(self._leasing, PgLedger):
+            # Several processes: the budget is booked in the database, so it holds across them.
+            limiter = SharedLimiter(
+                self.clock,
+                self._leasing.book_send_slots,
+                global_qps=self.config.global_qps,
+                per_server=per_server,
+                max_in_flight=MAX_IN_FLIGHT_REQUESTS,
+                prune=self._leasing.prune_send_slots,
+            )
+        else:
+            limiter = Limiter(
+                self.clock,
+                max_in_flight=MAX_IN_FLIGHT_REQUESTS,
+                global_qps=self.config.global_qps,
+                per_server=per_server,
+            )
         self._limiter = limiter
+        self._refence()
         poll = self.config.poll
         self._policy = PollPolicy(
             default_interval=poll.default_interval,
@@ -210,8 +277,14 @@ class Executor:
             name: ToolPaths(name, tool.server, tool.shadow_server, tool.side_effect_free)
             for name, tool in self.config.tools.items()
         }
+        # The controller (rollout/) and the driver (engine/runtime/) are typed against DuckDB's
+        # Ledger but call only LedgerPort methods, which every backend and BatchingLedger offer.
         self.rollout = RolloutController(
-            self.ledger, self.clock, paths, salt=self.config.rollout_salt, epoch=int(self.epoch)
+            cast(Ledger, self._leasing or self.ledger),
+            self.clock,
+            paths,
+            salt=self.config.rollout_salt,
+            epoch=int(self.epoch),
         )
         self.router = Router(
             self.rollout.state, paths, {name: s.protocol.value for name, s in self._servers.items()}
@@ -221,7 +294,7 @@ class Executor:
     def _new_driver(self, server: ServerConfig, backend: Backend) -> Driver:
         """A driver at the executor's current epoch, with no memory of earlier actions."""
         return Driver(
-            ledger=self._store,
+            ledger=cast(Ledger, self._store),
             backend=backend,
             clock=self.clock,
             rng=random.Random(self.rng.random()),
@@ -233,6 +306,14 @@ class Executor:
         )
 
     def _resume(self) -> None:
+        if self.shared:
+            # Nothing is loaded wholesale: what other executors lease is theirs. Free and expired
+            # operations come through ``claim`` (now, and every lease_s / 3).
+            for primary, shadow in self.ledger.shadow_pairs(ready_only=False):
+                self._shadow_of[primary] = shadow
+                self._primary_of[shadow] = primary
+            self._maintain_leases()
+            return
         now = self.clock.now()
         live = [s for s in LocalState if s not in RECEIPT_STATES]
         by_url = {s.config.url: s for s in self._servers.values()}
@@ -270,6 +351,13 @@ class Executor:
         self._stopping = True
         self._wake.set()
         self._store.flush()
+        if self._leasing is not None:
+            # A clean stop: others may claim these at once instead of after expiry.
+            try:
+                released = self._leasing.release(self.owner, self.lease_token)
+                logger.info("released %d leases", released)
+            except EngineError as exc:
+                logger.warning("leases not released (they expire on their own): %s", exc)
         for server in self._servers.values():
             await server.backend.aclose()
         if self.client is not None:
@@ -312,12 +400,16 @@ class Executor:
         now = self.clock.now()
         if self._heap and self._heap[0][0] <= now and len(self._running) < MAX_RUNNING:
             return
+        if self.shared and now >= self._lease_due:
+            return
         self._wake.clear()
         wake_at = now + timedelta(seconds=1)
         if self._heap:
             wake_at = min(wake_at, self._heap[0][0])
         if self._finished:
             wake_at = min(wake_at, self._finished_since + FLUSH_DELAY)
+        if self.shared:
+            wake_at = min(wake_at, self._lease_due)
         sleeper = asyncio.ensure_future(self.clock.sleep(max(wake_at - now, timedelta(0))))
         waker = asyncio.ensure_future(self._wake.wait())
         try:
@@ -340,6 +432,8 @@ class Executor:
         self.stats["ticks"] += 1
         if self._actions or self._cancels or self._commit_due():
             await self._commit()
+        if self.shared and self.clock.now() >= self._lease_due:
+            self._maintain_leases()
         if self._cancels:
             self._cancel_queued()
         actions, self._actions = self._actions, []
@@ -389,6 +483,9 @@ class Executor:
         self.stats["advances"] += 1
         try:
             return await driver.advance(op)
+        except LeaseLost as exc:
+            self._lease_lost(op.operation_id, str(exc))
+            return Wake(op, None)
         except Exception:
             # One operation's unexpected failure must not stop the others; it is retried later.
             logger.exception("advancing operation %s failed", op.operation_id)
@@ -396,6 +493,12 @@ class Executor:
 
     def _after(self, wake: Wake) -> None:
         op = wake.operation
+        if op.operation_id in self._lost:
+            # Its lease was lost while the advance ran: another executor drives it now.
+            self._lost.discard(op.operation_id)
+            self._dirty.discard(op.operation_id)
+            self._rerun.discard(op.operation_id)
+            return
         if op.epoch < self.epoch:
             # Finished under an older epoch (a rollback happened meanwhile): what it ended with
             # is not the truth, the adopted row in the ledger is.
@@ -455,6 +558,83 @@ class Executor:
         self._ops[after.operation_id] = after
         self._schedule(after.operation_id, self.clock.now())
 
+    # ------------------------------------------------------------------ leases (several executors)
+
+    def _maintain_leases(self) -> None:
+        """Renew this process's leases, drop what ``renew`` no longer returns, claim more.
+
+        Runs between ticks every ``lease_s / 3``. A claimed operation behind the epoch (its
+        holder died before adopting it) is adopted; the others are resumed exactly as after a
+        restart (the drivers have no memory of them).
+        """
+        if self._leasing is None or self.lease_s is None:
+            return
+        now = self.clock.now()
+        self._lease_due = now + timedelta(seconds=self.lease_s / 3)
+        try:
+            held = set(self._leasing.renew(self.owner, self.lease_token, self.lease_s, now))
+            for op_id in [o for o in self._ops if o not in held]:
+                self._lease_lost(op_id, "not renewed")
+            room = MAX_RUNNING * 4 - len(self._ops)
+            claimed = self._leasing.claim(
+                self.owner,
+                self.lease_token,
+                min(CLAIM_BATCH, room),
+                self.lease_s,
+                now,
+                epoch=int(self.epoch),
+                servers=[s.config.url for s in self._servers.values()],
+            )
+        except LeaseLost:
+            self._epoch_check()
+            return
+        except EngineError as exc:
+            logger.warning("lease maintenance failed (retried in %.1f s): %s", self.lease_s / 3, exc)
+            return
+        if not claimed:
+            return
+        self.stats["claimed"] += len(claimed)
+        logger.info("claimed %d operations", len(claimed))
+        behind = [op for op in claimed if op.epoch < self.epoch]
+        for op in claimed:
+            if op.epoch < self.epoch:
+                continue
+            self._lost.discard(op.operation_id)
+            if op.operation_id in self._running:
+                self._dirty.add(op.operation_id)  # its advance ends on the row as claimed
+            self._ops[op.operation_id] = op
+            self._schedule(op.operation_id, now)
+        if behind:
+            self._adopt_operations(behind, actor="finality (taken over behind the epoch)")
+
+    def _lease_lost(self, op_id: str, why: str) -> None:
+        """Another executor owns ``op_id`` now (or the epoch moved on): stop driving it."""
+        op = self._ops.pop(op_id, None)
+        if op is not None:
+            self.stats["lease_lost"] += 1
+            logger.info("operation %s dropped: %s", op_id, why)
+            driver = self._driver_for(op)
+            if driver is not None:
+                driver.forget(op)
+        self._due_at.pop(op_id, None)
+        if op_id in self._running:
+            self._lost.add(op_id)
+        if "epoch" in why:
+            self._epoch_check()
+
+    def _epoch_check(self) -> None:
+        """If another executor raised the execution epoch, restart the drivers at it and adopt."""
+        if self._leasing is None:
+            return
+        try:
+            recorded = self._leasing.execution_epoch()
+        except EngineError as exc:
+            logger.warning("execution epoch not read: %s", exc)
+            return
+        if recorded is not None and recorded > self.epoch:
+            logger.info("execution epoch raised to %d by another executor", recorded)
+            self._raise_epoch(Epoch(recorded), "finality (epoch raised by another executor)")
+
     async def _commit(self) -> None:
         """Group commit on the writer thread, then release the advances that finished before it.
 
@@ -488,6 +668,9 @@ class Executor:
         for transition, outcome in refused:
             self.stats["refused"] += 1
             op_id = transition.after.operation_id
+            if isinstance(outcome.error, LeaseLost):
+                self._lease_lost(op_id, str(outcome.error))
+                continue
             if op_id in self._running:
                 self._dirty.add(op_id)
                 continue
@@ -515,7 +698,11 @@ class Executor:
         what the transitions log keeps (the replies themselves change nothing).
         """
         now = self.clock.now()
-        stale = [t for t in refused if t.accepted and t.before.epoch < self.epoch]
+        stale = [
+            t
+            for t in refused
+            if t.accepted and t.before.epoch < self.epoch and t.after.operation_id not in self._lost
+        ]
         current = self.ledger.get_many([t.after.operation_id for t in stale])
         fenced: list[tuple[Transition, Transition]] = []
         for transition in stale:
@@ -635,6 +822,8 @@ class Executor:
     def _track(self, target: _Server, op: Operation, created: bool, arguments: Json) -> None:
         if created:
             target.driver.mark_fresh(op, arguments)
+        elif self.shared and op.operation_id not in self._ops:
+            return  # another executor's (or free): its holder, or a later claim, drives it
         self._ops[op.operation_id] = op
         self._schedule(op.operation_id, self.clock.now())
 
@@ -950,10 +1139,17 @@ class Executor:
         """
         previous = self.epoch
         self.epoch = epoch
+        self._refence()
         for server in self._servers.values():
             server.driver = self._new_driver(server.config, server.backend)
         live = [s for s in LocalState if s not in RECEIPT_STATES]
-        behind = [op for op in self.ledger.operations(states=live) if op.epoch < epoch]
+        if self.shared:
+            # Only what this executor leases; the others adopt theirs when their fence refuses
+            # them, and behind-epoch operations nobody holds are adopted as ``claim`` hands them out.
+            held = self.ledger.get_many(list(self._ops))
+            behind = [op for op in held.values() if op.epoch < epoch and op.state not in RECEIPT_STATES]
+        else:
+            behind = [op for op in self.ledger.operations(states=live) if op.epoch < epoch]
         adopted = self._adopt_operations(behind, actor=actor)
         return {"from_epoch": previous, "to_epoch": epoch, **adopted}
 
@@ -970,6 +1166,9 @@ class Executor:
                     step(op, EpochRaised(self.epoch, actor), now) for op in pending[start : start + 1000]
                 ]
                 for t, outcome in zip(chunk, self.ledger.apply_many(chunk), strict=True):
+                    if isinstance(outcome.error, LeaseLost):
+                        self._lease_lost(t.before.operation_id, str(outcome.error))
+                        continue
                     if outcome.error is not None or outcome.operation is None:
                         fresh = self.ledger.get(t.before.operation_id)
                         if (

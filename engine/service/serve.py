@@ -1,7 +1,10 @@
-"""``finality serve``: one process that owns the ledger, runs the executor and serves the control API.
+"""``finality serve``: one process that runs the executor and serves the control API.
 
-DuckDB allows one writing process per file, so this is that process. Everything else (console,
-notebooks, CLI commands that change state) goes through its HTTP API.
+On a DuckDB file this process owns the ledger (one writing process per file); everything else
+(console, notebooks, CLI commands that change state) goes through its HTTP API. On a PostgreSQL
+URL any number of these processes share the ledger: each leases its work, fences its writes and
+books its requests in the shared QPS budget (see ``engine.service.executor``); analyst SQL runs in
+place (``PgLedger.analyst_query``) instead of on a snapshot.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import uvicorn
 
 from engine.clock import SystemClock, monotonic_seconds
 from engine.ledger import Ledger
+from engine.ledgers import LedgerPort, open_ledger
+from engine.pg_ledger import PgLedger
 from engine.service.api import build_api
 from engine.service.config import ServiceConfig
 from engine.service.executor import Executor
@@ -49,15 +54,45 @@ class SnapshotSql:
         return result
 
 
+@dataclass
+class PgSql:
+    """Analyst SQL on a PostgreSQL ledger: in place, read-only transaction, read-only role."""
+
+    ledger: PgLedger
+
+    def __call__(self, query: str, max_rows: int) -> dict[str, object]:
+        result = self.ledger.analyst_query(query, max_rows=max_rows).as_json()
+        result["snapshot_age_s"] = 0.0
+        return result
+
+
 async def serve(
-    config: ServiceConfig, ledger_path: str, *, host: str, port: int, seed: int | None = None
+    config: ServiceConfig,
+    ledger_target: str,
+    *,
+    host: str,
+    port: int,
+    seed: int | None = None,
+    lease_s: float | None = None,
 ) -> None:
-    """Run until SIGINT/SIGTERM; print one ``READY http://host:port`` line once listening."""
-    ledger = Ledger.open(ledger_path)
-    executor = Executor(ledger=ledger, config=config, clock=SystemClock(), rng=random.Random(seed))
+    """Run until SIGINT/SIGTERM; print one ``READY http://host:port`` line once listening.
+
+    ``ledger_target`` is a DuckDB path or a PostgreSQL URL (``engine.ledgers.open_ledger``);
+    ``lease_s`` overrides the config's lease length (PostgreSQL only).
+    """
+    ledger = open_ledger(ledger_target)
+    shared = isinstance(ledger, PgLedger)
+    executor = Executor(
+        ledger=ledger,
+        config=config,
+        clock=SystemClock(),
+        rng=random.Random(seed),
+        lease_s=(lease_s or config.lease_s) if shared else None,
+    )
     await executor.start()
     with tempfile.TemporaryDirectory(prefix="finality-sql-") as folder:
-        app = build_api(executor, ledger, sql=SnapshotSql(ledger, Path(folder)))
+        sql = PgSql(ledger) if isinstance(ledger, PgLedger) else SnapshotSql(ledger, Path(folder))
+        app = build_api(executor, ledger, sql=sql)
         server = uvicorn.Server(
             uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
         )
@@ -84,7 +119,7 @@ async def serve(
     ledger.close()
 
 
-async def record_gates(executor: Executor, ledger: Ledger, interval: timedelta | None) -> None:
+async def record_gates(executor: Executor, ledger: LedgerPort, interval: timedelta | None) -> None:
     """Evaluate the six gates every ``interval`` and record each run (with its raw inputs) in ``gate_runs``.
 
     The console shows the latest run instead of rescanning a large ledger per page view. The scan

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
@@ -37,7 +37,7 @@ def free_port() -> int:
 
 
 class ServiceProcess:
-    """``finality serve --ledger L --config C`` on 127.0.0.1."""
+    """``finality serve --ledger L --config C`` on 127.0.0.1 (``L`` a DuckDB path or a PostgreSQL URL)."""
 
     def __init__(
         self,
@@ -47,15 +47,19 @@ class ServiceProcess:
         port: int | None = None,
         seed: int = 0,
         startup_timeout: float = 30.0,
+        extra_args: Sequence[str] = (),
     ) -> None:
-        self.ledger = Path(ledger)
+        self.ledger: str | Path = ledger if "://" in str(ledger) else Path(ledger)
         self.config = Path(config)
         self.port = port or free_port()
         self.seed = seed
         self.startup_timeout = startup_timeout
         self.url = f"http://127.0.0.1:{self.port}"
+        self.extra_args = list(extra_args)
         self._process: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
+        self.pid: int | None = None
+        """The last started process's id (kept after it ends: leases name their owner by it)."""
 
     def start(self) -> Self:
         env = dict(os.environ)
@@ -76,12 +80,14 @@ class ServiceProcess:
                 str(self.port),
                 "--seed",
                 str(self.seed),
+                *self.extra_args,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
             env=env,
         )
+        self.pid = self._process.pid
         try:
             self._wait_ready()
         except BaseException:
