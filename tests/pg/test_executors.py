@@ -1,0 +1,185 @@
+"""Several executor processes share one PostgreSQL ledger; one is killed with SIGKILL mid-way.
+
+Three ``finality serve`` processes on one fresh database, one AIP-151 reference server (request_id
+idempotency and lookup by key), 3,000 calls submitted through the executors' APIs. Half-way
+through the submissions one executor is killed: its operations are taken over by
+the others once its leases expire, and afterwards every operation is terminal with exactly one
+receipt, the server created exactly one operation per call node, and the busiest one-second window
+of requests (all executors together, from the polls table) is within the global cap.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import psycopg
+
+from engine.client import ServiceClient, ServiceRefused, ServiceUnavailable
+from engine.ledgers import open_ledger
+from engine.model import RECEIPT_STATES
+from engine.schedule import busiest_window
+from engine.service.testing import ServiceProcess
+from refserver.testing import RefServer
+
+CALLS = 3000
+EXECUTORS = 3
+GLOBAL_QPS = 400
+LEASE_S = 3.0
+KILL_AFTER = CALLS // 2
+
+
+def _config(server: RefServer) -> str:
+    return f"""
+global_qps = {GLOBAL_QPS}
+rollout_salt = "pg"
+gate_interval_s = 5
+
+[poll]
+default_interval_ms = 250
+min_interval_ms = 100
+max_interval_ms = 1000
+retry_backoff_ms = 100
+
+[servers.aip]
+url = "{server.url}"
+protocol = "aip-151"
+qps = 1000
+
+[tools.analyze_upload]
+server = "aip"
+side_effect_free = true
+"""
+
+
+def _submit_all(
+    executors: list[ServiceProcess], nodes: list[str], victim: ServiceProcess, kill_after: int
+) -> dict[str, int]:
+    """Submit every call node through the executors' APIs (round robin, two threads each).
+
+    The victim is killed once ``kill_after`` calls were acknowledged; calls meant for it then go
+    to the others (a call it may have recorded just before dying is asked again: one operation).
+    Returns which executor acknowledged each call node.
+    """
+    acknowledged: dict[str, int] = {}
+    lock = threading.Lock()
+    killed = threading.Event()
+    rng = random.Random(7)
+    durations = {node: rng.choice([300, 800, 1500, 3000]) for node in nodes}
+    errors: list[BaseException] = []
+
+    def work(worker: int) -> None:
+        clients = [ServiceClient(e.url, timeout=60.0) for e in executors]
+        try:
+            for i in range(worker, len(nodes), 2 * len(executors)):
+                node = nodes[i]
+                for attempt in range(len(executors) * 3):
+                    which = (i + attempt) % len(executors)
+                    if killed.is_set() and executors[which] is victim:
+                        continue
+                    try:
+                        clients[which].submit(
+                            call_node=node,
+                            tool="analyze_upload",
+                            arguments={"n": node, "_sim": {"duration_ms": durations[node]}},
+                        )
+                    except (ServiceUnavailable, ServiceRefused):
+                        if executors[which] is victim and killed.is_set():
+                            continue
+                        raise
+                    with lock:
+                        acknowledged[node] = which
+                        if len(acknowledged) >= kill_after and not killed.is_set():
+                            killed.set()
+                            victim.kill()
+                    break
+                else:
+                    raise AssertionError(f"{node} was not acknowledged by any executor")
+        except BaseException as exc:  # reported by the test thread
+            errors.append(exc)
+        finally:
+            for client in clients:
+                client.close()
+
+    threads = [threading.Thread(target=work, args=(w,)) for w in range(2 * len(executors))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=150)
+    assert not any(t.is_alive() for t in threads), "submitters did not finish in time"
+    assert not errors, errors[0]
+    assert killed.is_set()
+    return acknowledged
+
+
+def test_three_executors_one_killed_nothing_doubled_every_operation_terminal(
+    pg_url: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "finality.toml"
+    nodes = [f"pg-{i:05d}" for i in range(CALLS)]
+    with RefServer("aip-151", time_scale=1.0, seed=3) as server:
+        config.write_text(_config(server))
+        executors = [
+            ServiceProcess(pg_url, config, seed=i, extra_args=["--lease-s", str(LEASE_S)])
+            for i in range(EXECUTORS)
+        ]
+        try:
+            for executor in executors:
+                executor.start()
+            victim = executors[0]
+            killed_at = time.monotonic()
+            acknowledged = _submit_all(executors, nodes, victim, KILL_AFTER)
+            killed_at = time.monotonic() - killed_at
+            survivors = [e for e in executors if e is not victim]
+            deadline = time.monotonic() + 120
+            with open_ledger(pg_url, read_only=True) as ledger:
+                while time.monotonic() < deadline:
+                    ops = ledger.operations()
+                    if len(ops) == CALLS and all(op.state in RECEIPT_STATES for op in ops):
+                        break
+                    time.sleep(0.5)
+                ops = ledger.operations()
+                receipts = ledger.count("receipts")
+                sent = [p["sent_at"] for p in ledger.polls()]
+            stats = server.stats()
+            for executor in survivors:
+                assert executor.running, executor.stderr()
+            # Read before the survivors stop: a clean stop releases their leases.
+            victim_owner = f":{victim.pid}"
+            with psycopg.connect(pg_url) as con:
+                owners = Counter(
+                    str(row[0]).rsplit(":", 1)[-1]
+                    for row in con.execute("SELECT lease_owner FROM op_state WHERE lease_owner IS NOT NULL")
+                )
+                victim_nodes = sorted(n for n, which in acknowledged.items() if which == 0)
+                # Claimed (after expiry: ``claim`` takes nothing else) and finished by a survivor.
+                by_survivor = con.execute(
+                    "SELECT count(*) FROM op_state s JOIN op_identity i USING (operation_id) "
+                    "WHERE i.call_node_id = ANY(%s) AND s.lease_owner NOT LIKE %s",
+                    [victim_nodes, f"%{victim_owner}"],
+                ).fetchone()
+        finally:
+            for executor in executors:
+                executor.close()
+
+    # Every call node has one operation, and every operation is terminal with one receipt.
+    assert len(acknowledged) == CALLS
+    assert sorted(op.call_node_id for op in ops) == nodes
+    unfinished = Counter(op.state.value for op in ops if op.state not in RECEIPT_STATES)
+    assert not unfinished, unfinished
+    assert receipts == CALLS, "double (or missing) receipts"
+    # Server side: exactly one operation per call node, never a second one for a key.
+    assert stats["operations_created"]["total"] == CALLS
+    per_key = Counter(t["key"] for t in stats["tasks"])
+    assert max(per_key.values()) == 1
+    # The victim's operations that were still running were taken over by the survivors.
+    assert set(owners) <= {str(e.pid) for e in executors}, owners
+    assert victim_nodes, "the victim acknowledged no call"
+    assert by_survivor is not None
+    assert by_survivor[0] > 0, "nothing of the victim's was taken over"
+    # The global QPS cap held across the executors, in every one-second window.
+    assert busiest_window(sent) <= GLOBAL_QPS
+    assert killed_at < 150
