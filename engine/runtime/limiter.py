@@ -64,15 +64,17 @@ def slot_grid(global_qps: float) -> tuple[int, int]:
 
     Every send goes out at the start of a slot. With ``S`` slots per second, a half-open window of
     one second holds exactly ``S`` slot starts, so at most ``S * per_slot <= global_qps`` sends,
-    wherever the window is. Picks the ``S`` that lets the most through (the finer grid on a tie);
-    below 1 QPS a slot is ``1 / global_qps`` seconds long and holds one send.
+    wherever the window is. Picks the finest grid that lets through at least 90 % of what the best
+    grid would (fine grids spread sends; coarse ones burst); below 1 QPS a slot is
+    ``1 / global_qps`` seconds long and holds one send.
     """
     if global_qps <= 0:
         raise ValueError("a rate limit must be positive")
     if global_qps < 1:
         return round(1_000_000 / global_qps), 1
-    best = max(_SLOTS_PER_SECOND, key=lambda s: (s * int(global_qps // s), s))
-    return 1_000_000 // best, int(global_qps // best)
+    best_rate = max(s * int(global_qps // s) for s in _SLOTS_PER_SECOND)
+    chosen = max(s for s in _SLOTS_PER_SECOND if s * int(global_qps // s) >= 0.9 * best_rate)
+    return 1_000_000 // chosen, int(global_qps // chosen)
 
 
 BookSlots = Callable[[Sequence[str], Sequence[int], int, int], list[int]]

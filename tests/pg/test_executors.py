@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from engine.client import ServiceClient, ServiceRefused, ServiceUnavailable
 from engine.ledgers import open_ledger
@@ -183,3 +184,43 @@ def test_three_executors_one_killed_nothing_doubled_every_operation_terminal(
     # The global QPS cap held across the executors, in every one-second window.
     assert busiest_window(sent) <= GLOBAL_QPS
     assert killed_at < 150
+
+
+def test_a_service_on_postgres_answers_sql_gates_and_shares_its_budget(pg_url: str, tmp_path: Path) -> None:
+    """/api/v1/sql runs in place under the read-only role, /api/v1/gates evaluates and records, and a
+    clean stop releases the executor's leases."""
+    config = tmp_path / "finality.toml"
+    with RefServer("aip-151", time_scale=0.05) as server:
+        config.write_text(_config(server))
+        with (
+            ServiceProcess(pg_url, config, extra_args=["--lease-s", "5"]) as service,
+            service.client() as client,
+        ):
+            client.submit(
+                call_node="sql-1", tool="analyze_upload", arguments={"n": 1, "_sim": {"duration_ms": 100}}
+            )
+            rows = client.sql("SELECT count(*) AS n FROM operations")
+            assert rows["columns"] == ["n"]
+            assert rows["rows"] == [[1]]
+            with pytest.raises(ServiceRefused):
+                client.sql("DELETE FROM operations")
+            gates = client.gates(record=True)
+            assert len(gates["gates"]) == 6
+            assert gates["run_id"] is not None
+            with open_ledger(pg_url, read_only=True) as ledger:
+                assert len(ledger.gate_runs()) >= 1
+                assert ledger.setting("global_qps") == repr(float(GLOBAL_QPS))
+        with open_ledger(pg_url, read_only=True) as ledger:
+            assert ledger.leases() == []  # released on the clean stop
+
+
+def test_the_shared_grid_keeps_every_one_second_window_within_the_cap() -> None:
+    from engine.runtime.limiter import slot_grid
+
+    for qps in (0.5, 1, 3, 7, 10, 25, 99, 100, 400, 1234):
+        slot_us, per_slot = slot_grid(qps)
+        per_second = 1_000_000 / slot_us
+        assert per_slot >= 1
+        # A half-open one-second window holds at most ceil(per_second) slot starts.
+        assert per_slot * max(1, int(per_second)) <= qps or (qps < 1 and per_slot == 1)
+        assert per_slot * per_second >= 0.8 * qps or qps < 10  # not wastefully below the cap
