@@ -12,13 +12,16 @@ import asyncio
 import json
 import sys
 from collections.abc import Sequence
+from contextlib import closing
 from datetime import timedelta
-from typing import cast
+from typing import TYPE_CHECKING
 
 from engine.client import ServiceRefused as ServiceRefusedError
 from engine.clock import SystemClock
 from engine.errors import BackendError, ConfigError, EngineError, LedgerError, NegotiationError
-from engine.ledger import Ledger
+
+if TYPE_CHECKING:  # both ledgers (DuckDB, PostgreSQL) offer this port
+    from engine.ledgers import LedgerPort
 from engine.model import RECEIPT_STATES, ToolRef
 from engine.runtime.call import CallSpec, run_call
 from engine.runtime.report import operation_report
@@ -306,7 +309,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
     if args.ledger:
         from rollout.controller import verify_ledger
 
-        with _open(args.ledger, read_only=True) as ledger:
+        with closing(_open(args.ledger, read_only=True)) as ledger:
             report = verify_ledger(ledger).as_json()
     else:
         from engine.client import ServiceClient
@@ -344,14 +347,11 @@ def _print_report(report: dict[str, object], as_json: bool) -> None:
         print(f"  {row['at']}  {row['from']} -> {row['to']}  {row['event']}  {row['cause']}{mark}")
 
 
-def _open(target: str, *, read_only: bool = False) -> Ledger:
-    """A DuckDB file or a ``postgresql://`` URL (``engine.ledgers.open_ledger``).
-
-    Typed as DuckDB's ``Ledger`` for the report and gate helpers, which use only what both offer.
-    """
+def _open(target: str, *, read_only: bool = False) -> LedgerPort:
+    """A DuckDB file or a ``postgresql://`` URL (``engine.ledgers.open_ledger``)."""
     from engine.ledgers import open_ledger
 
-    return cast(Ledger, open_ledger(target, read_only=read_only))
+    return open_ledger(target, read_only=read_only)
 
 
 def cmd_call(args: argparse.Namespace) -> int:
@@ -374,7 +374,7 @@ def cmd_call(args: argparse.Namespace) -> int:
         sync_limit=args.sync_limit,
         answer=args.answer,
     )
-    with _open(args.ledger) as ledger:
+    with closing(_open(args.ledger)) as ledger:
         op = asyncio.run(run_call(spec, ledger, SystemClock()))
         report = operation_report(ledger, op.call_node_id)
     assert report is not None
@@ -383,7 +383,7 @@ def cmd_call(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    with _open(args.ledger, read_only=True) as ledger:
+    with closing(_open(args.ledger, read_only=True)) as ledger:
         report = operation_report(ledger, args.call_node)
     if report is None:
         print(f"finality: no operation for call node {args.call_node!r}", file=sys.stderr)
@@ -396,7 +396,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
     from rollout.gates import Thresholds, evaluate
 
     clock = SystemClock()
-    with _open(args.ledger, read_only=args.no_record) as ledger:
+    with closing(_open(args.ledger, read_only=args.no_record)) as ledger:
         report = evaluate(ledger.gate_inputs(clock.now()), Thresholds(qps=args.qps))
         run_id = None if args.no_record else ledger.record_gate_run(report.results, clock.now())
     if args.json:

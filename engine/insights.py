@@ -878,7 +878,7 @@ class PostgresSource:
                 return None
             state = RolloutState.from_json(row)
             live = self.ledger.live_by_protocol()
-            audit = verify_ledger(self.ledger)  # type: ignore[arg-type]  # reads only the LedgerPort
+            audit = verify_ledger(self.ledger)
         except (EngineError, ValueError) as exc:
             raise ActionRefused(503, f"rollout status unavailable: {exc}") from exc
         remaining = {p: sum(live.get(p, {}).values()) for p in state.disabled_protocols}

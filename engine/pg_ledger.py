@@ -42,6 +42,7 @@ from engine.errors import (
     SchemaTooNew,
     StaleWrite,
 )
+from engine.gate_sql import gate_inputs_from_values, gate_inputs_sql
 from engine.ledger import (
     _STATE_COLUMNS,
     _TABLES,
@@ -1888,104 +1889,16 @@ class PgLedger:
     def gate_inputs(self, now: datetime) -> dict[str, dict[str, object]]:
         """The raw inputs of the six gates, read from the ledger only (no thresholds applied here).
 
-        The same definitions as ``Ledger.gate_inputs``, read in one REPEATABLE READ transaction so
-        the six agree with each other while executors keep writing.
+        The one gate-inputs statement (``engine.gate_sql``, shared with DuckDB and the console) in
+        PostgreSQL's dialect, read in one REPEATABLE READ transaction while executors keep writing.
         """
         with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-
-            def one(query: str, params: Sequence[object] | None = None) -> tuple[Any, ...]:
-                row = cur.execute(query, params or None).fetchone()
-                return tuple(row) if row else ()
-
-            explorer = one(
-                "SELECT count(*), coalesce(sum(distinct_interleavings), 0)::bigint, "
-                "coalesce(sum(divergent), 0)::bigint, max(finished_at) FROM explorer_runs WHERE rules = 'engine'"
-            )
-            ops = one("SELECT count(*) FROM op_state")
-            duplicates = one(
-                "SELECT count(*) FROM (SELECT operation_id FROM task_bindings GROUP BY operation_id "
-                "HAVING count(*) > 1) AS d"
-            )
-            resubmits = one("SELECT count(*) FROM op_state WHERE submit_attempts > 0")
-            # Any one-second window lies within two consecutive whole seconds, so only seconds whose
-            # pair of buckets could beat the busiest single bucket need the exact sliding count.
-            polls = one(
-                """WITH b AS (SELECT floor(extract(epoch FROM sent_at))::bigint AS sec, count(*) AS n
-                              FROM polls GROUP BY 1),
-                best AS (SELECT coalesce(max(n), 0) AS n FROM b),
-                cand AS (SELECT b.sec FROM b LEFT JOIN b AS nxt ON nxt.sec = b.sec + 1
-                         WHERE b.n + coalesce(nxt.n, 0) > (SELECT n FROM best)),
-                near AS (SELECT sec FROM cand UNION SELECT sec + 1 FROM cand),
-                w AS (SELECT count(*) OVER (ORDER BY sent_at RANGE BETWEEN CURRENT ROW
-                                            AND INTERVAL '999999 microseconds' FOLLOWING) AS n
-                      FROM polls WHERE floor(extract(epoch FROM sent_at))::bigint IN (SELECT sec FROM near))
-                SELECT (SELECT count(*) FROM polls), greatest((SELECT n FROM best), coalesce((SELECT max(n) FROM w), 0))"""
-            )
-            latency = (
-                "(extract(epoch FROM r.accepted_at) - extract(epoch FROM s.cancel_requested_at))::float8"
-            )
-            cancels = one(
-                f"SELECT count(*), percentile_cont(0.99) WITHIN GROUP (ORDER BY {latency}), max({latency}) "
-                "FROM op_state s JOIN receipts r USING (operation_id) WHERE s.cancel_requested_at IS NOT NULL"
-            )
-            pending_cancels = one(
-                "SELECT count(*), max((extract(epoch FROM %s::timestamptz) - extract(epoch FROM cancel_requested_at))::float8) "
-                "FROM op_state WHERE cancel_requested_at IS NOT NULL AND state NOT IN ('ACCEPTED', 'CANCELLED_ACCEPTED')",
-                [now],
-            )
-            age_open = "(extract(epoch FROM %s::timestamptz) - extract(epoch FROM opened_at))::float8"
-            age_done = "(extract(epoch FROM resolved_at) - extract(epoch FROM opened_at))::float8"
-            unknown = one(
-                "SELECT count(*), count(*) FILTER (WHERE status = 'open'), "
-                f"max(CASE WHEN status = 'open' THEN {age_open} END), "
-                f"percentile_cont(0.99) WITHIN GROUP (ORDER BY CASE WHEN status = 'open' THEN {age_open} "
-                f"ELSE {age_done} END), "
-                f"max(CASE WHEN status = 'resolved' THEN {age_done} END) "
-                "FROM reconciliation WHERE kind = 'unknown'",
-                [now, now],
-            )
-            trace = one(
-                "SELECT count(*), count(*) FILTER (WHERE r.call_node_id IS NULL OR r.status <> o.terminal_status "
-                "OR r.result_digest IS DISTINCT FROM o.result_digest) "
-                "FROM outbox o LEFT JOIN receipts r USING (call_node_id)"
-            )
-            qps_row = one("SELECT value FROM settings WHERE key = 'global_qps'")
-        qps = str(qps_row[0]) if qps_row else None
-        return {
-            "terminal_divergence": {
-                "explorer_runs": explorer[0],
-                "interleavings": explorer[1],
-                "divergent": explorer[2],
-                "last_run_at": explorer[3],
-            },
-            "duplicate_operations": {
-                "operations": ops[0],
-                "operations_with_second_server_task": duplicates[0],
-                "resubmitted_after_proof_of_absence": resubmits[0],
-            },
-            "poll_amplification": {
-                "requests": polls[0],
-                "busiest_1s_window": polls[1],
-                "configured_qps": float(qps) if qps is not None else None,
-            },
-            "cancel_confirmation": {
-                "confirmed": cancels[0],
-                "p99_s": cancels[1],
-                "max_s": cancels[2],
-                "pending": pending_cancels[0],
-                "oldest_pending_s": pending_cancels[1],
-            },
-            "unknown_reconciliation": {
-                "operations": ops[0],
-                "entries": unknown[0],
-                "open": unknown[1],
-                "oldest_open_s": unknown[2],
-                "p99_age_s": unknown[3],
-                "slowest_resolution_s": unknown[4],
-            },
-            "traceability": {"outbox_rows": trace[0], "untraceable": trace[1]},
-        }
+            cur.execute(gate_inputs_sql(now, "postgres"))
+            row = cur.fetchone()
+            if row is None:
+                raise LedgerError("the gate-inputs statement returned no row")
+            return gate_inputs_from_values([d.name for d in cur.description or ()], list(row))
 
     def record_gate_run(self, results: Sequence[GateRecord], at: datetime) -> int:
         """Store one evaluation of the gates; returns its run id."""

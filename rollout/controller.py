@@ -12,10 +12,10 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from engine.clock import Clock
 from engine.errors import StaleWrite
-from engine.ledger import Ledger
 from engine.model import RECEIPT_STATES, LocalState, Operation
 from rollout.assign import Arm, Key, flip_report
 from rollout.audit import GENESIS, Anchor, AuditEvent, AuditReport, canonical, next_event, verify
@@ -28,6 +28,9 @@ FLIP_LIST_LIMIT = 1000
 """Keys listed per arm-flip report in the audit row (the counts are always exact)."""
 
 _RECEIPT_VALUES = frozenset(s.value for s in RECEIPT_STATES)
+
+if TYPE_CHECKING:  # both ledgers (DuckDB, PostgreSQL) offer this port
+    from engine.ledgers import LedgerPort
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +115,7 @@ def _state_of(row: Mapping[str, object]) -> RolloutState:
     return RolloutState.from_json(row)
 
 
-def verify_ledger(ledger: Ledger) -> AuditReport:
+def verify_ledger(ledger: LedgerPort) -> AuditReport:
     """Verify the ledger's rollout audit chain against its anchor (read-only)."""
     rows = [_event_of(r) for r in ledger.rollout_events()]
     state = ledger.rollout_state()
@@ -131,7 +134,7 @@ class RolloutController:
 
     def __init__(
         self,
-        ledger: Ledger,
+        ledger: LedgerPort,
         clock: Clock,
         tools: Mapping[str, ToolPaths],
         *,

@@ -12,6 +12,7 @@ import random
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -19,7 +20,6 @@ from engine.adapters import AdapterOptions, CallMode, discover, open_backend, pl
 from engine.adapters.base import Backend, Json
 from engine.clock import Clock
 from engine.errors import ConfigError, NegotiationError
-from engine.ledger import Ledger
 from engine.model import (
     RECEIPT_STATES,
     CallNodeId,
@@ -38,6 +38,9 @@ from engine.schedule import PollPolicy
 
 ADAPTER_VERSION = "finality-0.1"
 _CANCELLABLE = frozenset({LocalState.WORKING, LocalState.INPUT_REQUIRED})
+
+if TYPE_CHECKING:  # both ledgers (DuckDB, PostgreSQL) offer this port
+    from engine.ledgers import LedgerPort
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +74,7 @@ async def choose_protocol(spec: CallSpec, client: httpx.AsyncClient) -> Protocol
         raise ConfigError("--protocol", f"unknown protocol {spec.protocol!r}") from exc
 
 
-async def run_call(spec: CallSpec, ledger: Ledger, clock: Clock) -> Operation:
+async def run_call(spec: CallSpec, ledger: LedgerPort, clock: Clock) -> Operation:
     """Drive the call to a receipt, a person, or the end of the wait budget; return the operation.
 
     Raises:
@@ -119,7 +122,7 @@ async def run_call(spec: CallSpec, ledger: Ledger, clock: Clock) -> Operation:
 
 async def _drive(
     spec: CallSpec,
-    ledger: Ledger,
+    ledger: LedgerPort,
     clock: Clock,
     backend: Backend,
     op: Operation,

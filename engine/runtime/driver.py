@@ -15,7 +15,7 @@ import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from engine.adapters.base import (
     Backend,
@@ -39,7 +39,7 @@ from engine.errors import (
     ProtocolViolation,
     StaleWrite,
 )
-from engine.ledger import HeldOutcome, Ledger, PollRecord
+from engine.ledger import HeldOutcome, PollRecord
 from engine.machine import step
 from engine.model import (
     RECEIPT_STATES,
@@ -84,6 +84,9 @@ MAX_FETCH_ATTEMPTS = 4
 """Fetches of one terminal result before a persistent failure goes to reconciliation."""
 UNKNOWN_PROBE_INTERVAL = timedelta(seconds=30)
 
+if TYPE_CHECKING:  # the port both ledgers (DuckDB, PostgreSQL) offer; imported for typing only
+    from engine.ledgers import LedgerPort
+
 
 @dataclass
 class _Memory:
@@ -115,7 +118,7 @@ class Wake:
 class Driver:
     """Drives operations of one server through one adapter."""
 
-    ledger: Ledger
+    ledger: LedgerPort
     backend: Backend
     clock: Clock
     rng: random.Random

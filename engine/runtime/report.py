@@ -4,18 +4,21 @@ and what the control API returns. Reads the ledger only; decides nothing."""
 from __future__ import annotations
 
 from datetime import datetime
+from typing import TYPE_CHECKING
 
-from engine.ledger import Ledger
 from engine.model import RECEIPT_STATES, ServerStatus
 
 Json = dict[str, object]
+
+if TYPE_CHECKING:  # both ledgers (DuckDB, PostgreSQL) offer this port
+    from engine.ledgers import LedgerPort
 
 
 def _iso(value: object) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else None
 
 
-def operation_report(ledger: Ledger, call_node_id: str) -> Json | None:
+def operation_report(ledger: LedgerPort, call_node_id: str) -> Json | None:
     """The operation object for a call node, or None if the ledger has none."""
     op = ledger.by_call_node(call_node_id)
     if op is None:

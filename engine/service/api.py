@@ -2,7 +2,7 @@
 
 Routes (all JSON; errors are ``{"error": "..."}`` with a meaningful status):
 
-    GET  /api/v1/health                                   liveness, in-flight count, servers
+    GET  /api/v1/health                                   liveness, in-flight count, servers, SQL dialect
     POST /api/v1/calls                                    {call_node, tool, arguments, principal?} -> operation
     GET  /api/v1/operations?state=&protocol=&tool=&limit= operations, newest first
     GET  /api/v1/operations/{call_node}                   the same object as ``finality show --json``
@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.applications import Starlette
@@ -49,8 +49,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.errors import EngineError, InvalidRecord, SqlRefused
-from engine.ledger import Ledger
 from engine.ledgers import LedgerPort
+from engine.pg_ledger import PgLedger
 from engine.runtime.report import operation_report
 from engine.service.executor import Executor, ServiceError
 from rollout.assign import percent_to_bp
@@ -60,12 +60,6 @@ from rollout.plan import Request as RolloutRequest
 from rollout.plan import RolloutRefused
 
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-def as_ledger(ledger: LedgerPort) -> Ledger:
-    """``operation_report`` and ``verify_ledger`` are typed against DuckDB's ``Ledger`` but read only
-    through ``LedgerPort`` methods, which PostgreSQL's ledger offers too."""
-    return cast(Ledger, ledger)
 
 
 def _default(value: object) -> object:
@@ -151,6 +145,8 @@ def build_api(
                 "in_flight": executor.in_flight,
                 "epoch": executor.epoch,
                 "servers": {name: protocol.value for name, protocol in executor.servers().items()},
+                # The SQL dialect POST /api/v1/sql speaks (the console picks its query variants by it).
+                "dialect": "postgres" if isinstance(ledger, PgLedger) else "duckdb",
             }
         )
 
@@ -167,7 +163,7 @@ def build_api(
             arguments=arguments,
             principal=_optional(body, "principal"),
         )
-        return JSON(operation_report(as_ledger(ledger), op.call_node_id), status_code=201)
+        return JSON(operation_report(ledger, op.call_node_id), status_code=201)
 
     async def operations(request: Request) -> Response:
         q = request.query_params
@@ -181,7 +177,7 @@ def build_api(
         return JSON({"operations": rows})
 
     async def show(request: Request) -> Response:
-        report = operation_report(as_ledger(ledger), request.path_params["call_node"])
+        report = operation_report(ledger, request.path_params["call_node"])
         if report is None:
             raise ServiceError(404, f"no operation for call node {request.path_params['call_node']!r}")
         return JSON(report)
@@ -191,7 +187,7 @@ def build_api(
         actor = _text(body, "actor")
         reason = _text(body, "reason")
         op = await executor.cancel(request.path_params["call_node"], actor=actor, reason=reason)
-        return JSON(operation_report(as_ledger(ledger), op.call_node_id), status_code=202)
+        return JSON(operation_report(ledger, op.call_node_id), status_code=202)
 
     async def approvals(request: Request) -> Response:
         return JSON({"approvals": ledger.approvals(pending_only=True)})
@@ -209,7 +205,7 @@ def build_api(
         op = await executor.answer(
             request.path_params["operation_id"], input_round=round_, answer=value, actor=actor
         )
-        return JSON(operation_report(as_ledger(ledger), op.call_node_id))
+        return JSON(operation_report(ledger, op.call_node_id))
 
     async def reconciliation(request: Request) -> Response:
         return JSON({"entries": ledger.reconciliation(open_only=request.query_params.get("all") is None)})
@@ -377,7 +373,7 @@ def build_rollout_routes(executor: Executor, ledger: LedgerPort) -> list[Route]:
         return JSON({"events": ledger.rollout_events(limit=_limit(request), newest_first=True)})
 
     async def audit(request: Request) -> Response:
-        return JSON(verify_ledger(as_ledger(ledger)).as_json())
+        return JSON(verify_ledger(ledger).as_json())
 
     async def shadow_diffs(request: Request) -> Response:
         diverged = request.query_params.get("diverged") not in (None, "", "0", "false")

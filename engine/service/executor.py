@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import httpx
 
@@ -50,7 +50,7 @@ from engine.adapters import AdapterOptions, CallMode, discover, open_backend, pl
 from engine.adapters.base import Backend, Capabilities, Json
 from engine.clock import Clock, monotonic_seconds
 from engine.errors import DuplicateOperation, EngineError, NegotiationError
-from engine.ledger import BatchOutcome, Ledger
+from engine.ledger import BatchOutcome
 from engine.ledgers import LeasingLedgerPort, LedgerPort
 from engine.machine import step
 from engine.model import (
@@ -277,10 +277,8 @@ class Executor:
             name: ToolPaths(name, tool.server, tool.shadow_server, tool.side_effect_free)
             for name, tool in self.config.tools.items()
         }
-        # The controller (rollout/) and the driver (engine/runtime/) are typed against DuckDB's
-        # Ledger but call only LedgerPort methods, which every backend and BatchingLedger offer.
         self.rollout = RolloutController(
-            cast(Ledger, self._leasing or self.ledger),
+            self._leasing or self.ledger,
             self.clock,
             paths,
             salt=self.config.rollout_salt,
@@ -294,7 +292,7 @@ class Executor:
     def _new_driver(self, server: ServerConfig, backend: Backend) -> Driver:
         """A driver at the executor's current epoch, with no memory of earlier actions."""
         return Driver(
-            ledger=cast(Ledger, self._store),
+            ledger=self._store,
             backend=backend,
             clock=self.clock,
             rng=random.Random(self.rng.random()),

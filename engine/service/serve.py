@@ -49,7 +49,8 @@ class SnapshotSql:
         if self._made_at is None or now - self._made_at > self.max_age.total_seconds():
             self.ledger.snapshot(path)
             self._made_at = now
-        result = run_query(path, query, max_rows=max_rows).as_json()
+        # The snapshot is ours alone and replaced by rename, so the sandbox may stay attached to it.
+        result = run_query(path, query, max_rows=max_rows, keep_open=True).as_json()
         result["snapshot_age_s"] = round(monotonic_seconds() - (self._made_at or now), 3)
         return result
 

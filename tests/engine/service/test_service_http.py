@@ -125,6 +125,7 @@ def test_metrics_and_health_are_served(service: ServiceProcess) -> None:
         health = client.health()
     assert 'finality_operations{protocol="mcp-2025-11-25",state="ACCEPTED"} 1.0' in text
     assert health["servers"] == {"mcp": "mcp-2025-11-25", "aip": "aip-151", "ext": "mcp-2026-07-28"}
+    assert health["dialect"] == "duckdb"
 
 
 def test_analyst_sql_is_read_only(service: ServiceProcess) -> None:
