@@ -113,6 +113,15 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         timeout_s=3600,
     ),
     Benchmark(
+        "pg_scale",
+        "bench/pg_scale.py",
+        "Several executors on one PostgreSQL ledger: completed operations/s and transitions/s with 1, 2 and 4 "
+        "executor processes",
+        ("--runs", "5"),
+        ("--quick",),
+        timeout_s=3600,
+    ),
+    Benchmark(
         "restart",
         "bench/restart.py",
         "Restart recovery: kill -9 of the service at random points (lost, second operations, double receipts)",
