@@ -154,7 +154,8 @@ class Driver:
         """One protocol request: within the QPS budget, and recorded in the polls table."""
         if self.limiter is None:
             return await self._send(op, method, self.clock.now(), call)
-        async with self.limiter.in_flight:
+        # The cancel path goes first when requests queue: a person is waiting on it (the p99 gate).
+        async with self.limiter.in_flight.hold(urgent=op.cancel_generation > 0):
             return await self._send(op, method, await self.limiter.acquire(self.server), call)
 
     async def _send(self, op: Operation, method: str, sent: datetime, call: Callable[[], Awaitable[T]]) -> T:

@@ -9,11 +9,74 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from engine.clock import Clock
 from engine.schedule import RateWindow
+
+
+class PriorityGate:
+    """At most ``limit`` holders at once; waiting urgent holders go before waiting ordinary ones.
+
+    Each class is served first come, first served. Urgent is the cancel path: a person asked to
+    stop an operation, and that request (and what confirms it) must not queue behind thousands of
+    routine polls when the executor is saturated. ``async with gate:`` holds an ordinary place.
+    """
+
+    def __init__(self, limit: int) -> None:
+        if limit < 1:
+            raise ValueError("a gate needs at least one place")
+        self._limit = limit
+        self._held = 0
+        self._urgent: deque[asyncio.Future[None]] = deque()
+        self._ordinary: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for q in (self._urgent, self._ordinary) for f in q if not f.done())
+
+    async def acquire(self, *, urgent: bool = False) -> None:
+        if self._held < self._limit and not self.waiting:
+            self._held += 1
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        (self._urgent if urgent else self._ordinary).append(future)
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release()  # the place was handed over just as the waiter was cancelled
+            raise
+
+    def release(self) -> None:
+        """Hand the place to the first live urgent waiter, else the first ordinary one, else free it."""
+        for queue in (self._urgent, self._ordinary):
+            while queue:
+                future = queue.popleft()
+                if not future.done():
+                    future.set_result(None)  # the place passes on: ``held`` is unchanged
+                    return
+        self._held -= 1
+
+    @contextlib.asynccontextmanager
+    async def hold(self, *, urgent: bool = False) -> AsyncIterator[None]:
+        await self.acquire(urgent=urgent)
+        try:
+            yield
+        finally:
+            self.release()
+
+    async def __aenter__(self) -> None:
+        await self.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.release()
 
 
 class Limiter:
@@ -29,7 +92,7 @@ class Limiter:
     ) -> None:
         self._clock = clock
         # Requests queued inside the HTTP pool cost it quadratic bookkeeping; queue them here instead.
-        self.in_flight = asyncio.Semaphore(max_in_flight)
+        self.in_flight = PriorityGate(max_in_flight)
         self._global = RateWindow(global_qps)
         self._per_server = {server: RateWindow(qps) for server, qps in (per_server or {}).items()}
 

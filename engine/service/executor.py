@@ -160,6 +160,8 @@ class Executor:
         default_factory=list
     )
     _cancels: list[tuple[str, str, str, asyncio.Future[Operation]]] = field(default_factory=list)
+    _urgent: set[str] = field(default_factory=set)
+    """Operations on the cancel path: launched when due even while MAX_RUNNING advances run."""
     _running: dict[str, asyncio.Future[Wake]] = field(default_factory=dict)
     _finished: list[Wake] = field(default_factory=list)
     _finished_since: datetime = _NEVER
@@ -364,6 +366,9 @@ class Executor:
     # ------------------------------------------------------------------------------- the loop
 
     def _schedule(self, op_id: str, at: datetime) -> None:
+        op = self._ops.get(op_id)
+        if op is not None and op.cancel_generation > 0 and op.state not in RECEIPT_STATES:
+            self._urgent.add(op_id)
         current = self._due_at.get(op_id)
         if current is not None and current <= at:
             return
@@ -443,22 +448,30 @@ class Executor:
             self._flush()
         now = self.clock.now()
         launched = 0
+        # The cancel path is not held back by MAX_RUNNING: a person is waiting on it.
+        for op_id in [o for o in self._urgent if (due := self._due_at.get(o)) is not None and due <= now]:
+            self._urgent.discard(op_id)
+            del self._due_at[op_id]  # its heap entry is now superseded and skipped below
+            launched += self._launch(op_id)
         while self._heap and self._heap[0][0] <= now and len(self._running) < MAX_RUNNING:
             at, _, op_id = heapq.heappop(self._heap)
             if self._due_at.get(op_id) != at:
                 continue  # superseded by an earlier schedule
             del self._due_at[op_id]
-            op = self._ops.get(op_id)
-            if op is None:
-                continue
-            if op_id in self._running:
-                self._rerun.add(op_id)
-                continue
-            task = asyncio.ensure_future(self._advance(op))
-            self._running[op_id] = task
-            task.add_done_callback(functools.partial(self._done, op_id))
-            launched += 1
+            launched += self._launch(op_id)
         return launched
+
+    def _launch(self, op_id: str) -> int:
+        op = self._ops.get(op_id)
+        if op is None:
+            return 0
+        if op_id in self._running:
+            self._rerun.add(op_id)
+            return 0
+        task = asyncio.ensure_future(self._advance(op))
+        self._running[op_id] = task
+        task.add_done_callback(functools.partial(self._done, op_id))
+        return 1
 
     def _done(self, op_id: str, task: asyncio.Future[Wake]) -> None:
         self._running.pop(op_id, None)
@@ -518,6 +531,7 @@ class Executor:
         self._ops[op.operation_id] = op
         if op.state in RECEIPT_STATES:
             self._ops.pop(op.operation_id, None)
+            self._urgent.discard(op.operation_id)
             self._compare_shadows(op.operation_id)
             return
         budget_at = self._budget_deadline(op)
