@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ from engine.ledger import (
     _transition_row,
     operation_from_record,
 )
+from engine.ledger import MIGRATIONS as DUCKDB_MIGRATIONS
 from engine.model import (
     RECEIPT_STATES,
     CallNodeId,
@@ -91,297 +93,20 @@ T = TypeVar("T")
 SEND_SLOTS_TABLE: Final = "send_slots"
 """Coordination table of the shared QPS budget (migration 8); not part of the ledger's data."""
 
-# The same schema as engine.ledger.MIGRATIONS 1-6, in PostgreSQL's dialect (DOUBLE PRECISION for
-# DOUBLE); later ones are PostgreSQL's own. Numbers are this backend's: DuckDB's and PostgreSQL's
-# schema versions are counted apart. Never edit a released migration: add a new one.
+# Migrations 1-6 are DuckDB's own (engine.ledger.MIGRATIONS), in PostgreSQL's spelling of DOUBLE;
+# later ones are PostgreSQL's own. Numbers are this backend's: DuckDB's and PostgreSQL's schema
+# versions are counted apart. Never edit a released migration: add a new one.
+
+
+def _postgres_spelling(statement: str) -> str:
+    return re.sub(r"\bDOUBLE\b", "DOUBLE PRECISION", statement)
+
 
 MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
-    (
-        1,
-        "operations, transitions, receipts, outbox",
-        (
-            """CREATE TABLE op_identity (
-                operation_id VARCHAR PRIMARY KEY,
-                call_node_id VARCHAR NOT NULL UNIQUE,
-                role VARCHAR NOT NULL,
-                request_digest VARCHAR NOT NULL,
-                tool_name VARCHAR NOT NULL,
-                tool_version VARCHAR NOT NULL,
-                descriptor_version VARCHAR NOT NULL,
-                side_effects BOOLEAN NOT NULL,
-                principal VARCHAR NOT NULL,
-                protocol VARCHAR NOT NULL,
-                adapter_version VARCHAR NOT NULL,
-                server VARCHAR NOT NULL,
-                idempotency_key VARCHAR NOT NULL UNIQUE,
-                arguments VARCHAR NOT NULL,
-                schema_version VARCHAR NOT NULL,
-                created_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE op_state (
-                operation_id VARCHAR PRIMARY KEY,
-                state VARCHAR NOT NULL,
-                server_status VARCHAR,
-                task_id VARCHAR,
-                poll_cursor VARCHAR,
-                input_round INTEGER NOT NULL,
-                answered_round INTEGER NOT NULL,
-                input_request_key VARCHAR,
-                cancel_generation INTEGER NOT NULL,
-                cancel_requested_at TIMESTAMPTZ,
-                expires_at TIMESTAMPTZ,
-                result_digest VARCHAR,
-                result_held BOOLEAN NOT NULL,
-                effect_reconciliation_required BOOLEAN NOT NULL,
-                submit_attempts INTEGER NOT NULL,
-                epoch BIGINT NOT NULL,
-                row_version BIGINT NOT NULL,
-                updated_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE task_bindings (
-                server VARCHAR NOT NULL,
-                task_id VARCHAR NOT NULL,
-                operation_id VARCHAR NOT NULL,
-                bound_at TIMESTAMPTZ NOT NULL,
-                PRIMARY KEY (server, task_id)
-            )""",
-            "CREATE SEQUENCE transition_seq START 1",
-            """CREATE TABLE transitions (
-                seq BIGINT NOT NULL,
-                operation_id VARCHAR NOT NULL,
-                call_node_id VARCHAR NOT NULL,
-                from_state VARCHAR,
-                to_state VARCHAR NOT NULL,
-                event VARCHAR NOT NULL,
-                detail VARCHAR NOT NULL,
-                cause VARCHAR NOT NULL,
-                accepted BOOLEAN NOT NULL,
-                epoch BIGINT NOT NULL,
-                row_version BIGINT NOT NULL,
-                recorded_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE receipts (
-                call_node_id VARCHAR PRIMARY KEY,
-                operation_id VARCHAR NOT NULL UNIQUE,
-                request_digest VARCHAR NOT NULL,
-                task_id VARCHAR,
-                tool_version VARCHAR NOT NULL,
-                epoch BIGINT NOT NULL,
-                cancel_generation INTEGER NOT NULL,
-                status VARCHAR NOT NULL,
-                result_digest VARCHAR,
-                cancel_evidence VARCHAR,
-                role VARCHAR NOT NULL,
-                accepted_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE outbox (
-                call_node_id VARCHAR PRIMARY KEY REFERENCES receipts (call_node_id),
-                operation_id VARCHAR NOT NULL,
-                status VARCHAR NOT NULL,
-                terminal_status VARCHAR NOT NULL,
-                result_digest VARCHAR,
-                payload VARCHAR,
-                created_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE results (
-                operation_id VARCHAR PRIMARY KEY,
-                digest VARCHAR NOT NULL,
-                status VARCHAR NOT NULL,
-                payload VARCHAR NOT NULL,
-                stored_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE receipt_audit (
-                call_node_id VARCHAR NOT NULL,
-                operation_id VARCHAR NOT NULL,
-                kind VARCHAR NOT NULL,
-                digest VARCHAR,
-                payload VARCHAR,
-                recorded_at TIMESTAMPTZ NOT NULL
-            )""",
-        ),
-    ),
-    (
-        2,
-        "polls, approvals, reconciliation",
-        (
-            """CREATE TABLE polls (
-                operation_id VARCHAR NOT NULL,
-                server VARCHAR NOT NULL,
-                method VARCHAR NOT NULL,
-                epoch BIGINT NOT NULL,
-                sent_at TIMESTAMPTZ NOT NULL,
-                received_at TIMESTAMPTZ,
-                outcome VARCHAR NOT NULL
-            )""",
-            """CREATE TABLE approvals (
-                operation_id VARCHAR NOT NULL,
-                input_round INTEGER NOT NULL,
-                request_key VARCHAR,
-                message VARCHAR NOT NULL,
-                requested_schema VARCHAR NOT NULL,
-                schema_digest VARCHAR NOT NULL,
-                deadline TIMESTAMPTZ,
-                status VARCHAR NOT NULL,
-                answer VARCHAR,
-                actor VARCHAR,
-                opened_at TIMESTAMPTZ NOT NULL,
-                answered_at TIMESTAMPTZ,
-                PRIMARY KEY (operation_id, input_round)
-            )""",
-            "CREATE SEQUENCE reconciliation_seq START 1",
-            """CREATE TABLE reconciliation (
-                entry_id BIGINT PRIMARY KEY,
-                operation_id VARCHAR NOT NULL,
-                kind VARCHAR NOT NULL,
-                reason VARCHAR NOT NULL,
-                idempotency_key VARCHAR NOT NULL,
-                task_id VARCHAR,
-                request_digest VARCHAR NOT NULL,
-                window_start TIMESTAMPTZ NOT NULL,
-                window_end TIMESTAMPTZ NOT NULL,
-                candidates VARCHAR NOT NULL,
-                status VARCHAR NOT NULL,
-                opened_at TIMESTAMPTZ NOT NULL,
-                resolved_at TIMESTAMPTZ,
-                actor VARCHAR,
-                resolution VARCHAR
-            )""",
-            """CREATE VIEW operations AS
-                SELECT i.operation_id, i.call_node_id, i.role, i.request_digest, i.tool_name, i.tool_version,
-                       i.descriptor_version, i.side_effects, i.principal, i.protocol, i.adapter_version, i.server,
-                       i.idempotency_key, s.task_id, s.poll_cursor, s.server_status, s.input_round,
-                       s.answered_round, s.input_request_key, s.cancel_generation, s.cancel_requested_at,
-                       s.expires_at, s.result_digest, s.result_held, s.effect_reconciliation_required,
-                       s.submit_attempts, s.state, s.epoch, s.row_version, i.schema_version, i.created_at,
-                       s.updated_at
-                FROM op_identity i JOIN op_state s USING (operation_id)""",
-        ),
-    ),
-    (
-        3,
-        "held outcomes",
-        (
-            """CREATE TABLE held_outcomes (
-                operation_id VARCHAR PRIMARY KEY,
-                status VARCHAR NOT NULL,
-                digest VARCHAR NOT NULL,
-                payload VARCHAR NOT NULL,
-                task_id VARCHAR,
-                epoch_echo BIGINT,
-                held_at TIMESTAMPTZ NOT NULL
-            )""",
-        ),
-    ),
-    (
-        4,
-        "explorer runs and gate runs",
-        (
-            "CREATE SEQUENCE explorer_run_seq START 1",
-            """CREATE TABLE explorer_runs (
-                run_id BIGINT PRIMARY KEY,
-                scenario VARCHAR NOT NULL,
-                protocol VARCHAR NOT NULL,
-                seed BIGINT NOT NULL,
-                explored BIGINT NOT NULL,
-                distinct_interleavings BIGINT NOT NULL,
-                divergent BIGINT NOT NULL,
-                exhaustive BOOLEAN NOT NULL,
-                rules VARCHAR NOT NULL,
-                shortest_trace VARCHAR,
-                started_at TIMESTAMPTZ NOT NULL,
-                finished_at TIMESTAMPTZ NOT NULL
-            )""",
-            "CREATE SEQUENCE gate_run_seq START 1",
-            """CREATE TABLE gate_runs (
-                run_id BIGINT NOT NULL,
-                gate VARCHAR NOT NULL,
-                passed BOOLEAN NOT NULL,
-                value DOUBLE PRECISION,
-                threshold DOUBLE PRECISION,
-                verdict VARCHAR NOT NULL,
-                inputs VARCHAR NOT NULL,
-                evaluated_at TIMESTAMPTZ NOT NULL,
-                PRIMARY KEY (run_id, gate)
-            )""",
-        ),
-    ),
-    (
-        5,
-        "settings",
-        (
-            """CREATE TABLE settings (
-                key VARCHAR PRIMARY KEY,
-                value VARCHAR NOT NULL,
-                updated_at TIMESTAMPTZ NOT NULL
-            )""",
-        ),
-    ),
-    (
-        6,
-        "rollout: state, hash-chained events, arm assignments, shadow diffs",
-        (
-            """CREATE TABLE rollout_state (
-                id INTEGER PRIMARY KEY CHECK (id = 1),
-                stage VARCHAR NOT NULL,
-                canary_bp INTEGER NOT NULL,
-                salt VARCHAR NOT NULL,
-                shadow_tools VARCHAR NOT NULL,
-                disabled_protocols VARCHAR NOT NULL,
-                epoch BIGINT NOT NULL,
-                head_seq BIGINT NOT NULL,
-                head_hash VARCHAR NOT NULL,
-                updated_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE rollout_events (
-                seq BIGINT PRIMARY KEY,
-                action VARCHAR NOT NULL,
-                actor VARCHAR NOT NULL,
-                reason VARCHAR NOT NULL,
-                override BOOLEAN NOT NULL,
-                before_state VARCHAR NOT NULL,
-                after_state VARCHAR NOT NULL,
-                detail VARCHAR NOT NULL,
-                gate_inputs VARCHAR NOT NULL,
-                gate_inputs_digest VARCHAR NOT NULL,
-                prev_hash VARCHAR NOT NULL,
-                hash VARCHAR NOT NULL,
-                recorded_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE rollout_assignments (
-                operation_id VARCHAR PRIMARY KEY,
-                call_node_id VARCHAR NOT NULL,
-                tool_name VARCHAR NOT NULL,
-                role VARCHAR NOT NULL,
-                arm VARCHAR NOT NULL,
-                stage VARCHAR NOT NULL,
-                bucket INTEGER NOT NULL,
-                canary_bp INTEGER NOT NULL,
-                server_name VARCHAR NOT NULL,
-                rerouted_from VARCHAR,
-                primary_operation_id VARCHAR,
-                rollout_seq BIGINT NOT NULL,
-                assigned_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE shadow_diffs (
-                primary_operation_id VARCHAR PRIMARY KEY,
-                shadow_operation_id VARCHAR NOT NULL UNIQUE,
-                call_node_id VARCHAR NOT NULL,
-                tool_name VARCHAR NOT NULL,
-                primary_status VARCHAR NOT NULL,
-                shadow_status VARCHAR NOT NULL,
-                primary_result_digest VARCHAR,
-                shadow_result_digest VARCHAR,
-                primary_content_digest VARCHAR,
-                shadow_content_digest VARCHAR,
-                primary_latency_ms DOUBLE PRECISION NOT NULL,
-                shadow_latency_ms DOUBLE PRECISION NOT NULL,
-                primary_polls INTEGER NOT NULL,
-                shadow_polls INTEGER NOT NULL,
-                diverged BOOLEAN NOT NULL,
-                differences VARCHAR NOT NULL,
-                recorded_at TIMESTAMPTZ NOT NULL
-            )""",
-        ),
+    *(
+        (version, name, tuple(_postgres_spelling(s) for s in statements))
+        for version, name, statements in DUCKDB_MIGRATIONS
+        if version <= 6
     ),
     (
         7,
