@@ -141,7 +141,7 @@ def test_three_executors_one_killed_nothing_doubled_every_operation_terminal(
                     ops = ledger.operations()
                     if len(ops) == CALLS and all(op.state in RECEIPT_STATES for op in ops):
                         break
-                    time.sleep(0.5)
+                    time.sleep(0.2)  # a bounded poll (deadline above), not a wait for time to pass
                 ops = ledger.operations()
                 receipts = ledger.count("receipts")
                 sent = [p["sent_at"] for p in ledger.polls()]
