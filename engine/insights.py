@@ -789,7 +789,31 @@ class ServiceSource:
         return self._do(lambda: self.client.gates(record=True))
 
 
-class FileSource:
+class _ReadOnlyActions:
+    """The actions of a source that only reads: each is refused with ``refusal``; gates are never recorded."""
+
+    refusal: str = "this console is read-only"
+
+    def _refuse(self) -> Json:
+        raise ReadOnlyConsole(self.refusal)
+
+    def resolve(self, entry_id: int, body: Json) -> Json:
+        return self._refuse()
+
+    def answer(self, operation_id: str, input_round: int, body: Json) -> Json:
+        return self._refuse()
+
+    def cancel(self, call_node: str, body: Json) -> Json:
+        return self._refuse()
+
+    def rollout(self, action: str, body: Json) -> Json:
+        return self._refuse()
+
+    def evaluate_gates(self) -> Json | None:
+        return None  # read-only: the console evaluates itself and records nothing
+
+
+class FileSource(_ReadOnlyActions):
     """Reads a ledger file read-only (no service running); refuses every action."""
 
     dialect = "duckdb"
@@ -813,29 +837,13 @@ class FileSource:
     def rollout_status(self) -> Json | None:
         return None
 
-    def _refuse(self) -> Json:
-        raise ReadOnlyConsole(
-            "this console reads a ledger file read-only; start `finality serve` and set "
-            f"{ENV_SERVICE_URL} to act (only the service writes the ledger)"
-        )
-
-    def resolve(self, entry_id: int, body: Json) -> Json:
-        return self._refuse()
-
-    def answer(self, operation_id: str, input_round: int, body: Json) -> Json:
-        return self._refuse()
-
-    def cancel(self, call_node: str, body: Json) -> Json:
-        return self._refuse()
-
-    def rollout(self, action: str, body: Json) -> Json:
-        return self._refuse()
-
-    def evaluate_gates(self) -> Json | None:
-        return None  # read-only: the console evaluates itself and records nothing
+    refusal = (
+        "this console reads a ledger file read-only; start `finality serve` and set "
+        f"{ENV_SERVICE_URL} to act (only the service writes the ledger)"
+    )
 
 
-class PostgresSource:
+class PostgresSource(_ReadOnlyActions):
     """Reads a PostgreSQL ledger with no service: every query is analyst SQL (``PgLedger.analyst_query``:
     one statement, in a READ ONLY transaction under the read-only analyst role), the rollout status is
     read through a read-only ledger handle; every action is refused (the executors own the writes).
@@ -889,26 +897,10 @@ class PostgresSource:
             "audit": {"verified": audit.ok, "events": audit.checked, "detail": "; ".join(audit.problems)},
         }
 
-    def _refuse(self) -> Json:
-        raise ReadOnlyConsole(
-            "this console reads a PostgreSQL ledger read-only; start `finality serve` on it and set "
-            f"{ENV_SERVICE_URL} to act (only the executors write the ledger)"
-        )
-
-    def resolve(self, entry_id: int, body: Json) -> Json:
-        return self._refuse()
-
-    def answer(self, operation_id: str, input_round: int, body: Json) -> Json:
-        return self._refuse()
-
-    def cancel(self, call_node: str, body: Json) -> Json:
-        return self._refuse()
-
-    def rollout(self, action: str, body: Json) -> Json:
-        return self._refuse()
-
-    def evaluate_gates(self) -> Json | None:
-        return None  # read-only: the console evaluates itself and records nothing
+    refusal = (
+        "this console reads a PostgreSQL ledger read-only; start `finality serve` on it and set "
+        f"{ENV_SERVICE_URL} to act (only the executors write the ledger)"
+    )
 
 
 def _dialect_of_health(health: Mapping[str, object]) -> str | None:
