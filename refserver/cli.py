@@ -42,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed for fault plans and interval jitter")
     parser.add_argument("--idempotency", action="store_true", help="MCP: honour params.idempotencyKey")
     parser.add_argument(
+        "--elicitation-id",
+        metavar="ID",
+        help="MCP 2025-11-25: use this one JSON-RPC id for every elicitation (digits: an integer)",
+    )
+    parser.add_argument(
         "--token",
         action="append",
         default=[],
@@ -76,11 +81,16 @@ def parse_options(argv: Sequence[str] | None) -> tuple[Options, argparse.Namespa
             FaultPlan.from_json(plan_json, default_seed=args.seed)
         except (OSError, json.JSONDecodeError, FaultError) as exc:
             parser.error(f"--fault-plan {args.fault_plan}: {exc}")
+    elicitation_id: int | str | None = None
+    if args.elicitation_id is not None:
+        raw = args.elicitation_id
+        elicitation_id = int(raw) if raw.lstrip("-").isdigit() else raw
     options = Options(
         protocol=Protocol(args.protocol),
         time_scale=args.time_scale,
         seed=args.seed,
         idempotency=args.idempotency,
+        elicitation_id=elicitation_id,
         tokens=tokens,
         page_size=args.page_size,
         plan_json=plan_json,

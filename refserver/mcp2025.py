@@ -173,7 +173,18 @@ class Mcp2025:
 
     def _client_response(self, message: RpcResponse, principal: str | None) -> Response:
         key = str(message.id)
-        task = self.store.find_round(key, principal)
+        shared = self.ctx.options.elicitation_id
+        if shared is not None and key == str(shared):
+            # One id for every elicitation: the only thing that says which task an answer is for is
+            # its related-task tag, and the answer goes to whatever round that task has open.
+            task = self._task_of_answer(message, principal)
+            pending = task.pending_round() if task is not None else None
+            if task is None or pending is None:
+                self.store.note_stale_answer()
+                return Response(status_code=202)
+            key = pending.key
+        else:
+            task = self.store.find_round(key, principal)
         if task is None:
             # An answer to nothing we asked (or to a replayed round already answered): ignored.
             self.store.note_stale_answer()
@@ -190,6 +201,13 @@ class Mcp2025:
             self.store.note_stale_answer()
         self.ctx.notify()
         return Response(status_code=202)
+
+    def _task_of_answer(self, message: RpcResponse, principal: str | None) -> Task | None:
+        result = message.result if isinstance(message.result, dict) else {}
+        meta = result.get("_meta")
+        related = meta.get(RELATED_TASK_KEY) if isinstance(meta, dict) else None
+        task_id = related.get("taskId") if isinstance(related, dict) else None
+        return self.store.lookup(task_id, principal) if isinstance(task_id, str) else None
 
     # -- rendering ---------------------------------------------------------------------------------
 
@@ -371,9 +389,10 @@ class Mcp2025:
                 return
 
     def _elicitation(self, task: Task, round_: InputRound) -> dict[str, Any]:
+        shared = self.ctx.options.elicitation_id
         return {
             "jsonrpc": "2.0",
-            "id": round_.key,
+            "id": round_.key if shared is None else shared,
             "method": "elicitation/create",
             "params": elicitation_params(round_, task.task_id),
         }

@@ -47,6 +47,7 @@ class RefServer:
         time_scale: multiplier for every ``_sim`` duration (0.01 makes the 2 s default take 20 ms).
         seed: seed for fault plans and interval jitter.
         idempotency: MCP only: advertise and honour ``idempotencyKey``.
+        elicitation_id: MCP 2025-11-25 only: send every elicitation under this one JSON-RPC id.
         tokens: bearer token -> principal; when given, every request needs a token.
         fault_plan: initial plan, ``{"seed": 1, "rules": [...]}``; also restored by ``reset()``.
         page_size: page size of task/operation listings.
@@ -61,6 +62,7 @@ class RefServer:
         time_scale: float = 1.0,
         seed: int = 0,
         idempotency: bool = False,
+        elicitation_id: int | str | None = None,
         tokens: Mapping[str, str] | None = None,
         fault_plan: Mapping[str, Any] | None = None,
         page_size: int | None = None,
@@ -82,6 +84,8 @@ class RefServer:
         ]
         if idempotency:
             self._args.append("--idempotency")
+        if elicitation_id is not None:
+            self._args += ["--elicitation-id", str(elicitation_id)]
         for token, principal in (tokens or {}).items():
             self._args += ["--token", f"{token}={principal}"]
         if page_size is not None:

@@ -19,11 +19,35 @@ ELICIT = "elicitation/create"
 INPUT_METHODS = frozenset({ELICIT, "sampling/createMessage", "roots/list"})
 
 
+ROUND_KEY_SEPARATOR = "#"
+
+
+def round_key(wire_id: str, method: str, params: Json) -> str:
+    """The identity of one input round: the server's id for it plus a digest of what it asks.
+
+    Servers may reuse ids (some send JSON-RPC id 0 for every elicitation), so the id alone cannot
+    tell a replay of the answered question from a new one. The digest covers the method, the message
+    and the requested schema (``_meta`` aside, which carries routing, not the question): the same
+    question under the same id is a replay; anything else is a new round. ``wire_id_of`` recovers
+    the id to answer under.
+    """
+    asked = {k: v for k, v in params.items() if k != "_meta"}
+    digest = digest_of({"method": method, "params": asked})
+    return f"{wire_id}{ROUND_KEY_SEPARATOR}{digest.removeprefix('sha256:')[:16]}"
+
+
+def wire_id_of(key: str) -> str:
+    """The server's own id inside a round key made by ``round_key`` (the key itself otherwise)."""
+    wire_id, sep, _ = key.rpartition(ROUND_KEY_SEPARATOR)
+    return wire_id if sep else key
+
+
 def input_request_of(key: str, method: str, params: Json, *, version: str) -> InputRequest:
     """The person-facing form of one server request.
 
     Args:
-        key: the id the answer must be bound to (JSON-RPC id, or the 2026-07-28 input key).
+        key: the round key the answer must be bound to (``round_key`` of the server's id and the
+            request).
         method: the server's request method.
         params: its params.
         version: ``"2025-11-25"`` or ``"2026-07-28"``: which wire models parse it.

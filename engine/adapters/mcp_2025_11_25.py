@@ -34,7 +34,7 @@ from engine.adapters.base import (
 )
 from engine.adapters.cache import InlineOutcomes
 from engine.adapters.config import AdapterOptions
-from engine.adapters.elicitation import INPUT_METHODS, check_answer, input_request_of
+from engine.adapters.elicitation import INPUT_METHODS, check_answer, input_request_of, round_key
 from engine.adapters.timestamp import millis, parse_instant
 from engine.adapters.transport import (
     PROTOCOL_VERSION_HEADER,
@@ -438,8 +438,9 @@ class Mcp2025Backend:
             return None
         for request in reply.requests:
             if ours(request):
-                self._pending[(task_id, request.key)] = request
-                return input_request_of(request.key, request.method, request.params, version=PROTOCOL_VERSION)
+                key = round_key(request.key, request.method, request.params)
+                self._pending[(task_id, key)] = request
+                return input_request_of(key, request.method, request.params, version=PROTOCOL_VERSION)
         return None
 
     # ------------------------------------------------------------------------------ result
@@ -580,10 +581,15 @@ class Mcp2025Backend:
     # ------------------------------------------------------------------------------- input
 
     async def answer_input(self, op: Operation, request_key: str, response: Json) -> None:
-        """Answer the pending request ``request_key`` (its JSON-RPC id) with ``response``.
+        """Answer the pending request of round ``request_key`` (``round_key``) with ``response``.
+
+        The answer goes out under the JSON-RPC id of the request that round was asked with, and
+        only while the server still asks exactly that question: an id the server reused for another
+        question never receives it.
 
         Raises:
             ConfigError: ``response`` is not a valid elicitation result.
+            BackendRejected: the server no longer asks the question this answer was given for.
         """
         task_id = task_id_of(op)
         pending = self._pending.get((task_id, request_key))
@@ -591,21 +597,18 @@ class Mcp2025Backend:
             # After a restart the raw id is unknown; ask the server for the request again.
             await self._probe_input(op)
             pending = self._pending.get((task_id, request_key))
-        check_answer(pending.method if pending is not None else None, response)
-        raw_id: RequestId = pending.id if pending is not None else _id_from_key(request_key)
+        if pending is None:
+            raise BackendRejected(
+                f"task {task_id!r} no longer asks the question of round {request_key!r}; the answer was not sent"
+            )
+        check_answer(pending.method, response)
         result: Json = {**response, "_meta": {RELATED_TASK_META: {"taskId": task_id}}}
-        await self._session.respond(raw_id, result)
+        await self._session.respond(pending.id, result)
         self._pending.pop((task_id, request_key), None)
 
     async def aclose(self) -> None:
         """End the MCP session. The shared HTTP client belongs to the caller and stays open."""
         await self._session.close()
-
-
-def _id_from_key(key: str) -> RequestId:
-    """Best guess at a request id from its string key: integers were sent as integers."""
-    body = key.removeprefix("-")
-    return int(key) if body.isdigit() else key
 
 
 async def probe(

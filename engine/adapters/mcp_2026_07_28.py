@@ -32,7 +32,7 @@ from engine.adapters.base import (
 )
 from engine.adapters.cache import InlineOutcomes
 from engine.adapters.config import AdapterOptions
-from engine.adapters.elicitation import check_answer, input_request_of
+from engine.adapters.elicitation import check_answer, input_request_of, round_key
 from engine.adapters.mcp_2025_11_25 import parse_wire, require_result, task_id_of
 from engine.adapters.timestamp import millis, parse_instant
 from engine.adapters.transport import PROTOCOL_VERSION_HEADER, Reply, StreamableHttp
@@ -140,14 +140,22 @@ def _view(task: ExtTask) -> ServerView:
     )
 
 
-def _pick_input(op: Operation, requests: Mapping[str, ExtInputRequest]) -> str:
-    """One input key to hand to a person.
+def _round_keys(requests: Mapping[str, ExtInputRequest]) -> dict[str, str]:
+    """Each open input request's round key (``round_key``), mapped to the server's input key."""
+    return {
+        round_key(wire_key, request.method, request.params or {}): wire_key
+        for wire_key, request in requests.items()
+    }
 
-    Keys are unique per task and the server ignores stale ones, so a key this operation already
-    answered is skipped while another is open; if it is the only one, it is returned as-is and the
-    machine reads it as a replay.
+
+def _pick_input(op: Operation, requests: Mapping[str, ExtInputRequest]) -> str:
+    """The round key of one input request to hand to a person.
+
+    The server ignores stale keys, so a round this operation already answered is skipped while
+    another is open; if it is the only one, it is returned as-is and the machine reads it as a
+    replay. Rounds are compared by ``round_key`` (input key and question), never by key alone.
     """
-    keys = sorted(requests)
+    keys = sorted(_round_keys(requests))
     answered = op.input_request_key if op.answered_round == op.input_round else None
     fresh = [k for k in keys if k != answered]
     return fresh[0] if fresh else keys[0]
@@ -167,7 +175,8 @@ class Mcp2026Backend:
             client, url, token=token, options=options, headers={PROTOCOL_VERSION_HEADER: PROTOCOL_VERSION}
         )
         self._caps: Capabilities | None = None
-        self._input_methods: dict[tuple[TaskId, str], str] = {}
+        # Round key -> (method, the server's input key) of each open input request handed out.
+        self._input_methods: dict[tuple[TaskId, str], tuple[str, str]] = {}
         self._inline = InlineOutcomes()
 
     # -------------------------------------------------------------------------- one request
@@ -406,8 +415,9 @@ class Mcp2026Backend:
                 return view
         if task.status == "input_required" and task.input_requests:
             key = _pick_input(op, task.input_requests)
-            request = task.input_requests[key]
-            self._input_methods[(view.task_id, key)] = request.method
+            wire_key = _round_keys(task.input_requests)[key]
+            request = task.input_requests[wire_key]
+            self._input_methods[(view.task_id, key)] = (request.method, wire_key)
             return replace(
                 view,
                 input_request=input_request_of(
@@ -480,15 +490,32 @@ class Mcp2026Backend:
     async def answer_input(self, op: Operation, request_key: str, response: Json) -> None:
         """``tasks/update {taskId, inputResponses: {key: response}}``; the server acks with ``{}``.
 
+        ``request_key`` is the round key; the answer goes out under the server's input key of that
+        round, and only while the task still asks exactly that question.
+
         Raises:
             ConfigError: ``response`` is not a valid elicitation result.
             NotFoundOnServer: -32602, unknown task id.
+            BackendRejected: the task no longer asks the question this answer was given for.
         """
         task_id = task_id_of(op)
-        check_answer(self._input_methods.get((task_id, request_key)), response)
+        known = self._input_methods.get((task_id, request_key))
+        if known is None:
+            # After a restart: read the open requests again and find this round among them.
+            task = await self._detailed(op)
+            open_rounds = _round_keys(task.input_requests or {})
+            wire = open_rounds.get(request_key)
+            if wire is None or task.input_requests is None:
+                raise BackendRejected(
+                    f"task {task_id!r} no longer asks the question of round {request_key!r}; "
+                    "the answer was not sent"
+                )
+            known = (task.input_requests[wire].method, wire)
+        method, wire_key = known
+        check_answer(method, response)
         reply = await self._rpc(
             "tasks/update",
-            {"taskId": task_id, "inputResponses": {request_key: response}},
+            {"taskId": task_id, "inputResponses": {wire_key: response}},
             op=op,
             name=task_id,
         )

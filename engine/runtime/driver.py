@@ -372,7 +372,11 @@ class Driver:
     async def _poll(self, op: Operation, mem: _Memory) -> Wake:
         if mem.resend_input and op.state is S.WORKING:
             mem.resend_input = False
-            await self.send_answer(op)
+            try:
+                await self.send_answer(op)
+            except BackendRejected as exc:
+                # The server asks something else now: the stored answer belongs to its own question only.
+                logger.warning("operation %s: answer not sent again: %s", op.operation_id, exc)
         try:
             view = await self._request(op, "get", lambda: self.backend.get(op))
         except NotFoundOnServer:

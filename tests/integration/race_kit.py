@@ -60,13 +60,15 @@ OPTIONS = AdapterOptions(
 MARGIN = timedelta(seconds=10)
 """How much longer than its wait budget one ``run_call`` may take before the test gives up."""
 
-# Server kinds: protocol and whether the MCP server honours ``idempotencyKey`` (SEP-3182).
-KINDS: dict[str, tuple[str, bool]] = {
-    "mcp25": ("mcp-2025-11-25", False),
-    "mcp25_keyed": ("mcp-2025-11-25", True),
-    "mcp26": ("mcp-2026-07-28", False),
-    "mcp26_keyed": ("mcp-2026-07-28", True),
-    "aip": ("aip-151", False),
+# Server kinds: protocol and options (``idempotency``: the MCP server honours ``idempotencyKey``,
+# SEP-3182; ``elicitation_id``: one JSON-RPC id for every elicitation, as some servers send 0).
+KINDS: dict[str, tuple[str, dict[str, Any]]] = {
+    "mcp25": ("mcp-2025-11-25", {}),
+    "mcp25_keyed": ("mcp-2025-11-25", {"idempotency": True}),
+    "mcp25_id0": ("mcp-2025-11-25", {"elicitation_id": 0}),
+    "mcp26": ("mcp-2026-07-28", {}),
+    "mcp26_keyed": ("mcp-2026-07-28", {"idempotency": True}),
+    "aip": ("aip-151", {}),
 }
 PLAIN = ["mcp25", "mcp26", "aip"]
 """One server per protocol, as a parametrize list for the ``server`` fixture."""
@@ -83,8 +85,8 @@ class Fleet:
 
     def get(self, kind: str) -> RefServer:
         if kind not in self._servers:
-            protocol, keyed = KINDS[kind]
-            server = RefServer(protocol, time_scale=SCALE, seed=11, idempotency=keyed)
+            protocol, options = KINDS[kind]
+            server = RefServer(protocol, time_scale=SCALE, seed=11, **options)
             server.start()
             self._servers[kind] = server
             warm_up(server)

@@ -48,3 +48,21 @@ async def test_a_replayed_input_round_is_not_asked_or_answered_twice(server, led
     assert any("input round replayed" in c for c in causes) or any(
         "input_required without a request" in r.getMessage() for r in caplog.records
     )
+
+
+@pytest.mark.parametrize("server", ["mcp25_id0"], indirect=True)
+async def test_two_different_questions_under_one_elicitation_id_are_two_rounds(server, ledger):
+    """A server that sends every elicitation as id 0: the second question is a new round, answered by
+    a person for itself, never with the first round's stored answer."""
+    op = await call(server, ledger, sim={"duration_ms": 40_000, "input_rounds": 2}, answer=ACCEPT)
+    seen = invariants(ledger, server)
+    assert op.state is LocalState.ACCEPTED
+    approvals = ledger.approvals(pending_only=False)
+    assert [(a["input_round"], a["status"]) for a in approvals] == [(1, "answered"), (2, "answered")]
+    assert approvals[0]["request_key"] != approvals[1]["request_key"]
+    assert all(str(a["request_key"]).startswith("0#") for a in approvals)
+    assert seen.path().count("INPUT_REQUIRED") == 2
+    assert op.input_round == op.answered_round == 2
+    assert seen.task()["input_rounds_answered"] == 2
+    # Exactly one answer reached the server per question: nothing was re-sent to the second one.
+    assert seen.stats["requests"]["response"] == 2

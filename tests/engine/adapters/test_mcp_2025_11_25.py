@@ -25,8 +25,10 @@ from adapter_fakes import (
 )
 
 from engine.adapters.base import CancelResult, Created, Inline, SubmitRequest, TaskSupport
+from engine.adapters.elicitation import round_key, wire_id_of
 from engine.adapters.mcp_2025_11_25 import Mcp2025Backend
 from engine.errors import (
+    BackendRejected,
     BackendUnavailable,
     ConfigError,
     NegotiationError,
@@ -225,7 +227,8 @@ async def test_input_required_collects_the_elicitation_from_a_short_result_strea
     assert view.status is ServerStatus.INPUT_REQUIRED
     request = view.input_request
     assert request is not None
-    assert request.key == "0"
+    assert request.key == round_key("0", "elicitation/create", ELICIT["params"])
+    assert wire_id_of(request.key) == "0"
     assert request.message == "approve step 1?"
     assert request.schema_digest == digest_of(ELICIT["params"]["requestedSchema"])
 
@@ -247,8 +250,9 @@ async def test_an_answer_goes_back_with_the_original_request_id_and_related_task
     fake.on("tasks/result", sse(ELICIT))
     adapter = backend(fake)
     op = operation(task_id="t-1")
-    await adapter.get(op)
-    await adapter.answer_input(op, "0", {"action": "accept", "content": {"approve": True}})
+    view = await adapter.get(op)
+    assert view.input_request is not None
+    await adapter.answer_input(op, view.input_request.key, {"action": "accept", "content": {"approve": True}})
     answer = fake.responses()[0].body
     assert answer["id"] == 0
     assert answer["result"]["action"] == "accept"
@@ -259,8 +263,21 @@ async def test_an_answer_after_a_restart_asks_the_server_for_the_request_again()
     """Without the pending request in memory, the adapter re-reads it to learn the raw id."""
     fake = mcp_2025().on("tasks/result", sse({**ELICIT, "id": "round-7"}))
     op = operation(task_id="t-1")
-    await backend(fake).answer_input(op, "round-7", {"action": "decline"})
+    key = round_key("round-7", "elicitation/create", ELICIT["params"])
+    await backend(fake).answer_input(op, key, {"action": "decline"})
     assert fake.responses()[0].body["id"] == "round-7"
+
+
+async def test_an_answer_is_never_sent_to_another_question_under_the_same_id():
+    """After a restart the server asks a different question under the answered round's id 0: the
+    answer is refused, not sent to the question it was not given for."""
+    other = {**ELICIT, "params": {**ELICIT["params"], "message": "approve step 2?"}}
+    fake = mcp_2025().on("tasks/result", sse(other))
+    op = operation(task_id="t-1")
+    first_round = round_key("0", "elicitation/create", ELICIT["params"])
+    with pytest.raises(BackendRejected, match="no longer asks"):
+        await backend(fake).answer_input(op, first_round, {"action": "accept", "content": {"approve": True}})
+    assert fake.responses() == []
 
 
 async def test_an_answer_that_is_not_an_elicitation_result_is_refused_before_sending():
@@ -270,9 +287,10 @@ async def test_an_answer_that_is_not_an_elicitation_result_is_refused_before_sen
     fake.on("tasks/result", sse(ELICIT))
     adapter = backend(fake)
     op = operation(task_id="t-1")
-    await adapter.get(op)
+    view = await adapter.get(op)
+    assert view.input_request is not None
     with pytest.raises(ConfigError):
-        await adapter.answer_input(op, "0", {"action": "maybe"})
+        await adapter.answer_input(op, view.input_request.key, {"action": "maybe"})
     assert fake.responses() == []
 
 

@@ -9,8 +9,9 @@ import pytest
 from adapter_fakes import URL, FakeMcp, error, operation, options, result, sequence, tool_result, tools_json
 
 from engine.adapters.base import CancelResult, Created, Inline, SubmitRequest, TaskSupport
+from engine.adapters.elicitation import round_key
 from engine.adapters.mcp_2026_07_28 import Mcp2026Backend
-from engine.errors import NegotiationError, NotFoundOnServer, ProtocolViolation
+from engine.errors import BackendRejected, NegotiationError, NotFoundOnServer, ProtocolViolation
 from engine.model import Principal, Protocol, ServerStatus, digest_of
 
 EXT = "io.modelcontextprotocol/tasks"
@@ -193,35 +194,62 @@ async def test_input_required_hands_over_one_input_request_and_skips_the_one_alr
     )
     adapter = backend(fake)
     view = await adapter.get(op26(task_id="t-1"))
+    k1, k2 = (round_key(k, "elicitation/create", ELICIT["params"]) for k in ("k1", "k2"))
     assert view.input_request is not None
-    assert view.input_request.key == "k1"
-    answered = replace(op26(task_id="t-1"), input_round=1, answered_round=1, input_request_key="k1")
+    assert view.input_request.key == k1
+    answered = replace(op26(task_id="t-1"), input_round=1, answered_round=1, input_request_key=k1)
     view = await adapter.get(answered)
     assert view.input_request is not None
-    assert view.input_request.key == "k2"
+    assert view.input_request.key == k2
 
 
 async def test_answering_input_sends_tasks_update_with_the_key():
     """tasks/update carries ``{taskId, inputResponses: {key: response}}`` and Mcp-Name."""
     fake = fake_2026().on("tasks/update", result({"resultType": "complete"}))
-    await backend(fake).answer_input(
-        op26(task_id="t-1"), "k1", {"action": "accept", "content": {"approve": True}}
+    fake.on("tasks/get", result(detailed("input_required", inputRequests={"k1": ELICIT})))
+    adapter = backend(fake)
+    view = await adapter.get(op26(task_id="t-1"))
+    assert view.input_request is not None
+    await adapter.answer_input(
+        op26(task_id="t-1"), view.input_request.key, {"action": "accept", "content": {"approve": True}}
     )
     sent = fake.calls("tasks/update")[0]
     assert sent.params["inputResponses"] == {"k1": {"action": "accept", "content": {"approve": True}}}
     assert sent.request.headers["mcp-name"] == "t-1"
 
 
+async def test_an_answer_after_a_restart_is_sent_only_while_its_question_is_still_open():
+    """Without memory of the round, tasks/get is read again: the same question under its key gets the
+    answer; a different question under the same key does not."""
+    key = round_key("k1", "elicitation/create", ELICIT["params"])
+    answer = {"action": "accept", "content": {"approve": True}}
+    same = fake_2026().on("tasks/get", result(detailed("input_required", inputRequests={"k1": ELICIT})))
+    same.on("tasks/update", result({"resultType": "complete"}))
+    await backend(same).answer_input(op26(task_id="t-1"), key, answer)
+    assert same.calls("tasks/update")[0].params["inputResponses"] == {"k1": answer}
+    other = {**ELICIT, "params": {**ELICIT["params"], "message": "approve the second step?"}}
+    moved = fake_2026().on("tasks/get", result(detailed("input_required", inputRequests={"k1": other})))
+    with pytest.raises(BackendRejected, match="no longer asks"):
+        await backend(moved).answer_input(op26(task_id="t-1"), key, answer)
+    assert moved.calls("tasks/update") == []
+
+
 @pytest.mark.parametrize("method", ["tasks/get", "tasks/cancel", "tasks/update"])
 async def test_an_unknown_task_id_is_not_found_on_server(method):
     """-32602 for an unknown task id on get, cancel or update."""
-    fake = fake_2026().on(method, error(-32602, "task not found"))
+    fake = fake_2026()
+    if method == "tasks/update":
+        # The round is still open when read; the task is gone by the time the answer arrives.
+        fake.on("tasks/get", result(detailed("input_required", inputRequests={"k": ELICIT})))
+    fake.on(method, error(-32602, "task not found"))
     adapter = backend(fake)
     op = op26(task_id="t-1")
     calls = {
         "tasks/get": lambda: adapter.get(op),
         "tasks/cancel": lambda: adapter.cancel(op),
-        "tasks/update": lambda: adapter.answer_input(op, "k", {"action": "cancel"}),
+        "tasks/update": lambda: adapter.answer_input(
+            op, round_key("k", "elicitation/create", ELICIT["params"]), {"action": "cancel"}
+        ),
     }
     with pytest.raises(NotFoundOnServer):
         await calls[method]()
