@@ -403,6 +403,15 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
         case ResultVerified():
             if state is not S.FETCHING_RESULT:
                 return _reject(op, event, now, "no result fetch is in progress")
+            if event.epoch_echo is not None and event.epoch_echo != op.epoch:
+                kind = "stale" if event.epoch_echo < op.epoch else "future"
+                return _reject(
+                    op,
+                    event,
+                    now,
+                    f"{kind} epoch {event.epoch_echo} echoed by the result; it was fetched at epoch "
+                    f"{event.epoch}, the operation is at epoch {op.epoch}",
+                )
             if event.status is not op.server_status:
                 return _reject(
                     op, event, now, f"result says {event.status}, server status is {op.server_status}"

@@ -323,6 +323,10 @@ class ResultVerified:
     status: ServerStatus
     result_digest: Digest
     epoch: Epoch
+    """The epoch of the executor that fetched the result (never the server's echo)."""
+    epoch_echo: Epoch | None = None
+    """The execution epoch the server echoed with the result, if it echoes one. Both it and
+    ``epoch`` must match the operation's: an echo never stands in for the fetching executor's."""
 
 
 @dataclass(frozen=True, slots=True)

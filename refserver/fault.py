@@ -26,6 +26,7 @@ class Fault(StrEnum):
     RESULT_LOST = "result_lost"
     RESULT_TRUNCATED = "result_truncated"
     STALE_EPOCH_RESULT = "stale_epoch_result"
+    FUTURE_EPOCH_RESULT = "future_epoch_result"
     TASK_ID_REUSED = "task_id_reused"
     NOT_FOUND_BEFORE_EXPIRY = "not_found_before_expiry"
     EXPIRE_EARLY = "expire_early"

@@ -295,19 +295,26 @@ class Task:
         self.ttl_s = None if self.ttl_s is None else self.ttl_s + self.ttl_bump_s
         if outcome is not None and self.faults.take(Fault.STALE_EPOCH_RESULT, "result"):
             self.result_epoch = (self.epoch or 0) - 1
+        elif outcome is not None and self.faults.take(Fault.FUTURE_EPOCH_RESULT, "result"):
+            self.result_epoch = (self.epoch or 0) + 1
 
     def echo_for(self, request_epoch: int | None) -> int | None:
         """The execution epoch a reply carrying the result echoes.
 
         A reply belongs to the request that fetched it: when that request states its executor's
         epoch, that is echoed; otherwise the creating request's. The ``stale_epoch_result`` fault
-        makes the echo one less, as a reply from an older executor would be.
+        makes the echo one less, as a reply from an older executor would be, and
+        ``future_epoch_result`` one more, as a reply meant for a newer executor would be.
         """
-        stale = self.result_epoch is not None and self.result_epoch != self.epoch
+        offset = 0
+        if self.result_epoch is not None and self.epoch is not None:
+            offset = self.result_epoch - self.epoch
+        elif self.result_epoch is not None:
+            offset = self.result_epoch
         base = request_epoch if request_epoch is not None else self.epoch
         if base is None:
             return self.result_epoch
-        return base - 1 if stale else base
+        return base + offset
 
     def answer(self, key: str, response: Mapping[str, Any], now: float) -> AnswerResult:
         """Apply the client's answer to input round ``key``; stale and unknown keys change nothing.

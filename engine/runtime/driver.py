@@ -502,8 +502,12 @@ class Driver:
                 if mem.fetch_attempts >= MAX_FETCH_ATTEMPTS:
                     return Wake(self.commit(op, ResultRejected(str(exc), self.epoch)), None)
                 return Wake(op, now + retry_delay(self.policy, mem.fetch_attempts, None, self.rng))
-        epoch = Epoch(outcome.epoch_echo) if outcome.epoch_echo is not None else self.epoch
-        event = ResultVerified(outcome.task_id or op.task_id, outcome.status, outcome.digest, epoch)
+        echo = Epoch(outcome.epoch_echo) if outcome.epoch_echo is not None else None
+        # The event carries this driver's epoch and the server's echo side by side; ``step`` fences
+        # on both, so an echo never stands in for the epoch the request went out under.
+        event = ResultVerified(
+            outcome.task_id or op.task_id, outcome.status, outcome.digest, self.epoch, epoch_echo=echo
+        )
         t = step(op, event, now)
         if not t.accepted:
             mem.fetch_attempts += 1
@@ -511,7 +515,7 @@ class Driver:
             # A held copy that was refused is never offered again: ask the server afresh.
             mem.refetch = True
             mem.held = None
-            if epoch != self.epoch and mem.fetch_attempts < MAX_FETCH_ATTEMPTS:
+            if echo is not None and echo != self.epoch and mem.fetch_attempts < MAX_FETCH_ATTEMPTS:
                 return Wake(op, now + retry_delay(self.policy, mem.fetch_attempts, None, self.rng))
             return Wake(self.commit(op, ResultRejected(t.reason, self.epoch)), None)
         op = self.commit(op, event, payload=outcome.payload)

@@ -215,6 +215,20 @@ def test_stale_epoch_reply_is_rejected_and_named() -> None:
     assert "stale epoch 2" in t.reason
 
 
+def test_a_result_fetched_by_an_old_driver_is_fenced_even_when_it_echoes_the_current_epoch() -> None:
+    """The fetching driver's epoch and the server's echo must both match: an echo of the new epoch
+    never lets an epoch-1 driver's result through an epoch-2 operation, and vice versa."""
+    op = in_state(S.FETCHING_RESULT, epoch=Epoch(2))
+    old_driver = step(op, ResultVerified(T, ServerStatus.COMPLETED, D, Epoch(1), epoch_echo=Epoch(2)), NOW)
+    assert not old_driver.accepted
+    assert "stale epoch 1" in old_driver.reason
+    newer_echo = step(op, ResultVerified(T, ServerStatus.COMPLETED, D, Epoch(2), epoch_echo=Epoch(3)), NOW)
+    assert not newer_echo.accepted
+    assert "future epoch 3 echoed by the result" in newer_echo.reason
+    both = step(op, ResultVerified(T, ServerStatus.COMPLETED, D, Epoch(2), epoch_echo=Epoch(2)), NOW)
+    assert both.accepted
+
+
 def test_reply_for_another_task_is_rejected() -> None:
     """A status for a different task id never moves this operation."""
     t = step(in_state(S.WORKING), StatusObserved(TaskId("other"), ServerStatus.COMPLETED, E), NOW)

@@ -63,3 +63,22 @@ async def test_a_result_from_an_old_execution_epoch_is_fenced_and_goes_to_reconc
     (entry,) = seen.entries["node-1"]
     assert entry["task_id"] == op.task_id
     assert "stale epoch" in str(entry["reason"])
+
+
+@pytest.mark.parametrize("server", PLAIN, indirect=True)
+async def test_a_result_echoing_a_newer_epoch_never_stands_in_for_the_drivers_own(server, ledger):
+    """future_epoch_result: the result echoes epoch 2 to an epoch-1 driver; the echo is checked beside the
+    driver's own epoch (both must match), so it is refused, named as the echo, and goes to reconciliation."""
+    op = await call(server, ledger, sim={"duration_ms": QUICK, "faults": ["future_epoch_result"]})
+    seen = invariants(ledger, server)
+    assert "future_epoch_result" in seen.fired()
+    assert op.state is LocalState.UNKNOWN
+    assert seen.receipt() is None
+    refused = [t for t in seen.transitions["node-1"] if t["event"] == "ResultVerified"]
+    assert refused
+    assert all(not t["accepted"] for t in refused)
+    # The event went out under the driver's epoch; what refused it is the echo, not a "future" driver.
+    assert all(int(str(t["epoch"])) == 1 for t in refused)
+    assert all(
+        "future epoch 2 echoed by the result; it was fetched at epoch 1" in str(t["cause"]) for t in refused
+    )
