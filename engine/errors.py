@@ -12,6 +12,7 @@ EngineError
 ├── InvalidRecord            an operation record with missing or malformed fields
 ├── ConfigError              bad configuration or usage: names the offending key
 ├── NegotiationError         the server/tool cannot run this call the way it was asked
+│   └── CancelUnsupported    the server declared no cancel: refused before anything is recorded
 ├── BackendError             talking to a server failed
 │   ├── BackendUnavailable   retryable: connection lost, timeout, 429/503 (carries retry_after)
 │   ├── BackendRejected      not retryable: the server refused the request
@@ -101,6 +102,22 @@ class ConfigError(EngineError):
 
 class NegotiationError(EngineError):
     pass
+
+
+class CancelUnsupported(NegotiationError):
+    """A cancel the server cannot receive: it declared no cancel capability.
+
+    Raised before CANCEL_REQUESTED is recorded, so nothing changes; ``capability`` names what the
+    server would have had to declare.
+    """
+
+    def __init__(self, operation_id: str, server: str, capability: str) -> None:
+        super().__init__(
+            f"cannot cancel operation {operation_id}: its server {server} does not declare {capability}"
+        )
+        self.operation_id = operation_id
+        self.server = server
+        self.capability = capability
 
 
 class BackendError(EngineError):

@@ -42,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed for fault plans and interval jitter")
     parser.add_argument("--idempotency", action="store_true", help="MCP: honour params.idempotencyKey")
     parser.add_argument(
+        "--no-cancel",
+        action="store_true",
+        help="MCP 2025-11-25: declare no tasks.cancel (tasks/cancel: -32601)",
+    )
+    parser.add_argument(
         "--elicitation-id",
         metavar="ID",
         help="MCP 2025-11-25: use this one JSON-RPC id for every elicitation (digits: an integer)",
@@ -91,6 +96,7 @@ def parse_options(argv: Sequence[str] | None) -> tuple[Options, argparse.Namespa
         seed=args.seed,
         idempotency=args.idempotency,
         elicitation_id=elicitation_id,
+        cancel=not args.no_cancel,
         tokens=tokens,
         page_size=args.page_size,
         plan_json=plan_json,

@@ -41,6 +41,9 @@ class Options:
     time_scale: float = 1.0
     seed: int = 0
     idempotency: bool = False
+    cancel: bool = True
+    """MCP 2025-11-25: declare ``tasks.cancel`` and serve ``tasks/cancel`` (off: -32601, as a server
+    without the capability would answer)."""
     elicitation_id: int | str | None = None
     """MCP 2025-11-25: send every elicitation under this one JSON-RPC id (as some servers send 0),
     instead of a key unique per round; an answer then applies to whatever round the task has open."""

@@ -160,11 +160,14 @@ class Mcp2025:
         tools: dict[str, Any] = {"listChanged": False}
         if self.ctx.options.idempotency:
             tools["idempotency"] = {}
+        tasks: dict[str, Any] = {"list": {}, "requests": {"tools": {"call": {}}}}
+        if self.ctx.options.cancel:
+            tasks["cancel"] = {}
         result = {
             "protocolVersion": PROTOCOL_VERSION,
             "capabilities": {
                 "tools": tools,
-                "tasks": {"list": {}, "cancel": {}, "requests": {"tools": {"call": {}}}},
+                "tasks": tasks,
             },
             "serverInfo": {"name": SERVER_NAME, "version": SERVER_VERSION},
             "instructions": "Finality reference server (MCP 2025-11-25 tasks). Behaviour is driven by `_sim`.",
@@ -398,6 +401,8 @@ class Mcp2025:
         }
 
     async def _tasks_cancel(self, request: Request, message: RpcRequest, principal: str | None) -> Response:
+        if not self.ctx.options.cancel:
+            raise RpcFault(METHOD_NOT_FOUND, "Method not found: tasks/cancel (tasks.cancel is not declared)")
         task = self._lookup(message, principal)
         try:
             task.cancel_now(self.store.now())

@@ -48,6 +48,7 @@ class RefServer:
         seed: seed for fault plans and interval jitter.
         idempotency: MCP only: advertise and honour ``idempotencyKey``.
         elicitation_id: MCP 2025-11-25 only: send every elicitation under this one JSON-RPC id.
+        no_cancel: MCP 2025-11-25 only: declare no ``tasks.cancel`` and refuse ``tasks/cancel``.
         tokens: bearer token -> principal; when given, every request needs a token.
         fault_plan: initial plan, ``{"seed": 1, "rules": [...]}``; also restored by ``reset()``.
         page_size: page size of task/operation listings.
@@ -63,6 +64,7 @@ class RefServer:
         seed: int = 0,
         idempotency: bool = False,
         elicitation_id: int | str | None = None,
+        no_cancel: bool = False,
         tokens: Mapping[str, str] | None = None,
         fault_plan: Mapping[str, Any] | None = None,
         page_size: int | None = None,
@@ -84,6 +86,8 @@ class RefServer:
         ]
         if idempotency:
             self._args.append("--idempotency")
+        if no_cancel:
+            self._args.append("--no-cancel")
         if elicitation_id is not None:
             self._args += ["--elicitation-id", str(elicitation_id)]
         for token, principal in (tokens or {}).items():

@@ -264,7 +264,14 @@ class Aip151Backend:
     async def negotiate(self, principal: Principal) -> Capabilities:
         """No exchange: AIP-151 fixes the contract. Every call is an operation; AIP-155 ``request_id``
         finds it again by key; ``CancelOperation`` and ``ListOperations`` are part of the service."""
-        return Capabilities(protocol=self.protocol, tasks=True, cancel=True, list=True, lookup_by_key=True)
+        return Capabilities(
+            protocol=self.protocol,
+            tasks=True,
+            cancel=True,
+            list=True,
+            lookup_by_key=True,
+            cancel_capability="CancelOperation (AIP-151)",
+        )
 
     async def _run(self, op: Operation, arguments: Json) -> AipOperation:
         path = self._paths.submit.format(tool=quote(op.tool.name, safe=""))

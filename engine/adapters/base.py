@@ -44,6 +44,9 @@ class Capabilities:
     lookup_by_key: bool
     """The server can find an operation by the submission key (AIP-155, SEP-3182 idempotency)."""
     tools: Mapping[str, ToolInfo] = field(default_factory=dict)
+    cancel_capability: str = "a cancel capability"
+    """What the server declares (or would have to declare) to take a cancel, in its protocol's
+    words, for the message that refuses a cancel it cannot take."""
 
 
 @dataclass(frozen=True, slots=True)

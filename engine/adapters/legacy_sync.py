@@ -54,6 +54,7 @@ class LegacySyncBackend:
             list=False,
             lookup_by_key=False,
             tools=await self._session.list_tools(),
+            cancel_capability="a task to cancel (a legacy synchronous call has none)",
         )
         return self._caps
 

@@ -308,6 +308,7 @@ class Mcp2025Backend:
             list=handshake.list,
             lookup_by_key=handshake.idempotency,
             tools=tools,
+            cancel_capability="capabilities.tasks.cancel (MCP 2025-11-25)",
         )
         return self._caps
 

@@ -252,6 +252,7 @@ class Mcp2026Backend:
             list=False,
             lookup_by_key=idempotency,
             tools=await self._list_tools(TaskSupport.OPTIONAL if tasks else TaskSupport.FORBIDDEN),
+            cancel_capability=f"the {TASKS_EXTENSION} extension (MCP 2026-07-28)",
         )
         return self._caps
 

@@ -79,7 +79,8 @@ async def run_call(spec: CallSpec, ledger: LedgerPort, clock: Clock) -> Operatio
 
     Raises:
         NegotiationError: the server or tool cannot run this call within the caller's limits
-            (nothing was recorded or sent).
+            (nothing was recorded or sent); ``CancelUnsupported`` when ``cancel_after`` was asked
+            of a server that declares no cancel.
         ConfigError: bad arguments.
     """
     async with httpx.AsyncClient() as client:
@@ -144,7 +145,11 @@ async def _drive(
     deadline = start + spec.wait_budget
     cancel_at = start + spec.cancel_after if spec.cancel_after is not None else None
     try:
-        await backend.negotiate(Principal(spec.principal))
+        driver.capabilities = await backend.negotiate(Principal(spec.principal))
+        if cancel_at is not None:
+            # Asked to cancel later on a server that cannot take a cancel: say so now, before
+            # anything is submitted, rather than record a cancel that can never be sent.
+            driver.check_cancel(op)
         if fresh_arguments is not None:
             wake = await driver.submit_new(op, fresh_arguments)
         else:

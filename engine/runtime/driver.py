@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, TypeVar
 from engine.adapters.base import (
     Backend,
     CancelResult,
+    Capabilities,
     Created,
     InputRequest,
     Json,
@@ -32,6 +33,7 @@ from engine.errors import (
     BackendError,
     BackendRejected,
     BackendUnavailable,
+    CancelUnsupported,
     DuplicateOperation,
     EngineError,
     NegotiationError,
@@ -128,6 +130,8 @@ class Driver:
     limiter: Limiter | None = None
     ttl: timedelta | None = None
     on_change: Callable[[Operation], None] | None = None
+    capabilities: Capabilities | None = None
+    """What negotiation found out about the server (None: not negotiated; nothing is refused ahead)."""
     _memory: dict[str, _Memory] = field(default_factory=dict)
 
     # ------------------------------------------------------------------------------ bookkeeping
@@ -441,8 +445,9 @@ class Driver:
         except NotFoundOnServer:
             mem.cancel_sent = generation
             return Wake(self.commit(op, NotFound(self.epoch)), now)
-        except (BackendRejected, ProtocolViolation) as exc:
-            # The request did not take; polling will show whether the task ended anyway.
+        except (BackendRejected, ProtocolViolation, NegotiationError) as exc:
+            # The request did not take (or can never be sent: no cancel capability, recorded before
+            # this driver knew); polling carries the operation to its real terminal state.
             logger.warning("operation %s: cancel not accepted: %s", op.operation_id, exc)
             mem.cancel_sent = generation
             return Wake(op, now + poll_delay(self.policy, mem.advised, self.rng))
@@ -553,13 +558,29 @@ class Driver:
         recorded.
 
         Raises:
-            InvalidTransition-like ``EngineError`` when the state allows no cancel.
+            CancelUnsupported: the server declared no cancel capability; nothing was recorded.
+            CancelNotAllowed: the state allows no cancel.
         """
         current = self.ledger.get(op.operation_id) or op
+        self.check_cancel(current)
         after = self.commit(current, CancelRequested(current.cancel_generation + 1, actor, reason))
         if after.cancel_generation == current.cancel_generation:
             raise CancelNotAllowed(f"cannot cancel operation {op.operation_id} in {current.state}")
         return after
+
+    def can_cancel(self) -> bool:
+        """Whether the server can take a cancel (unknown until negotiated: then assumed)."""
+        return self.capabilities is None or self.capabilities.cancel
+
+    def check_cancel(self, op: Operation) -> None:
+        """Refuse, before anything is recorded, a cancel the server has no way to receive.
+
+        Raises:
+            CancelUnsupported: naming the capability the server would have to declare.
+        """
+        if not self.can_cancel():
+            assert self.capabilities is not None
+            raise CancelUnsupported(op.operation_id, op.server, self.capabilities.cancel_capability)
 
     async def answer(self, op: Operation, *, input_round: int, answer: Json, actor: str) -> Operation:
         """Answer an input round: bound to the operation and round, then sent to the server.
