@@ -20,7 +20,8 @@ Definitions (each a whole-ledger aggregate; a million operations read in about a
 
 * terminal_divergence: explorer runs with the engine's rules; summed distinct interleavings and
   divergent ones; when the last finished.
-* duplicate_operations: operations; operations bound to more than one server task; operations
+* duplicate_operations: operations; operations bound to more than one distinct server task (task
+  names are stored in their protocol's one spelling, ``Backend.canonical_task_id``); operations
   resubmitted after a proof of absence (``submit_attempts > 0``).
 * poll_amplification: protocol requests; the busiest sliding one-second window (exact; only the
   seconds whose pair of whole-second buckets could beat the busiest single bucket are counted
@@ -51,7 +52,7 @@ explorer AS (
 ops AS (SELECT count(*) AS n, count(*) FILTER (WHERE submit_attempts > 0) AS resubmitted FROM op_state),
 dups AS (
   SELECT count(*) AS n
-  FROM (SELECT operation_id FROM task_bindings GROUP BY operation_id HAVING count(*) > 1) AS d
+  FROM (SELECT operation_id FROM task_bindings GROUP BY operation_id HAVING count(DISTINCT task_id) > 1) AS d
 ),
 b AS (SELECT {sent_second} AS sec, count(*) AS n FROM polls GROUP BY 1),
 best AS (SELECT coalesce(max(n), 0) AS n FROM b),

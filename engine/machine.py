@@ -445,6 +445,15 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
                     replace(op, state=S.NOT_FOUND_SAFE),
                     reason=f"{event.actor}: {event.reason}",
                 )
+            if op.task_id is not None and event.task_id != op.task_id:
+                # One operation, one server task: a person may confirm the task it is bound to,
+                # never bind it to a second one (or to a second spelling of the same one).
+                return _reject(
+                    op,
+                    event,
+                    now,
+                    f"the operation is bound to task {op.task_id!r}; {event.task_id!r} is another task",
+                )
             after = replace(op, state=S.WORKING, task_id=event.task_id)
             return _ok(op, event, now, after, (Poll(),), reason=f"{event.actor}: {event.reason}")
 

@@ -261,6 +261,19 @@ class Aip151Backend:
 
     # ---------------------------------------------------------------------------- Backend
 
+    def canonical_task_id(self, raw: str) -> TaskId:
+        """The operation's full resource name, as the service names it in ``Operation.name``.
+
+        A bare id (``AuLeh...``) denotes the same operation as ``operations/AuLeh...``: it gets the
+        collection of the list template (``/v1/operations`` -> ``operations/``). A name that already
+        has a collection path is kept as given.
+        """
+        name = raw.strip().strip("/")
+        if "/" in name:
+            return TaskId(name)
+        collection = self._paths.list.rstrip("/").rsplit("/", 1)[-1]
+        return TaskId(f"{collection}/{name}")
+
     async def negotiate(self, principal: Principal) -> Capabilities:
         """No exchange: AIP-151 fixes the contract. Every call is an operation; AIP-155 ``request_id``
         finds it again by key; ``CancelOperation`` and ``ListOperations`` are part of the service."""

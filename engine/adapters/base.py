@@ -138,6 +138,15 @@ class Backend(TypingProtocol):
 
     async def negotiate(self, principal: Principal) -> Capabilities: ...
 
+    def canonical_task_id(self, raw: str) -> TaskId:
+        """The one spelling of a server task's name under this protocol (for names from outside the
+        wire, such as a person's reconciliation); the same task always gets the same ``TaskId``.
+
+        MCP: the ``taskId`` exactly as the server issued it. AIP-151: the operation's full resource
+        name (``operations/{id}``); a bare id gets the collection prefix.
+        """
+        ...
+
     async def submit(self, request: SubmitRequest) -> SubmitResult: ...
 
     async def get(self, op: Operation) -> ServerView: ...

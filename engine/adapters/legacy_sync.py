@@ -44,6 +44,10 @@ class LegacySyncBackend:
         self._caps: Capabilities | None = None
         self._inline = InlineOutcomes()
 
+    def canonical_task_id(self, raw: str) -> TaskId:
+        """Synchronous calls have no task; any name is kept as given (surrounding blanks aside)."""
+        return TaskId(raw.strip())
+
     async def negotiate(self, principal: Principal) -> Capabilities:
         """``initialize`` and ``tools/list``; whatever tasks the server offers are not used here."""
         await self._session.ensure()

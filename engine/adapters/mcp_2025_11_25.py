@@ -293,6 +293,10 @@ class Mcp2025Backend:
 
     # --------------------------------------------------------------------------- negotiation
 
+    def canonical_task_id(self, raw: str) -> TaskId:
+        """A ``taskId`` is opaque: exactly as the server issued it (surrounding blanks aside)."""
+        return TaskId(raw.strip())
+
     async def negotiate(self, principal: Principal) -> Capabilities:
         """``initialize`` (+ ``notifications/initialized``), then ``tools/list``.
 

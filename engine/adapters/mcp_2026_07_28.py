@@ -224,6 +224,10 @@ class Mcp2026Backend:
 
     # --------------------------------------------------------------------------- negotiation
 
+    def canonical_task_id(self, raw: str) -> TaskId:
+        """A ``taskId`` is opaque: exactly as the server issued it (surrounding blanks aside)."""
+        return TaskId(raw.strip())
+
     async def negotiate(self, principal: Principal) -> Capabilities:
         """``server/discover``, then ``tools/list``.
 

@@ -67,7 +67,6 @@ from engine.model import (
     Protocol,
     Reconciled,
     Role,
-    TaskId,
     Transition,
     new_operation,
 )
@@ -1114,8 +1113,21 @@ class Executor:
                 driver = self._driver_for(op)
                 if driver is None:
                     raise ServiceError(409, f"operation's server {op.server} is not configured")
-                with self._store.immediate():
-                    after = driver.commit(op, Reconciled(actor, reason, TaskId(task_id) if task_id else None))
+                # A person's spelling of the task becomes the protocol's one spelling, so that a bare
+                # AIP-151 id and its full name denote one server operation (found by the demo: one
+                # operation bound twice, counted by duplicate_operations as a second one).
+                bound = driver.backend.canonical_task_id(task_id) if task_id else None
+                if bound is not None and op.task_id is not None and bound != op.task_id:
+                    raise ServiceError(
+                        409,
+                        f"operation {op.operation_id} is bound to task {op.task_id}; "
+                        f"{task_id!r} names another task",
+                    )
+                try:
+                    with self._store.immediate():
+                        after = driver.commit(op, Reconciled(actor, reason, bound))
+                except DuplicateOperation as exc:
+                    raise ServiceError(409, f"task {bound} belongs to another operation: {exc}") from exc
                 if after.state is S.UNKNOWN:
                     raise ServiceError(409, "the operation could not be reconciled that way")
                 self._touched(after)

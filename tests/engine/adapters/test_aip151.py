@@ -247,3 +247,11 @@ async def test_there_is_no_input_on_aip_151():
     """Operations cannot ask for input."""
     with pytest.raises(NegotiationError):
         await backend(FakeHttp()).answer_input(op_aip(task_id=NAME), "k", {})
+
+
+def test_an_operation_has_one_spelling_its_full_resource_name():
+    """A bare id and ``operations/{id}`` are the same operation; other collection paths are kept."""
+    adapter = backend(FakeHttp())
+    assert adapter.canonical_task_id("AuLeh1") == "operations/AuLeh1"
+    assert adapter.canonical_task_id(" operations/AuLeh1 ") == "operations/AuLeh1"
+    assert adapter.canonical_task_id("projects/p/operations/x") == "projects/p/operations/x"
