@@ -423,6 +423,10 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
             if state is not S.FETCHING_RESULT:
                 return _reject(op, event, now, "no result fetch is in progress")
             reason = f"result failed verification: {event.reason}"
+            if event.result_digest is not None:
+                reason += f"; candidate result digest {event.result_digest}"
+            else:
+                reason += "; no candidate result could be read"
             return _ok(
                 op, event, now, replace(op, state=S.UNKNOWN), (OpenReconciliation(reason),), reason=reason
             )

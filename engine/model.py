@@ -335,6 +335,8 @@ class ResultRejected:
 
     reason: str
     epoch: Epoch
+    result_digest: Digest | None = None
+    """The digest of the candidate result that failed, when one could be read (for the person)."""
 
 
 @dataclass(frozen=True, slots=True)

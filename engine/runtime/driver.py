@@ -297,7 +297,10 @@ class Driver:
                 case S.FETCHING_RESULT:
                     return await self._fetch(op, mem)
                 case S.UNKNOWN:
-                    if op.task_id is None:
+                    if op.task_id is None or (op.server_status is not None and op.server_status.terminal):
+                        # Nothing to find (no server id), or the server already said how it ended
+                        # and its result could not be verified: asking again would only repeat the
+                        # failure and close the person's entry behind their back. A person decides.
                         return Wake(op, None)
                     return await self._probe_unknown(op)
                 case S.ACCEPTED | S.CANCELLED_ACCEPTED:
@@ -505,6 +508,7 @@ class Driver:
             except ProtocolViolation as exc:
                 mem.fetch_attempts += 1
                 if mem.fetch_attempts >= MAX_FETCH_ATTEMPTS:
+                    mem.fetch_attempts = 0  # a person's retry later gets its own attempts
                     return Wake(self.commit(op, ResultRejected(str(exc), self.epoch)), None)
                 return Wake(op, now + retry_delay(self.policy, mem.fetch_attempts, None, self.rng))
         echo = Epoch(outcome.epoch_echo) if outcome.epoch_echo is not None else None
@@ -522,7 +526,8 @@ class Driver:
             mem.held = None
             if echo is not None and echo != self.epoch and mem.fetch_attempts < MAX_FETCH_ATTEMPTS:
                 return Wake(op, now + retry_delay(self.policy, mem.fetch_attempts, None, self.rng))
-            return Wake(self.commit(op, ResultRejected(t.reason, self.epoch)), None)
+            mem.fetch_attempts = 0  # a person's retry later gets its own attempts
+            return Wake(self.commit(op, ResultRejected(t.reason, self.epoch, outcome.digest)), None)
         op = self.commit(op, event, payload=outcome.payload)
         self.forget(op)
         return Wake(op, None)

@@ -3,12 +3,15 @@ execution epoch. ``completed`` never advances before the result is fetched and i
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 import pytest
-from race_kit import PLAIN, QUICK, call, invariants
+from race_kit import MARGIN, PLAIN, QUICK, call, invariants, spec_for
 
 from engine.model import LocalState
+from engine.runtime.call import run_call
+from engine.testing import FakeClock
 
 # Where each protocol reads the outcome: 2025-11-25 from tasks/result, the others from the status read.
 RESULT_READ = {"mcp-2025-11-25": "result", "mcp-2026-07-28": "get", "aip-151": "get"}
@@ -82,3 +85,29 @@ async def test_a_result_echoing_a_newer_epoch_never_stands_in_for_the_drivers_ow
     assert all(
         "future epoch 2 echoed by the result; it was fetched at epoch 1" in str(t["cause"]) for t in refused
     )
+
+
+@pytest.mark.parametrize("server", PLAIN, indirect=True)
+async def test_a_result_that_never_verifies_reaches_a_person_once_and_stays_open(server, ledger):
+    """A persistent verification failure (every fetch echoes an old epoch): one reconciliation entry,
+    open until a person resolves it, naming the error and the candidate digest; resuming it starts no
+    probe laps that fetch again and close it as resolved by "finality". The driver's clock jumps over
+    every wait, so ten minutes of probing take no wall-clock time."""
+    spec = spec_for(
+        server,
+        sim={"duration_ms": QUICK, "faults": ["stale_epoch_result"]},
+        wait_budget=timedelta(minutes=10),
+    )
+    clock = FakeClock()
+    op = await asyncio.wait_for(run_call(spec, ledger, clock), MARGIN.total_seconds() * 3)
+    assert op.state is LocalState.UNKNOWN
+    # Resumed (``finality call`` run again, or the service after a restart): still a person's decision.
+    op = await asyncio.wait_for(run_call(spec, ledger, clock), MARGIN.total_seconds() * 3)
+    assert op.state is LocalState.UNKNOWN
+    entries = [e for e in ledger.reconciliation(open_only=False) if e["operation_id"] == op.operation_id]
+    assert [(e["kind"], e["status"], e["actor"]) for e in entries] == [("unknown", "open", None)]
+    reason = str(entries[0]["reason"])
+    assert "stale epoch 0" in reason
+    assert "candidate result digest sha256:" in reason
+    path = [t["to_state"] for t in ledger.transitions(op.operation_id) if t["accepted"]]
+    assert path.count("UNKNOWN") == 1
