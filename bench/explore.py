@@ -4,8 +4,13 @@ Each run explores --permutations interleavings of the whole catalogue from a col
 transitions forgotten), exactly what ``finality explore`` does. Reported: the median of --runs runs,
 with min and max, by wall clock and by process CPU time (the latter is steadier on a shared machine).
 
-    python bench/explore.py [--runs 5] [--permutations 10000] [--seed 0] [--json]
+    python bench/explore.py [--runs 5] [--permutations 10000] [--seed 0] [--code shipped|model] [--json]
     python bench/explore.py --prune [--runs 1] [--json]
+    python bench/explore.py --compare [--runs 3] [--permutations 1000]
+
+``--code shipped`` runs the real driver and adapters against the reference servers (what ``finality
+explore`` runs by default); ``model`` the explorer's simulated executor and servers. ``--compare``
+measures both in the same run, alternating, and reports the shipped code's rate against the model's.
 
 ``--prune`` instead explores every interleaving of the whole catalogue with equivalent
 interleavings merged (each distinct state run once) and reports interleavings covered per second.
@@ -26,12 +31,18 @@ from engine.explore.prune import explore_all_pruned
 from engine.explore.rules import clear_caches
 
 
-def one_run(permutations: int, seed: int, prune: bool) -> tuple[int, int, float, float, int]:
+def one_run(
+    permutations: int, seed: int, prune: bool, code: str = "model"
+) -> tuple[int, int, float, float, int]:
     """(interleavings, divergent, wall seconds, cpu seconds, states) of one cold exploration."""
     clear_caches()
     pairs = selected_pairs(SCENARIOS)
     wall, cpu = time.perf_counter(), time.process_time()
-    results = explore_all_pruned(pairs) if prune else explore(pairs, permutations=permutations, seed=seed)
+    results = (
+        explore_all_pruned(pairs)
+        if prune
+        else explore(pairs, permutations=permutations, seed=seed, code=code)
+    )
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     explored = sum(r.explored for r in results)
     return explored, sum(r.divergent for r in results), wall, cpu, sum(r.states for r in results)
@@ -46,8 +57,12 @@ def main() -> int:
     parser.add_argument(
         "--prune", action="store_true", help="merge equivalent interleavings, explore everything"
     )
+    parser.add_argument("--code", default="model", choices=("model", "shipped"))
+    parser.add_argument("--compare", action="store_true", help="shipped and model in the same run")
     args = parser.parse_args()
-    runs = [one_run(args.permutations, args.seed, args.prune) for _ in range(args.runs)]
+    if args.compare:
+        return compare(args.runs, args.permutations, args.seed)
+    runs = [one_run(args.permutations, args.seed, args.prune, args.code) for _ in range(args.runs)]
     explored, states = runs[0][0], runs[0][4]
     name = "explore --prune" if args.prune else "explore"
     command = f"python bench/explore.py --runs {args.runs} " + (
@@ -78,6 +93,29 @@ def main() -> int:
                 f"  {figure.name:32s} median {figure.median:,.2f}  "
                 f"min {min(figure.runs):,.2f}  max {max(figure.runs):,.2f}"
             )
+    return 0
+
+
+def compare(runs: int, permutations: int, seed: int) -> int:
+    """The shipped code's and the model's interleavings/s, alternating runs on the same machine."""
+    rates: dict[str, list[float]] = {"shipped": [], "model": []}
+    seconds: dict[str, list[float]] = {"shipped": [], "model": []}
+    divergent = {"shipped": 0, "model": 0}
+    for _ in range(runs):
+        for code in ("shipped", "model"):
+            explored, bad, wall, _, _ = one_run(permutations, seed, False, code)
+            rates[code].append(explored / wall)
+            seconds[code].append(wall)
+            divergent[code] += bad
+    for code in ("shipped", "model"):
+        ordered = sorted(rates[code])
+        print(
+            f"{code:8s} {permutations:,} interleavings per run, {runs} runs: median "
+            f"{ordered[len(ordered) // 2]:,.1f} interleavings/s (min {ordered[0]:,.1f}, max {ordered[-1]:,.1f}), "
+            f"median {sorted(seconds[code])[len(ordered) // 2]:.1f} s per run, {divergent[code]} divergent"
+        )
+    ratio = sorted(rates["model"])[runs // 2] / sorted(rates["shipped"])[runs // 2]
+    print(f"the model runs {ratio:,.0f}x as many interleavings per second as the shipped code")
     return 0
 
 

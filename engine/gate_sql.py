@@ -6,20 +6,23 @@ fragments each says its own way (``GATE_INPUTS_DIALECTS``, side by side). It run
 connection (``Ledger.gate_inputs``, used by the rollout controller, ``finality gates`` and
 ``GET /api/v1/gates``), as a sandboxed query on a snapshot or a read-only ledger file (the console,
 ``engine.insights``) and, on PostgreSQL, as analyst SQL (``PgLedger.analyst_query``). The one
-parameter, ``{now}``, is filled with a ``TIMESTAMPTZ`` literal by ``gate_inputs_sql(now, dialect)``
-(the sandbox takes no bound parameters, so the text carries the instant itself).
+parameters, ``{now}`` and ``{revision}``, are filled with a ``TIMESTAMPTZ`` literal and the running
+code's git revision by ``gate_inputs_sql(now, dialect)`` (the sandbox takes no bound parameters, so
+the text carries them itself).
 
 ``gate_inputs_from_row`` turns that row (column name -> value) into the nested shape
 ``rollout.gates.evaluate`` takes; the inputs are hashed into the rollout audit chain, so counts
 come out as ``int``, measurements as ``float`` (or None) and ``last_run_at`` as an aware datetime,
 whichever way the row travelled (DuckDB values, or JSON through the service).
 
-Pure: no database access here (no duckdb import), no clock reads.
+Pure: no database access here (no duckdb import), no clock reads; the revision is read once per process.
 
 Definitions (each a whole-ledger aggregate; a million operations read in about a second):
 
-* terminal_divergence: explorer runs with the engine's rules; summed distinct interleavings and
-  divergent ones; when the last finished.
+* terminal_divergence: explorer runs of the shipped code (``code = 'shipped'``: the real driver and
+  adapters) with the engine's rules at the running revision; summed distinct interleavings and
+  divergent ones; when the last finished. Runs of the explorer's model, of another revision, and
+  rows the demo seeding made up (``code = 'seeded'``) never count.
 * duplicate_operations: operations; operations bound to more than one distinct server task (task
   names are stored in their protocol's one spelling, ``Backend.canonical_task_id``); operations
   resubmitted after a proof of absence (``submit_attempts > 0``).
@@ -42,12 +45,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from engine.revision import running_revision
+
 GATE_INPUTS_TEMPLATE: Final = """
 WITH
 explorer AS (
   SELECT count(*) AS runs, CAST(coalesce(sum(distinct_interleavings), 0) AS BIGINT) AS interleavings,
          CAST(coalesce(sum(divergent), 0) AS BIGINT) AS divergent, max(finished_at) AS last_run_at
-  FROM explorer_runs WHERE rules = 'engine'
+  FROM explorer_runs WHERE rules = 'engine' AND code = 'shipped' AND revision = {revision}
 ),
 ops AS (SELECT count(*) AS n, count(*) FILTER (WHERE submit_attempts > 0) AS resubmitted FROM op_state),
 dups AS (
@@ -211,7 +216,7 @@ writes AS (
            (SELECT greatest(max(opened_at), max(resolved_at)) FROM reconciliation),
            (SELECT max(updated_at) FROM settings)
          ) AS last_write_at,
-         (SELECT count(*) FROM explorer_runs WHERE rules = 'engine') AS now_explorer_runs,
+         (SELECT count(*) FROM explorer_runs WHERE rules = 'engine' AND code = 'shipped') AS now_explorer_runs,
          (SELECT count(*) FROM op_state) AS now_operations,
          (SELECT count(*) FROM polls) AS now_requests,
          (SELECT count(*) FROM reconciliation WHERE kind = 'unknown') AS now_entries,
@@ -315,7 +320,14 @@ def gate_inputs_sql(now: datetime, dialect: str = "duckdb") -> str:
     Raises:
         ValueError: an unknown dialect.
     """
-    return fill_gate_inputs(GATE_INPUTS_TEMPLATE, dialect, now=timestamp_literal(now))
+    return fill_gate_inputs(
+        GATE_INPUTS_TEMPLATE, dialect, now=timestamp_literal(now), revision=string_literal(running_revision())
+    )
+
+
+def string_literal(text: str) -> str:
+    """``text`` as a SQL string literal (quotes doubled)."""
+    return "'" + text.replace("'", "''") + "'"
 
 
 def fill_gate_inputs(template: str, dialect: str, **params: str) -> str:

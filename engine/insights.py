@@ -72,6 +72,7 @@ from engine.gate_sql import seconds_between as secs
 from engine.ledger import GateRecord
 from engine.model import RECEIPT_STATES, LocalState
 from engine.model import Protocol as WireProtocol
+from engine.revision import running_revision
 from engine.sqlbox import run_query
 
 Json = dict[str, Any]
@@ -409,19 +410,19 @@ ORDER BY run_id, gate""",
             "explorer_coverage",
             "Race explorer coverage",
             """
-SELECT rules, count(*) AS runs, count(DISTINCT scenario) AS scenarios, count(DISTINCT protocol) AS protocols,
+SELECT rules, code, count(*) AS runs, count(DISTINCT scenario) AS scenarios, count(DISTINCT protocol) AS protocols,
        CAST(sum(explored) AS BIGINT) AS explored, CAST(sum(distinct_interleavings) AS BIGINT) AS interleavings,
        CAST(sum(divergent) AS BIGINT) AS divergent, bool_and(exhaustive) AS exhaustive,
        max(finished_at) AS last_finished_at
-FROM explorer_runs GROUP BY rules ORDER BY rules <> 'engine', rules""",
+FROM explorer_runs GROUP BY rules, code ORDER BY rules <> 'engine', code <> 'shipped', rules, code""",
             times=("last_finished_at",),
         ),
         NamedQuery(
             "explorer_runs",
             "Race explorer runs",
             """
-SELECT run_id, scenario, protocol, rules, explored, distinct_interleavings, divergent, exhaustive,
-       shortest_trace, finished_at
+SELECT run_id, scenario, protocol, rules, code, revision, explored, distinct_interleavings, divergent,
+       exhaustive, shortest_trace, finished_at
 FROM explorer_runs ORDER BY run_id DESC LIMIT {limit}""",
             times=("finished_at",),
         ),
@@ -1116,7 +1117,7 @@ class Insights:
     def gate_inputs(self) -> tuple[dict[str, dict[str, object]], datetime]:
         """The six gates' raw inputs, read from the ledger now (``engine.gate_sql``, the ``Ledger.gate_inputs`` shape)."""
         now = self.now()
-        sql = self.sql_of("gate_inputs", now=now)
+        sql = self.sql_of("gate_inputs", now=now, revision=running_revision())
         self.last_sql["gate_inputs"] = sql
         columns, rows, _, _ = self._run(sql, 1)
         if not rows:

@@ -68,6 +68,13 @@ Json = dict[str, object]
 # Each migration is applied once, in its own transaction, and recorded in schema_migrations.
 # Never edit a released migration: add a new one.
 
+EXPLORER_CODE_MIGRATION: Final[tuple[str, ...]] = (
+    # Rows from before this migration did not say what ran: 'unrecorded', which no gate counts.
+    "ALTER TABLE explorer_runs ADD COLUMN code VARCHAR DEFAULT 'unrecorded'",
+    "ALTER TABLE explorer_runs ADD COLUMN revision VARCHAR",
+)
+"""Shared with the PostgreSQL ledger (its own migration number)."""
+
 MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (
         1,
@@ -356,6 +363,11 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             )""",
         ),
     ),
+    (
+        7,
+        "explorer runs name the code that ran and its revision (the gate counts only the shipped code's)",
+        EXPLORER_CODE_MIGRATION,
+    ),
 )
 SUPPORTED_SCHEMA: Final[int] = MIGRATIONS[-1][0]
 
@@ -571,6 +583,12 @@ class ExplorerRun:
     shortest_trace: str | None
     started_at: datetime
     finished_at: datetime
+    code: str
+    """What ran: ``shipped`` (the driver and adapters that ship, against the reference servers),
+    ``model`` (the explorer's simulated executor), ``seeded`` (made up by the demo seeding, never a
+    run). Only ``shipped`` runs count toward the terminal_divergence gate."""
+    revision: str | None
+    """The git revision of the code that ran (``engine.revision.running_revision``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1870,7 +1888,8 @@ class Ledger:
         """Append one explorer result (per scenario and protocol); returns its run id."""
         with self._tx() as tx:
             row = tx.execute(
-                "INSERT INTO explorer_runs VALUES (nextval('explorer_run_seq'),?,?,?,?,?,?,?,?,?,?,?) RETURNING run_id",
+                "INSERT INTO explorer_runs VALUES (nextval('explorer_run_seq'),?,?,?,?,?,?,?,?,?,?,?,?,?) "
+                "RETURNING run_id",
                 [
                     run.scenario,
                     run.protocol,
@@ -1883,6 +1902,8 @@ class Ledger:
                     run.shortest_trace,
                     run.started_at,
                     run.finished_at,
+                    run.code,
+                    run.revision,
                 ],
             ).fetchone()
         assert row is not None

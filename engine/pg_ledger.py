@@ -47,6 +47,7 @@ from engine.gate_sql import gate_inputs_from_values, gate_inputs_sql
 from engine.ledger import (
     _STATE_COLUMNS,
     _TABLES,
+    EXPLORER_CODE_MIGRATION,
     BatchOutcome,
     ExplorerRun,
     GateRecord,
@@ -174,6 +175,11 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
                 RETURN got;
             END $$""",
         ),
+    ),
+    (
+        9,
+        "explorer runs name the code that ran and its revision (the gate counts only the shipped code's)",
+        EXPLORER_CODE_MIGRATION,
     ),
 )
 SUPPORTED_SCHEMA: Final[int] = MIGRATIONS[-1][0]
@@ -1538,7 +1544,7 @@ class PgLedger:
         """Append one explorer result (per scenario and protocol); returns its run id."""
         with self._tx() as cur:
             row = cur.execute(
-                "INSERT INTO explorer_runs VALUES (nextval('explorer_run_seq'),%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
+                "INSERT INTO explorer_runs VALUES (nextval('explorer_run_seq'),%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s,%s) "
                 "RETURNING run_id",
                 [
                     run.scenario,
@@ -1552,6 +1558,8 @@ class PgLedger:
                     run.shortest_trace,
                     run.started_at,
                     run.finished_at,
+                    run.code,
+                    run.revision,
                 ],
             ).fetchone()
         assert row is not None

@@ -806,6 +806,8 @@ def _explorer_runs(ledger: LedgerPort, rng: np.random.Generator, now: datetime) 
                     shortest_trace=None,
                     started_at=finished - timedelta(seconds=float(rng.uniform(5, 60))),
                     finished_at=finished,
+                    code="seeded",
+                    revision=None,
                 )
             )
             count += 1
@@ -823,6 +825,8 @@ def _explorer_runs(ledger: LedgerPort, rng: np.random.Generator, now: datetime) 
             shortest_trace="cancel sent; completed observed; cancel ack; late completion accepted",
             started_at=finished - timedelta(minutes=2),
             finished_at=finished - timedelta(minutes=1),
+            code="seeded",
+            revision=None,
         )
     )
     return count + 1

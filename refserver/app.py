@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Protocol as TypingProtocol
 
 from starlette.applications import Starlette
@@ -69,8 +70,14 @@ class Admin:
         return Reply(plan.to_json())
 
 
-def build_app(options: Options, clock: Clock | None = None) -> Starlette:
-    ctx = ServerContext(options, clock or SystemClock())
+def build_app(
+    options: Options, clock: Clock | None = None, *, new_id: Callable[[], str] | None = None
+) -> Starlette:
+    """The server as an ASGI app; ``app.state.ctx`` is its context (store, clock), for in-process use.
+
+    ``new_id`` replaces the random task ids (the race explorer numbers them to stay deterministic).
+    """
+    ctx = ServerContext(options, clock or SystemClock(), new_id=new_id)
     protocol: ProtocolRoutes
     if options.protocol is Protocol.MCP_2025_11_25:
         protocol = Mcp2025(ctx)
@@ -96,7 +103,9 @@ def build_app(options: Options, clock: Clock | None = None) -> Starlette:
         return await http_error(request, exc)
 
     admin = Admin(ctx, protocol)
-    return Starlette(
+    app = Starlette(
         routes=[*admin.routes(), *protocol.routes()],
         exception_handlers={HTTPException: http_error, Exception: crash},
     )
+    app.state.ctx = ctx
+    return app

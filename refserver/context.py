@@ -71,10 +71,13 @@ class Unauthenticated(Exception):
 
 
 class ServerContext:
-    def __init__(self, options: Options, clock: Clock) -> None:
+    def __init__(self, options: Options, clock: Clock, *, new_id: Callable[[], str] | None = None) -> None:
         self.options = options
         self.clock = clock
-        self.store = TaskStore(clock, options.store_config(), seed=options.seed, plan=options.initial_plan())
+        ids = {} if new_id is None else {"new_id": new_id}
+        self.store = TaskStore(
+            clock, options.store_config(), seed=options.seed, plan=options.initial_plan(), **ids
+        )
         self._changed = asyncio.Event()
 
     def principal(self, request: Request) -> str | None:

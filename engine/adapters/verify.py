@@ -7,6 +7,8 @@ the operation's task, caps its size and validates ``structuredContent`` against 
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -187,18 +189,26 @@ def _check_shape(kind: PayloadKind, payload: Json) -> None:
         raise ProtocolViolation(f"tool result has resultType {body['resultType']!r}, expected 'complete'")
 
 
-def _check_output_schema(payload: Json, schema: Json | None) -> None:
-    if schema is None:
-        return
-    if "structuredContent" not in payload:
-        raise ProtocolViolation("the tool declares an outputSchema but the result has no structuredContent")
+@functools.lru_cache(maxsize=256)
+def _validator(schema_json: str) -> jsonschema.protocols.Validator:
+    """The checked validator for one schema (checking a schema costs ~20 times validating against it)."""
+    schema = json.loads(schema_json)
     validator_class = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         validator_class.check_schema(schema)
     except SchemaError as exc:
         raise ProtocolViolation(f"the tool's outputSchema is not a valid JSON Schema: {exc.message}") from exc
+    return validator_class(schema)
+
+
+def _check_output_schema(payload: Json, schema: Json | None) -> None:
+    if schema is None:
+        return
+    if "structuredContent" not in payload:
+        raise ProtocolViolation("the tool declares an outputSchema but the result has no structuredContent")
+    validator = _validator(canonical_json(schema))
     try:
-        validator_class(schema).validate(payload["structuredContent"])
+        validator.validate(payload["structuredContent"])
     except SchemaValidationError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise ProtocolViolation(

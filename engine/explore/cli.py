@@ -1,7 +1,8 @@
 """``finality explore``: run the race explorer, print what it found, exit 1 on any divergence.
 
-Usage: ``finality explore [--permutations N] [--scenario NAME|all] [--seed S] [--json]
-[--ledger PATH] [--rules NAME] [--strategy sample|dfs] [--prune [--max-states N]] [--list]``.
+Usage: ``finality explore [--code shipped|model] [--permutations N] [--scenario NAME|all] [--seed S]
+[--json] [--ledger PATH] [--rules NAME] [--strategy sample|dfs] [--prune [--max-states N]]
+[--replay SCENARIO@PROTOCOL:CHOICES] [--list]``.
 Exit codes: 0 no divergence,
 1 at least one divergent interleaving (the shortest is printed as a trace), 2 usage error.
 Presentation only: the rules live in ``engine.machine`` and the explorer in ``engine.explore``.
@@ -20,8 +21,10 @@ from engine.clock import SystemClock, monotonic_seconds
 from engine.errors import EngineError
 from engine.explore.explorer import MAX_STEPS, STRATEGIES, PairResult, explore, selected_pairs
 from engine.explore.prune import MAX_STATES, StateLimit, explore_all_pruned
-from engine.explore.rules import RULES
-from engine.explore.scenario import FINDINGS, SCENARIOS, Scenario
+from engine.explore.result import CODES, render_trace
+from engine.explore.rules import ENGINE, RULES
+from engine.explore.scenario import FINDINGS, SCENARIOS, Scenario, scenario_named
+from engine.model import Protocol
 
 EXIT_OK = 0
 EXIT_DIVERGENT = 1
@@ -45,6 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
         prog="finality explore",
         description="Explore the interleavings of caller, executor, server and network for each race "
         "scenario and protocol, and report every run whose terminal diverges from the server's truth.",
+    )
+    parser.add_argument(
+        "--code",
+        default="shipped",
+        choices=CODES,
+        help="shipped (the default): the real driver and protocol adapters against the reference servers; "
+        "model: the explorer's simulated executor (faster; not counted by the divergence gate)",
+    )
+    parser.add_argument(
+        "--replay",
+        metavar="SCENARIO@PROTOCOL:CHOICES",
+        help="run one interleaving again by its choices (as a failing trace prints them) and print its timeline",
     )
     parser.add_argument(
         "--permutations",
@@ -136,10 +151,13 @@ def _shortest(results: Sequence[PairResult]) -> PairResult | None:
     return min(failing, key=lambda r: len(r.shortest.choices) if r.shortest else 0, default=None)
 
 
-def _as_json(results: Sequence[PairResult], rules: str, seed: int, requested: int, seconds: float) -> str:
+def _as_json(
+    results: Sequence[PairResult], rules: str, seed: int, requested: int, seconds: float, code: str = "model"
+) -> str:
     explored = sum(r.explored for r in results)
     shortest = _shortest(results)
     doc = {
+        "code": code,
         "rules": rules,
         "seed": seed,
         "permutations": requested,
@@ -172,7 +190,9 @@ def _as_json(results: Sequence[PairResult], rules: str, seed: int, requested: in
 def _record(path: str, results: Sequence[PairResult], started: datetime, finished: datetime) -> None:
     # Imported here: the ledger pulls in the database driver, which a plain run does not need.
     from engine.ledger import ExplorerRun, Ledger
+    from engine.revision import running_revision
 
+    revision = running_revision()
     with Ledger.open(path) as ledger:
         for r in results:
             ledger.record_explorer_run(
@@ -188,6 +208,8 @@ def _record(path: str, results: Sequence[PairResult], started: datetime, finishe
                     shortest_trace=r.trace,
                     started_at=started,
                     finished_at=finished,
+                    code=r.code,
+                    revision=revision,
                 )
             )
 
@@ -204,6 +226,15 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
     if args.list:
         _listing(out)
         return EXIT_OK
+    if args.replay:
+        return _replay(args.replay, args.code, RULES[args.rules], out, err)
+    if args.code == "shipped" and (args.prune or args.rules != ENGINE.name):
+        print(
+            "finality explore: --prune and --rules run the model only (add --code model); "
+            "break the shipped code with `make mutants` instead",
+            file=err,
+        )
+        return EXIT_USAGE
     try:
         scenarios = _select(args.scenario)
     except KeyError as exc:
@@ -230,6 +261,7 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
             seed=args.seed,
             strategy=args.strategy,
             max_steps=args.max_steps,
+            code=args.code,
         )
     seconds = monotonic_seconds() - started
     finished_at = clock.now()
@@ -241,16 +273,18 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
             return EXIT_USAGE
     divergent = sum(r.divergent for r in results)
     if args.json:
-        print(_as_json(results, args.rules, args.seed, args.permutations, seconds), file=out)
+        print(_as_json(results, args.rules, args.seed, args.permutations, seconds, args.code), file=out)
     else:
-        _print_table(results, args.rules, args.seed, seconds, out)
+        _print_table(results, args.rules, args.seed, seconds, out, args.code)
     return EXIT_DIVERGENT if divergent else EXIT_OK
 
 
-def _print_table(results: Sequence[PairResult], rules: str, seed: int, seconds: float, out: TextIO) -> None:
+def _print_table(
+    results: Sequence[PairResult], rules: str, seed: int, seconds: float, out: TextIO, code: str = "model"
+) -> None:
     explored = sum(r.explored for r in results)
     divergent = sum(r.divergent for r in results)
-    print(f"finality explore: rules {rules}, seed {seed}", file=out)
+    print(f"finality explore: {code} code, rules {rules}, seed {seed}", file=out)
     print(
         f"{'scenario':<26} {'protocol':<15} {'interleavings':>19} {'mode':<10} "
         f"{'receipts':>19} {'parked':>17} {'divergent':>15}",
@@ -272,6 +306,43 @@ def _print_table(results: Sequence[PairResult], rules: str, seed: int, seconds: 
             kinds = ", ".join(f"{k}: {v}" for k, v in sorted(r.kinds.items()))
             print(f"DIVERGENT {r.scenario} on {r.protocol}: {r.divergent} runs ({kinds})", file=out)
     shortest = _shortest(results)
-    if shortest is not None and shortest.trace:
+    if shortest is not None and shortest.trace and shortest.shortest is not None:
         print("\nshortest failing interleaving:", file=out)
         print(shortest.trace, file=out)
+        print(f"\nreplay it: {replay_command(shortest)}", file=out)
+
+
+def replay_command(result: PairResult) -> str:
+    """The one command that runs a pair's shortest failing interleaving again, with its timeline."""
+    assert result.shortest is not None
+    choices = ",".join(str(c) for c in result.shortest.choices)
+    rules = "" if result.rules == ENGINE.name else f" --rules {result.rules}"
+    return (
+        f"finality explore --code {result.code}{rules} --replay {result.scenario}@{result.protocol}:{choices}"
+    )
+
+
+def _replay(spec: str, code: str, rules: object, out: TextIO, err: TextIO) -> int:
+    """``--replay SCENARIO@PROTOCOL:CHOICES``: the timeline of one interleaving; exit 1 if it diverges."""
+    from engine.explore.rules import Rules
+
+    assert isinstance(rules, Rules)
+    try:
+        head, _, tail = spec.partition(":")
+        name, _, protocol_name = head.partition("@")
+        scenario = scenario_named(name)
+        protocol = Protocol(protocol_name)
+        choices = [int(c) for c in tail.split(",") if c.strip()]
+    except (KeyError, ValueError) as exc:
+        print(
+            f"finality explore: --replay wants SCENARIO@PROTOCOL:CHOICES (e.g. happy@aip-151:0,0,1): {exc}",
+            file=err,
+        )
+        return EXIT_USAGE
+    try:
+        trace = render_trace(scenario, protocol, rules, choices, code=code)
+    except (IndexError, ValueError) as exc:
+        print(f"finality explore: those choices do not replay on this code: {exc}", file=err)
+        return EXIT_USAGE
+    print(trace, file=out)
+    return EXIT_DIVERGENT if "DIVERGENCE" in trace else EXIT_OK

@@ -12,14 +12,26 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.clock import monotonic_seconds
+from engine.explore.prune import StateLimit, explore_pruned
+from engine.explore.result import CODES, Failing, PairResult, new_world, render_trace, replay
 from engine.explore.rules import ENGINE, Rules
 from engine.explore.scenario import Scenario
-from engine.explore.world import Finding, World
 from engine.model import Protocol
+
+__all__ = [
+    "CODES",
+    "Failing",
+    "PairExplorer",
+    "PairResult",
+    "explore",
+    "explore_pair",
+    "render_trace",
+    "replay",
+]
 
 STRATEGIES = ("sample", "dfs")
 SHORTEST_SEARCH_STATES = 5_000
@@ -38,38 +50,6 @@ class _Node:
     kids: dict[int, _Node] = field(default_factory=dict)
     done: int = 0
     complete: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Failing:
-    """One divergent run: its choices (replayable) and what was wrong with it."""
-
-    choices: tuple[int, ...]
-    findings: tuple[Finding, ...]
-
-
-@dataclass(slots=True)
-class PairResult:
-    """What exploring one scenario under one protocol found."""
-
-    scenario: str
-    protocol: Protocol
-    rules: str
-    seed: int
-    explored: int = 0
-    """Distinct interleavings run (each a different sequence of choices)."""
-    exhaustive: bool = False
-    """Every interleaving of the scenario was run."""
-    divergent: int = 0
-    receipts: int = 0
-    parked: int = 0
-    """Runs that ended in UNKNOWN or INPUT_REQUIRED with a person told (not divergences)."""
-    kinds: dict[str, int] = field(default_factory=dict)
-    states: int = 0
-    """Distinct states executed, when equivalent interleavings were merged (0 otherwise)."""
-    shortest: Failing | None = None
-    trace: str | None = None
-    seconds: float = 0.0
 
 
 def pair_seed(seed: int, scenario: str, protocol: Protocol) -> int:
@@ -92,7 +72,10 @@ class PairExplorer:
         seed: int = 0,
         strategy: str = "sample",
         max_steps: int = MAX_STEPS,
+        code: str = "model",
     ) -> None:
+        if code not in CODES:
+            raise ValueError(f"unknown code {code!r}; choose one of {', '.join(CODES)}")
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
         self.scenario = scenario
@@ -102,7 +85,8 @@ class PairExplorer:
         self.max_steps = max_steps
         self.rng = random.Random(pair_seed(seed, scenario.name, protocol))
         self.root = _Node()
-        self.result = PairResult(scenario.name, protocol, rules.name, seed)
+        self.code = code
+        self.result = PairResult(scenario.name, protocol, rules.name, seed, code=code)
         self.record: list[tuple[int, ...]] | None = None
         """When a list, every run's choices are appended to it (for tests)."""
 
@@ -128,7 +112,7 @@ class PairExplorer:
 
     def _one(self, result: PairResult) -> None:
         scenario, protocol, rng, dfs = self.scenario, self.protocol, self.rng, self.dfs
-        world = World(scenario, protocol, self.rules)
+        world = new_world(scenario, protocol, self.rules, code=self.code, trace=False)
         node = self.root
         path: list[_Node] = []
         choices: list[int] = []
@@ -187,18 +171,16 @@ class PairExplorer:
         result = self.result
         if result.shortest is not None and result.trace is None:
             shortest = result.shortest
-            if not result.exhaustive:
+            if not result.exhaustive and self.code == "model":
+                # The merging search runs the model only (the shipped code's state cannot be copied).
                 shortest = self._shortest_of_all() or shortest
                 result.shortest = shortest
             result.trace = render_trace(
-                self.scenario, self.protocol, self.rules, shortest.choices, shortest.findings
+                self.scenario, self.protocol, self.rules, shortest.choices, shortest.findings, code=self.code
             )
         return result
 
     def _shortest_of_all(self) -> Failing | None:
-        # Imported here: prune builds on this module.
-        from engine.explore.prune import StateLimit, explore_pruned
-
         try:
             merged = explore_pruned(
                 self.scenario, self.protocol, rules=self.rules, max_states=SHORTEST_SEARCH_STATES, trace=False
@@ -217,6 +199,7 @@ def explore_pair(
     seed: int = 0,
     strategy: str = "sample",
     max_steps: int = MAX_STEPS,
+    code: str = "model",
 ) -> PairResult:
     """Run up to ``budget`` distinct interleavings of ``scenario`` under ``protocol``.
 
@@ -224,37 +207,10 @@ def explore_pair(
         Nondeterminism: a replayed prefix enabled different steps (a bug in the simulation).
     """
     explorer = PairExplorer(
-        scenario, protocol, rules=rules, seed=seed, strategy=strategy, max_steps=max_steps
+        scenario, protocol, rules=rules, seed=seed, strategy=strategy, max_steps=max_steps, code=code
     )
     explorer.run(budget)
     return explorer.finish()
-
-
-def replay(scenario: Scenario, protocol: Protocol, rules: Rules, choices: Sequence[int]) -> World:
-    """Run one interleaving again, by its choices, with a trace."""
-    world = World(scenario, protocol, rules, trace=True)
-    for i in choices:
-        world.perform(world.enabled()[i])
-    return world
-
-
-def render_trace(
-    scenario: Scenario,
-    protocol: Protocol,
-    rules: Rules,
-    choices: Sequence[int],
-    findings: Sequence[Finding] | None = None,
-) -> str:
-    """The interleaving as readable lines: step, actor, action -> local state / server state."""
-    world = replay(scenario, protocol, rules, choices)
-    if findings is None:
-        findings = world.finish()
-    head = (
-        f"{scenario.name} on {protocol} (rules: {rules.name}), {len(choices)} steps, choices {list(choices)}"
-    )
-    body = world.lines or []
-    tail = [f"  DIVERGENCE {kind}: {detail}" for kind, detail in findings]
-    return "\n".join([head, *body, *tail])
 
 
 def explore(
@@ -265,6 +221,7 @@ def explore(
     seed: int = 0,
     strategy: str = "sample",
     max_steps: int = MAX_STEPS,
+    code: str = "model",
 ) -> list[PairResult]:
     """Share ``permutations`` distinct interleavings across the pairs.
 
@@ -273,7 +230,8 @@ def explore(
     tree is exhausted.
     """
     explorers = [
-        PairExplorer(s, p, rules=rules, seed=seed, strategy=strategy, max_steps=max_steps) for s, p in pairs
+        PairExplorer(s, p, rules=rules, seed=seed, strategy=strategy, max_steps=max_steps, code=code)
+        for s, p in pairs
     ]
     remaining = permutations
     while remaining > 0:

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.clock import monotonic_seconds
-from engine.explore.explorer import Failing, PairResult, render_trace
+from engine.explore.result import Failing, PairResult, render_trace
 from engine.explore.rules import ENGINE, Rules
 from engine.explore.scenario import Scenario
 from engine.explore.world import Divergence, Finding, World

@@ -63,6 +63,7 @@ from engine.model import (
     digest_of,
 )
 from engine.pg_ledger import LEASE_COLUMNS, Fence, Lease, LeaseLost, PgLedger
+from engine.revision import running_revision
 from engine.testing import make_operation
 from rollout.audit import GENESIS
 from rollout.controller import verify_ledger
@@ -778,7 +779,21 @@ def test_settings_explorer_runs_and_gate_runs(ledger: LedgerPort) -> None:
     ledger.put_setting("global_qps", "50", NOW)
     ledger.put_setting("global_qps", "75", NOW)
     assert ledger.setting("global_qps") == "75"
-    run = ExplorerRun("s", "p", 1, 10, 8, 0, True, "engine", None, NOW, NOW + timedelta(seconds=2))
+    run = ExplorerRun(
+        "s",
+        "p",
+        1,
+        10,
+        8,
+        0,
+        True,
+        "engine",
+        None,
+        NOW,
+        NOW + timedelta(seconds=2),
+        code="shipped",
+        revision=running_revision(),
+    )
     assert ledger.record_explorer_run(run) == 1
     assert ledger.record_explorer_run(run) == 2
     assert [r["run_id"] for r in ledger.explorer_runs()] == [1, 2]
@@ -977,7 +992,21 @@ def _history(led: LedgerPort) -> None:
     )
     led.resolve_reconciliation(entry, actor="bob", resolution="found", at=at + timedelta(seconds=90))
     led.record_explorer_run(
-        ExplorerRun("s", "p", 1, 10, 8, 0, True, "engine", None, at, at + timedelta(seconds=2))
+        ExplorerRun(
+            "s",
+            "p",
+            1,
+            10,
+            8,
+            0,
+            True,
+            "engine",
+            None,
+            at,
+            at + timedelta(seconds=2),
+            code="shipped",
+            revision=running_revision(),
+        )
     )
     led.put_setting("global_qps", "20", at)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.ledger import ExplorerRun, Ledger, PollRecord
+from engine.revision import running_revision
 from engine.testing import EPOCH_START, FakeClock
 from rollout.controller import RolloutController, verify_ledger
 from rollout.plan import Action, Request, RolloutRefused, Stage
@@ -95,7 +96,19 @@ def test_promotion_with_passing_gates_needs_no_override(ledger: Ledger) -> None:
     """With every gate passing, the canary and the promotion go through and are not marked overrides."""
     ledger.record_explorer_run(
         ExplorerRun(
-            "all", "mcp-2025-11-25", 1, 12_000, 10_500, 0, False, "engine", None, EPOCH_START, EPOCH_START
+            "all",
+            "mcp-2025-11-25",
+            1,
+            12_000,
+            10_500,
+            0,
+            False,
+            "engine",
+            None,
+            EPOCH_START,
+            EPOCH_START,
+            code="shipped",
+            revision=running_revision(),
         )
     )
     _seed_terminal_work(ledger)

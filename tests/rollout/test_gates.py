@@ -23,6 +23,7 @@ from engine.model import (
     TaskId,
     digest_of,
 )
+from engine.revision import running_revision
 from engine.testing import EPOCH_START, make_operation
 from rollout.gates import GATES, Thresholds, evaluate
 
@@ -61,7 +62,19 @@ def polls(ledger: Ledger, count: int, spread: timedelta, start: timedelta = time
 def healthy(ledger: Ledger) -> None:
     ledger.record_explorer_run(
         ExplorerRun(
-            "all", "mcp-2025-11-25", 1, 12_000, 10_500, 0, False, "engine", None, EPOCH_START, EPOCH_START
+            "all",
+            "mcp-2025-11-25",
+            1,
+            12_000,
+            10_500,
+            0,
+            False,
+            "engine",
+            None,
+            EPOCH_START,
+            EPOCH_START,
+            code="shipped",
+            revision=running_revision(),
         )
     )
     completed(ledger, "c1")
@@ -107,7 +120,21 @@ def test_a_divergent_explorer_run_fails(ledger: Ledger) -> None:
     """One divergent interleaving fails the gate."""
     healthy(ledger)
     ledger.record_explorer_run(
-        ExplorerRun("x", "aip-151", 2, 10, 10, 1, True, "engine", "trace", EPOCH_START, EPOCH_START)
+        ExplorerRun(
+            "x",
+            "aip-151",
+            2,
+            10,
+            10,
+            1,
+            True,
+            "engine",
+            "trace",
+            EPOCH_START,
+            EPOCH_START,
+            code="shipped",
+            revision=running_revision(),
+        )
     )
     assert not verdicts(ledger)["terminal_divergence"].passed  # type: ignore[attr-defined]
 
@@ -169,3 +196,50 @@ def test_gates_cli_prints_inputs_records_the_run_and_sets_the_exit_code(
     assert {g["gate"] for g in passing["gates"]} == set(GATES)
     with Ledger.open(path, read_only=True) as led:
         assert len({r["run_id"] for r in led.gate_runs()}) == 2
+
+
+def test_the_divergence_gate_counts_only_shipped_runs_at_the_running_revision(ledger: Ledger) -> None:
+    """Seeded rows, runs of the explorer's model and runs of another revision never count."""
+    healthy(ledger)
+    ledger._con.execute("DELETE FROM explorer_runs")
+    for code, revision in (("seeded", None), ("model", running_revision()), ("shipped", "0" * 40)):
+        ledger.record_explorer_run(
+            ExplorerRun(
+                "all",
+                "aip-151",
+                1,
+                20_000,
+                20_000,
+                0,
+                True,
+                "engine",
+                None,
+                EPOCH_START,
+                EPOCH_START,
+                code=code,
+                revision=revision,
+            )
+        )
+    result = verdicts(ledger)["terminal_divergence"]
+    assert not result.passed  # type: ignore[attr-defined]
+    assert result.inputs["explorer_runs"] == 0  # type: ignore[attr-defined]
+    ledger.record_explorer_run(
+        ExplorerRun(
+            "all",
+            "aip-151",
+            1,
+            20_000,
+            20_000,
+            0,
+            True,
+            "engine",
+            None,
+            EPOCH_START,
+            EPOCH_START,
+            code="shipped",
+            revision=running_revision(),
+        )
+    )
+    result = verdicts(ledger)["terminal_divergence"]
+    assert result.passed  # type: ignore[attr-defined]
+    assert result.inputs["explorer_runs"] == 1  # type: ignore[attr-defined]

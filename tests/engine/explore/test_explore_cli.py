@@ -11,8 +11,10 @@ from engine.ledger import Ledger
 
 
 def run(*argv: str) -> tuple[int, str, str]:
+    """``finality explore`` on the explorer's model (``--code model``) unless the words say otherwise."""
+    words = list(argv) if "--code" in argv or "--list" in argv else ["--code", "model", *argv]
     out, err = io.StringIO(), io.StringIO()
-    code = main(list(argv), out=out, err=err)
+    code = main(words, out=out, err=err)
     return code, out.getvalue(), err.getvalue()
 
 
@@ -87,7 +89,7 @@ def test_the_ledger_gets_one_explorer_run_per_scenario_and_protocol(tmp_path: Pa
         ("complete-vs-cancel", "mcp-2026-07-28"),
         ("complete-vs-cancel", "aip-151"),
     ]
-    assert {(r["rules"], r["seed"], r["divergent"], r["exhaustive"]) for r in rows} == {
-        ("engine", 3, 0, True)
+    assert {(r["rules"], r["seed"], r["divergent"], r["exhaustive"], r["code"]) for r in rows} == {
+        ("engine", 3, 0, True, "model")
     }
     assert [r["distinct_interleavings"] for r in rows] == [35, 71, 71]

@@ -74,14 +74,21 @@ def test_a_state_limit_stops_the_search() -> None:
 def test_the_cli_prune_option_reports_merged_exhaustive_counts() -> None:
     """--prune explores each selected pair completely; a too small --max-states is a usage error."""
     out = io.StringIO()
-    assert main(["--prune", "--scenario", "cancel-ack-lost"], out=out, err=io.StringIO()) == EXIT_OK
+    assert (
+        main(["--code", "model", "--prune", "--scenario", "cancel-ack-lost"], out=out, err=io.StringIO())
+        == EXIT_OK
+    )
     assert (
         "0 divergent of 10,539 distinct interleavings (3 of 3 scenario/protocol pairs exhaustive"
         in out.getvalue()
     )
     err = io.StringIO()
     assert (
-        main(["--prune", "--scenario", "stale-epoch", "--max-states", "10"], out=io.StringIO(), err=err)
+        main(
+            ["--code", "model", "--prune", "--scenario", "stale-epoch", "--max-states", "10"],
+            out=io.StringIO(),
+            err=err,
+        )
         == EXIT_USAGE
     )
     assert "max-states" in err.getvalue()

@@ -1,0 +1,111 @@
+"""What exploring one (scenario, protocol) pair found, and its runs replayed as readable timelines.
+
+Shared by the sampling walk (``engine.explore.explorer``) and the state-merging search
+(``engine.explore.prune``), which both import it and not each other. ``replay`` runs one interleaving
+again by its choices, on the simulated model (``code="model"``) or on the shipped driver and
+adapters (``code="shipped"``); it decides nothing itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.explore.rules import Rules
+from engine.explore.scenario import Scenario
+from engine.model import Protocol
+
+CODES = ("model", "shipped")
+"""What an explorer run runs: ``shipped`` is ``engine/runtime/driver.py`` with the real adapters
+against the reference servers; ``model`` is the simulated executor and servers (``executor.py``,
+``server.py``), kept until the shipped explorer covers every scenario."""
+
+Finding = tuple[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Failing:
+    """One divergent run: its choices (replayable) and what was wrong with it."""
+
+    choices: tuple[int, ...]
+    findings: tuple[Finding, ...]
+
+
+@dataclass(slots=True)
+class PairResult:
+    """What exploring one scenario under one protocol found."""
+
+    scenario: str
+    protocol: Protocol
+    rules: str
+    seed: int
+    explored: int = 0
+    """Distinct interleavings run (each a different sequence of choices)."""
+    exhaustive: bool = False
+    """Every interleaving of the scenario was run."""
+    divergent: int = 0
+    receipts: int = 0
+    parked: int = 0
+    """Runs that ended in UNKNOWN or INPUT_REQUIRED with a person told (not divergences)."""
+    kinds: dict[str, int] = field(default_factory=dict)
+    states: int = 0
+    """Distinct states executed, when equivalent interleavings were merged (0 otherwise)."""
+    shortest: Failing | None = None
+    trace: str | None = None
+    seconds: float = 0.0
+    code: str = "model"
+    """Which code ran (``CODES``)."""
+
+
+def new_world(scenario: Scenario, protocol: Protocol, rules: Rules, *, code: str, trace: bool) -> Any:
+    """A fresh run of ``scenario`` under ``protocol`` on the code ``code`` names.
+
+    Raises:
+        ValueError: an unknown code, or a broken rule set asked of the shipped code (its rules are
+            whatever the shipped modules say; break them with ``make mutants`` instead).
+    """
+    if code == "shipped":
+        if rules.name != "engine":
+            raise ValueError(
+                f"rule set {rules.name!r} exists only for the model; the shipped code runs as it is"
+            )
+        from engine.explore.shipped import WireWorld  # imported here: it loads the adapters and refserver
+
+        return WireWorld(scenario, protocol, trace=trace)
+    if code == "model":
+        from engine.explore.world import World
+
+        return World(scenario, protocol, rules, trace=trace)
+    raise ValueError(f"unknown code {code!r}; choose one of {', '.join(CODES)}")
+
+
+def replay(
+    scenario: Scenario, protocol: Protocol, rules: Rules, choices: Sequence[int], *, code: str = "model"
+) -> Any:
+    """Run one interleaving again, by its choices, with a trace (call ``finish`` on it for the checks)."""
+    world = new_world(scenario, protocol, rules, code=code, trace=True)
+    for i in choices:
+        world.perform(world.enabled()[i])
+    return world
+
+
+def render_trace(
+    scenario: Scenario,
+    protocol: Protocol,
+    rules: Rules,
+    choices: Sequence[int],
+    findings: Sequence[Finding] | None = None,
+    *,
+    code: str = "model",
+) -> str:
+    """The interleaving as a timeline, one line per step: actor, action -> local state / server state."""
+    world = replay(scenario, protocol, rules, choices, code=code)
+    judged = world.finish()
+    if findings is None:
+        findings = judged
+    what = f"rules: {rules.name}" if code == "model" else "shipped code"
+    head = f"{scenario.name} on {protocol} ({what}), {len(choices)} steps, choices {list(choices)}"
+    body = world.lines or []
+    tail = [f"  DIVERGENCE {kind}: {detail}" for kind, detail in findings]
+    return "\n".join([head, *body, *tail])

@@ -1,0 +1,504 @@
+"""In-process wire for the shipped-code explorer: a virtual-time event loop, the network between the
+real adapters and the reference servers, and the ledger port the real ``Driver`` writes through.
+
+Nothing here decides what an operation does. ``Network`` holds every HTTP exchange the adapters
+start (``Gate`` is the ``httpx`` transport they are given) until the explorer says what happens to
+it: deliver it to the reference server (``refserver``'s own Starlette app, called as ASGI in this
+process, under the same virtual clock), lose the request or only its reply, deliver it late or
+twice, answer 503 in the server's place, or cut the reply short. ``VirtualLoop`` is an asyncio loop
+whose time is the virtual clock, so the adapters' own timeouts and the servers' waits run on it and
+``settle`` can tell when every coroutine is blocked on the explorer. ``MemPort`` is the in-memory
+ledger (``MemLedger``) behind the port the driver uses. Must not be used outside simulations: it
+reads no wall clock and does no real I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+import httpx
+
+from engine.explore.memledger import Held, MemLedger
+from engine.ledger import HeldOutcome, PollRecord
+from engine.model import Digest, Operation, Receipt, TaskId, Transition
+
+Json = dict[str, Any]
+START = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class VirtualTime:
+    """Seconds since ``START``; moved only by the explorer (never by the wall clock)."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def now(self) -> datetime:
+        return START + timedelta(seconds=self.seconds)
+
+
+class EngineClock:
+    """``engine.clock.Clock`` on virtual time."""
+
+    def __init__(self, vt: VirtualTime) -> None:
+        self._vt = vt
+
+    def now(self) -> datetime:
+        return self._vt.now()
+
+    async def sleep(self, delay: timedelta) -> None:
+        await asyncio.sleep(max(0.0, delay.total_seconds()))
+
+
+class ServerClock:
+    """``refserver.clock.Clock`` on virtual time."""
+
+    def __init__(self, vt: VirtualTime) -> None:
+        self._vt = vt
+
+    def monotonic(self) -> float:
+        return 1000.0 + self._vt.seconds
+
+    def now(self) -> datetime:
+        return self._vt.now()
+
+
+class VirtualLoop(asyncio.SelectorEventLoop):
+    """An asyncio loop whose ``time()`` is the virtual clock: a timer fires once the explorer has
+    moved time past it, never because the wall clock did."""
+
+    def __init__(self, vt: VirtualTime) -> None:
+        super().__init__()
+        self._vt = vt
+
+    def time(self) -> float:
+        return 1000.0 + self._vt.seconds
+
+    def busy(self) -> bool:
+        """Whether some callback is ready to run, or a timer is due at the virtual now."""
+        # CPython's loop keeps its run queue in ``_ready`` and its timers in ``_scheduled``; the
+        # explorer needs to know when every coroutine waits on it, which asyncio has no API for.
+        if self._ready:  # type: ignore[attr-defined]
+            return True
+        scheduled = self._scheduled  # type: ignore[attr-defined]
+        now = self.time()
+        return any(not h.cancelled() and h.when() <= now for h in scheduled)
+
+
+async def settle(loop: VirtualLoop) -> None:
+    """Run every coroutine until each one waits on the explorer (or on a future virtual instant)."""
+    for _ in range(100_000):
+        await asyncio.sleep(0)
+        if not loop.busy():
+            return
+    raise RuntimeError("the simulation did not settle (a coroutine spins without waiting)")
+
+
+class Kind(StrEnum):
+    """What a request is for, read from the wire (method or path)."""
+
+    SUBMIT = "submit"
+    GET = "get"
+    RESULT = "result"
+    CANCEL = "cancel"
+    LOOKUP = "lookup"
+    INPUT = "input"
+    HANDSHAKE = "handshake"
+
+
+def kind_of(request: httpx.Request, body: bytes) -> Kind:
+    """The request's purpose, from its JSON-RPC method or its AIP-151 path and verb."""
+    path = request.url.path
+    if path.endswith("/mcp"):
+        try:
+            message = json.loads(body)
+        except ValueError:
+            return Kind.HANDSHAKE
+        method = message.get("method") if isinstance(message, dict) else None
+        if method is None:
+            return Kind.INPUT  # a JSON-RPC response: the answer to an elicitation
+        return {
+            "tools/call": Kind.SUBMIT,
+            "tasks/get": Kind.GET,
+            "tasks/result": Kind.RESULT,
+            "tasks/cancel": Kind.CANCEL,
+            "tasks/list": Kind.LOOKUP,
+            "tasks/update": Kind.INPUT,
+        }.get(str(method), Kind.HANDSHAKE)
+    if path.endswith(":run"):
+        return Kind.SUBMIT
+    if path.endswith(":cancel"):
+        return Kind.CANCEL
+    if path.rstrip("/").endswith("/operations"):
+        return Kind.LOOKUP
+    return Kind.GET
+
+
+@dataclass(eq=False)
+class Stream:
+    """A reply as the server produces it: status and headers, then body chunks until ``ended``."""
+
+    status: int = 0
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    chunks: list[bytes] = field(default_factory=list)
+    started: bool = False
+    ended: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def poke(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+@dataclass(eq=False)
+class Message:
+    """One exchange on the wire: a request in flight, or (``reply`` set) its reply in flight."""
+
+    rid: int
+    kind: Kind
+    owner: int
+    """The executor incarnation (or caller) that sent it."""
+    epoch: int
+    request: httpx.Request
+    body: bytes
+    waiter: asyncio.Future[httpx.Response] | None
+    reply: Stream | None = None
+    truncated: bool = False
+
+    @property
+    def waiting(self) -> bool:
+        return self.waiter is not None and not self.waiter.done()
+
+
+class Network:
+    """Every exchange in flight, and the reference server they may reach."""
+
+    def __init__(self, loop: VirtualLoop, app: Callable[..., Any], *, passthrough: frozenset[Kind]) -> None:
+        self.loop = loop
+        self.app = app
+        self.passthrough = passthrough
+        self.inflight: list[Message] = []
+        self.delivered: list[Message] = []
+        """Requests that reached the server, in order (the server's own record of what it was asked)."""
+        self.failures = 0
+        """Exchanges that ended without a reply (lost, timed out, throttled, cut): a retry may do better."""
+        self._rid = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._disconnect = asyncio.Event()
+
+    def gate(self, owner: int, epoch: int) -> Gate:
+        return Gate(self, owner, epoch)
+
+    # ------------------------------------------------------------------------- client side
+
+    async def send(self, owner: int, epoch: int, request: httpx.Request) -> httpx.Response:
+        body = await request.aread()
+        self._rid += 1
+        waiter: asyncio.Future[httpx.Response] = self.loop.create_future()
+        msg = Message(self._rid, kind_of(request, body), owner, epoch, request, body, waiter)
+        if msg.kind in self.passthrough:
+            self.deliver(msg)
+        else:
+            self.inflight.append(msg)
+        return await waiter
+
+    # ------------------------------------------------------------------------ explorer side
+
+    def deliver(self, msg: Message) -> None:
+        """The request reaches the server; its reply goes in flight once the server starts it."""
+        if msg in self.inflight:
+            self.inflight.remove(msg)
+        stream = Stream()
+        reply = Message(msg.rid, msg.kind, msg.owner, msg.epoch, msg.request, msg.body, msg.waiter, stream)
+        self.delivered.append(msg)
+        task = self.loop.create_task(self._serve(msg, stream, reply))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _serve(self, msg: Message, stream: Stream, reply: Message) -> None:
+        request = msg.request
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": request.method,
+            "scheme": request.url.scheme,
+            "path": request.url.path,
+            "raw_path": request.url.raw_path.split(b"?")[0],
+            "query_string": request.url.query,
+            "root_path": "",
+            "headers": [(k.lower(), v) for k, v in request.headers.raw],
+            "client": ("127.0.0.1", 1),
+            "server": (request.url.host, request.url.port or 80),
+        }
+        sent_body = False
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent_body
+            if not sent_body:
+                sent_body = True
+                return {"type": "http.request", "body": msg.body, "more_body": False}
+            await self._disconnect.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(event: dict[str, Any]) -> None:
+            if event["type"] == "http.response.start":
+                stream.status = int(event["status"])
+                stream.headers = list(event.get("headers", []))
+                stream.started = True
+                if msg.kind in self.passthrough:
+                    self._complete(reply, truncate=False)
+                else:
+                    self.inflight.append(reply)
+            elif event["type"] == "http.response.body":
+                chunk = event.get("body", b"")
+                if chunk:
+                    stream.chunks.append(chunk)
+                if not event.get("more_body", False):
+                    stream.ended = True
+            stream.poke()
+
+        try:
+            await self.app(scope, receive, send)
+        except Exception:
+            pass
+        finally:
+            stream.ended = True
+            stream.poke()
+
+    def _complete(self, reply: Message, *, truncate: bool) -> None:
+        stream = reply.reply
+        assert stream is not None
+        if reply.waiter is None or reply.waiter.done():
+            return
+        headers = [(k, v) for k, v in stream.headers if k.lower() != b"content-length"]
+        response = httpx.Response(
+            stream.status, headers=headers, stream=_BodyStream(stream, truncate), request=reply.request
+        )
+        reply.waiter.set_result(response)
+
+    def deliver_reply(self, reply: Message, *, truncate: bool = False) -> None:
+        self.inflight.remove(reply)
+        if truncate:
+            self.failures += 1
+        self._complete(reply, truncate=truncate)
+
+    def lose(self, msg: Message, why: str) -> None:
+        """The request or its reply is lost: the sender's wait ends in a timeout."""
+        self.inflight.remove(msg)
+        self.failures += 1
+        if msg.waiting:
+            assert msg.waiter is not None
+            msg.waiter.set_exception(httpx.ReadTimeout(why, request=msg.request))
+
+    def time_out(self, msg: Message) -> None:
+        """The sender gives up waiting; the request stays in flight and may still arrive (late)."""
+        self.failures += 1
+        if msg.waiting:
+            assert msg.waiter is not None
+            msg.waiter.set_exception(httpx.ReadTimeout("no reply in time", request=msg.request))
+
+    def duplicate(self, msg: Message) -> None:
+        twin = Message(msg.rid, msg.kind, msg.owner, msg.epoch, msg.request, msg.body, None)
+        self.inflight.insert(self.inflight.index(msg) + 1, twin)
+
+    def throttle(self, msg: Message) -> None:
+        """Answered 503 in the server's place (a proxy or load shedder); the server never saw it."""
+        self.inflight.remove(msg)
+        self.failures += 1
+        if msg.waiting:
+            assert msg.waiter is not None
+            msg.waiter.set_result(
+                httpx.Response(503, headers={"retry-after": "1"}, content=b"busy", request=msg.request)
+            )
+
+    def orphan(self, owner: int) -> None:
+        """The owner died: replies to it go nowhere (its requests may still reach the server)."""
+        self.inflight = [m for m in self.inflight if m.reply is None or m.owner != owner]
+
+    async def close(self) -> None:
+        self._disconnect.set()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class _BodyStream(httpx.AsyncByteStream):
+    """The client reads the server's chunks as they come (an SSE stream stays open)."""
+
+    def __init__(self, stream: Stream, truncate: bool) -> None:
+        self._stream = stream
+        self._truncate = truncate
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        stream = self._stream
+        i = 0
+        while True:
+            while i < len(stream.chunks):
+                chunk = stream.chunks[i]
+                i += 1
+                if self._truncate:
+                    # Cut the body short: half of the first chunk, then the connection closes.
+                    yield chunk[: max(1, len(chunk) // 2)]
+                    raise httpx.RemoteProtocolError("peer closed connection without sending complete body")
+                yield chunk
+            if stream.ended:
+                return
+            await stream.changed.wait()
+
+
+class Gate(httpx.AsyncBaseTransport):
+    """The adapters' HTTP transport: every request waits in the network for the explorer."""
+
+    def __init__(self, net: Network, owner: int, epoch: int) -> None:
+        self._net = net
+        self.owner = owner
+        self.epoch = epoch
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._net.send(self.owner, self.epoch, request)
+
+
+# ---------------------------------------------------------------------------------- the ledger
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One transition the driver recorded, and which executor incarnation recorded it."""
+
+    writer: int
+    writer_epoch: int
+    transition: Transition
+    payload: Json | None
+    receipt: bool
+
+
+@dataclass
+class Approval:
+    operation_id: str
+    input_round: int
+    message: str
+    open: bool = True
+
+
+class MemPort:
+    """``MemLedger`` behind the methods of ``LedgerPort`` the driver calls (in memory, for the explorer)."""
+
+    def __init__(self, server: str) -> None:
+        self.mem = MemLedger(server)
+        self.polls: list[PollRecord] = []
+        self.approvals: list[Approval] = []
+        self.unknown_open: dict[str, list[str]] = {}
+
+    # writes
+    def create_operation(self, op: Operation, arguments: Json) -> tuple[Operation, bool]:
+        return self.mem.create_operation(op, arguments)
+
+    def apply(self, transition: Transition) -> Operation:
+        return self.mem.apply(transition)
+
+    def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt:
+        return self.mem.accept_terminal(transition, payload)
+
+    def record_polls(self, polls: list[PollRecord]) -> None:
+        self.polls.extend(polls)
+
+    def hold_outcome(self, operation_id: str, held: HeldOutcome) -> None:
+        self.mem.hold_outcome(
+            operation_id,
+            Held(held.status, Digest(held.digest), held.payload, task_id_of(held.task_id), held.epoch_echo),
+        )
+
+    def held_outcome(self, operation_id: str) -> HeldOutcome | None:
+        held = self.mem.held_outcome(operation_id)
+        if held is None:
+            return None
+        return HeldOutcome(
+            status=held.status,
+            digest=held.digest,
+            payload=held.payload,
+            task_id=held.task_id,
+            epoch_echo=held.epoch_echo,
+            held_at=START,
+        )
+
+    def attach_audit_result(self, op: Operation, kind: str, payload: Json | None, at: datetime) -> None:
+        self.mem.attach_audit_result(op, payload)
+
+    def record_answer(
+        self, operation_id: str, input_round: int, answer: Json, actor: str, at: datetime
+    ) -> bool:
+        return self.mem.record_answer(operation_id, input_round, answer)
+
+    def answer_of(self, operation_id: str, input_round: int) -> Json | None:
+        return self.mem.answer_of(operation_id, input_round)
+
+    def open_reconciliation(self, op: Operation, *, kind: str, reason: str, **_: object) -> None:
+        self.mem.open_entry(op, kind, reason)
+
+    def open_approval(self, op: Operation, *, message: str, **_: object) -> None:
+        self.mem.open_entry(op, "approval", message)
+        self.approvals.append(Approval(op.operation_id, op.input_round, message))
+
+    def resolve_open(self, operation_id: str, *, kind: str, **_: object) -> int:
+        return self.mem.resolve_open(operation_id, kind)
+
+    # reads
+    def get(self, operation_id: str) -> Operation | None:
+        return self.mem.get(operation_id)
+
+    def by_call_node(self, call_node_id: str) -> Operation | None:
+        return self.mem.by_call_node(call_node_id)
+
+    def arguments(self, operation_id: str) -> Json:
+        return self.mem.arguments(operation_id)
+
+    def receipt_of(self, call_node_id: str) -> Receipt | None:
+        return self.mem.receipts.get(call_node_id)
+
+    def has_open(self, operation_id: str, kind: str) -> bool:
+        return self.mem.has_entry(operation_id, kind)
+
+    def approval_message(self, operation_id: str, input_round: int) -> str | None:
+        for a in reversed(self.approvals):
+            if a.operation_id == operation_id and a.input_round == input_round:
+                return a.message
+        return None
+
+
+class Recording:
+    """The ledger as one executor incarnation sees it: every write is also logged for the checks."""
+
+    def __init__(self, inner: Any, log: list[Write], writer: int, writer_epoch: int) -> None:
+        self._inner = inner
+        self._log = log
+        self._writer = writer
+        self._epoch = writer_epoch
+
+    def apply(self, transition: Transition) -> Operation:
+        out = self._inner.apply(transition)
+        self._log.append(Write(self._writer, self._epoch, transition, None, False))
+        return out  # type: ignore[no-any-return]
+
+    def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt:
+        out = self._inner.accept_terminal(transition, payload)
+        self._log.append(Write(self._writer, self._epoch, transition, payload, True))
+        return out  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def task_id_of(value: str | None) -> TaskId | None:
+    return TaskId(value) if value is not None else None

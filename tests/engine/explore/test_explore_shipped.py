@@ -1,0 +1,101 @@
+"""The shipped-code explorer: the real ``Driver`` and adapters against the reference servers in process."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from engine.adapters.base import CancelResult
+from engine.adapters.mcp_2026_07_28 import Mcp2026Backend
+from engine.explore.cli import EXIT_DIVERGENT, EXIT_OK, main
+from engine.explore.explorer import explore_pair
+from engine.explore.scenario import scenario_named
+from engine.ledger import Ledger
+from engine.model import Operation, Protocol
+from engine.revision import running_revision
+
+P = Protocol
+
+
+@pytest.mark.parametrize(
+    ("scenario", "protocol"),
+    [
+        ("happy", P.MCP_2025_11_25),
+        ("complete-vs-cancel", P.MCP_2026_07_28),
+        ("create-lost", P.AIP_151),
+        ("input-replayed", P.MCP_2025_11_25),
+        ("crash-restart", P.MCP_2026_07_28),
+        ("stale-epoch", P.AIP_151),
+    ],
+)
+def test_the_shipped_driver_and_adapters_pass_every_check(scenario: str, protocol: Protocol) -> None:
+    """Sampled interleavings of the real driver, adapter and reference server end without a divergence."""
+    result = explore_pair(scenario_named(scenario), protocol, budget=12, code="shipped")
+    assert result.code == "shipped"
+    assert result.explored == 12
+    assert result.divergent == 0, result.trace
+    assert result.receipts + result.parked == 12
+
+
+def test_the_same_seed_runs_the_same_interleavings() -> None:
+    """Two explorers with one seed run the same choice sequences (the shipped code is deterministic here)."""
+    from engine.explore.explorer import PairExplorer
+
+    runs = []
+    for _ in range(2):
+        explorer = PairExplorer(scenario_named("cancel-twice"), P.MCP_2025_11_25, seed=5, code="shipped")
+        explorer.record = []
+        explorer.run(8)
+        runs.append(explorer.record)
+    assert runs[0] == runs[1]
+
+
+@pytest.fixture
+def ack_taken_as_confirmed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A one-line adapter bug: the 2026-07-28 cancel acknowledgement read as a confirmed cancel."""
+    original = Mcp2026Backend.cancel
+
+    async def cancel(self: Mcp2026Backend, op: Operation) -> CancelResult:
+        await original(self, op)
+        return CancelResult.CONFIRMED
+
+    monkeypatch.setattr(Mcp2026Backend, "cancel", cancel)
+
+
+@pytest.mark.usefixtures("ack_taken_as_confirmed")
+def test_a_broken_adapter_is_caught_and_its_trace_replays_by_one_command() -> None:
+    """The explorer fails on an adapter bug, prints the timeline, and ``--replay`` reproduces it."""
+    out = io.StringIO()
+    code = main(
+        ["--scenario", "complete-vs-cancel", "--permutations", "60", "--seed", "1"],
+        out=out,
+        err=io.StringIO(),
+    )
+    text = out.getvalue()
+    assert code == EXIT_DIVERGENT
+    assert "DIVERGENT complete-vs-cancel on mcp-2026-07-28" in text
+    assert "DIVERGENCE terminal: accepted cancelled; the server's truth is completed" in text
+    command = text.split("replay it: ", 1)[1].strip()
+    assert command.startswith("finality explore --code shipped --replay complete-vs-cancel@mcp-2026-07-28:")
+    again = io.StringIO()
+    assert main(command.split()[2:], out=again, err=io.StringIO()) == EXIT_DIVERGENT
+    assert "DIVERGENCE terminal" in again.getvalue()
+    assert "caller    cancel" in again.getvalue()
+
+
+def test_a_recorded_shipped_run_names_its_code_and_revision(tmp_path: Path) -> None:
+    """``--ledger`` records code 'shipped' and the running git revision (what the gate counts)."""
+    path = tmp_path / "explore.duckdb"
+    code = main(
+        ["--scenario", "happy", "--permutations", "6", "--ledger", str(path)],
+        out=io.StringIO(),
+        err=io.StringIO(),
+    )
+    assert code == EXIT_OK
+    with Ledger.open(path, read_only=True) as ledger:
+        rows = ledger.explorer_runs()
+        gates = ledger.gate_inputs(rows[0]["finished_at"])  # type: ignore[arg-type]
+    assert {(r["code"], r["revision"]) for r in rows} == {("shipped", running_revision())}
+    assert gates["terminal_divergence"]["explorer_runs"] == 3
