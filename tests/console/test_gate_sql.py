@@ -11,9 +11,15 @@ import duckdb
 import pytest
 
 from engine.gate_sql import COLUMNS, gate_inputs_from_row, gate_inputs_sql
+from engine.ledger import ExplorerRun, Ledger
+from engine.revision import running_revision
 from engine.sqlbox import run_query
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
+
+
+SHIPPED = "rules = 'engine' AND code = 'shipped' AND revision = ?"
+"""The runs the divergence gate counts: the shipped code's, with the engine's rules, at this revision."""
 
 
 def _reference(con: duckdb.DuckDBPyConnection, now: datetime) -> dict[str, object]:
@@ -27,11 +33,14 @@ def _reference(con: duckdb.DuckDBPyConnection, now: datetime) -> dict[str, objec
     cancel = "epoch(r.accepted_at) - epoch(s.cancel_requested_at)"
     age = "CASE WHEN status = 'open' THEN epoch(?::TIMESTAMPTZ) - epoch(opened_at) ELSE epoch(resolved_at) - epoch(opened_at) END"
     return {
-        "explorer_runs": one("SELECT count(*) FROM explorer_runs WHERE rules = 'engine'"),
+        "explorer_runs": one(f"SELECT count(*) FROM explorer_runs WHERE {SHIPPED}", running_revision()),
         "interleavings": one(
-            "SELECT coalesce(sum(distinct_interleavings), 0) FROM explorer_runs WHERE rules = 'engine'"
+            f"SELECT coalesce(sum(distinct_interleavings), 0) FROM explorer_runs WHERE {SHIPPED}",
+            running_revision(),
         ),
-        "divergent": one("SELECT coalesce(sum(divergent), 0) FROM explorer_runs WHERE rules = 'engine'"),
+        "divergent": one(
+            f"SELECT coalesce(sum(divergent), 0) FROM explorer_runs WHERE {SHIPPED}", running_revision()
+        ),
         "operations": one("SELECT count(*) FROM op_state"),
         "operations_with_second_server_task": one(
             "SELECT count(*) FROM (SELECT operation_id FROM task_bindings GROUP BY 1 HAVING count(*) > 1)"
@@ -130,9 +139,31 @@ def test_the_busiest_window_is_exact_when_it_straddles_two_seconds(
     assert row["busiest_1s_window"] == 6
 
 
-def test_a_row_that_travelled_as_json_converts_to_the_same_inputs(seeded_ledger: Path) -> None:
+def test_a_row_that_travelled_as_json_converts_to_the_same_inputs(
+    seeded_ledger: Path, tmp_path: Path
+) -> None:
     """Counts as floats and instants as ISO text (the service's JSON) give the very same inputs."""
-    boxed = run_query(seeded_ledger, gate_inputs_sql(NOW), max_rows=1)
+    path = tmp_path / "shipped.duckdb"
+    path.write_bytes(seeded_ledger.read_bytes())
+    with Ledger.open(path) as ledger:  # one run of the shipped code, so the gate has a last run
+        ledger.record_explorer_run(
+            ExplorerRun(
+                "happy",
+                "aip-151",
+                0,
+                10,
+                10,
+                0,
+                True,
+                "engine",
+                None,
+                NOW,
+                NOW,
+                code="shipped",
+                revision=running_revision(),
+            )
+        )
+    boxed = run_query(path, gate_inputs_sql(NOW), max_rows=1)
     row = dict(zip(boxed.columns, boxed.rows[0], strict=True))
     native = gate_inputs_from_row(row)
     as_json = json.loads(json.dumps(row, default=lambda v: v.isoformat()))
