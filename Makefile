@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit browser postgres bench mutants clean
+.PHONY: demo test lint typecheck unit browser postgres bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -14,10 +14,10 @@ $(STAMP): pyproject.toml
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check engine rollout refserver
+	$(VENV)/bin/ruff format --check .
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy --strict engine rollout
+	$(VENV)/bin/mypy --strict engine rollout service console demo
 
 unit: $(STAMP)
 	$(PY) -m pytest -q
@@ -31,15 +31,10 @@ postgres:
 test: lint typecheck browser postgres unit
 
 demo: $(STAMP)
-	$(PY) -m engine.demo
+	$(PY) -m demo.living
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py $(BENCH_ARGS)
-
-# One-line bugs applied one at a time to a throwaway copy of the tree: does the explorer (and do the
-# targeted tests) catch each? Writes bench/results/mutants.md.
-mutants: $(STAMP)
-	$(PY) bench/mutants.py --tests $(MUTANTS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

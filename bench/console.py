@@ -1,6 +1,6 @@
 """Console render time per page on a large seeded ledger (default 1,000,000 operations), cold and warm.
 
-The ledger is generated once per invocation with ``engine.seeding`` (its generation time is a
+The ledger is generated once per invocation with ``demo.seed`` (its generation time is a
 note), or reused: ``--ledger PATH`` reads PATH when it exists and otherwise generates it there and
 keeps it, so a later run (``make bench``) does not generate it again. The console reads it read-only
 (no service), as ``streamlit run app.py`` does with ``FINALITY_LEDGER`` set. A seeded ledger ends,
@@ -89,14 +89,15 @@ def _check(at: object, page: str) -> None:
 
 
 def ledger_operations(path: Path) -> int:
-    from engine.sqlbox import run_query
+    from engine.ledger.sandbox import run_query
 
     return int(str(run_query(path, "SELECT count(*) FROM op_identity").rows[0][0]))
 
 
 def gate_run_note(path: Path) -> str:
     """Whether the console will find a current recorded gate run on this ledger (file mode)."""
-    from engine.insights import FileSource, Insights
+    from console.insights import Insights
+    from console.sources import FileSource
 
     insights = Insights(FileSource(path), cache_s=0)
     try:
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             operations = ledger_operations(ledger)
             report.notes.append(f"ledger reused ({operations:,} operations); not generated in this run")
         else:
-            from engine.seeding import seed_ledger
+            from demo.seed import seed_ledger
 
             ledger = Path(args.ledger) if args.ledger else Path(folder.name) / "console.duckdb"
             ledger.parent.mkdir(parents=True, exist_ok=True)
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             generated_s = time.perf_counter() - started
             operations = args.ops
             report.notes.append(
-                f"ledger of {operations:,} operations generated in {generated_s:.1f} s (engine.seeding, once)"
+                f"ledger of {operations:,} operations generated in {generated_s:.1f} s (demo.seed, once)"
                 + (" and kept for --ledger reuse" if args.ledger else "")
             )
         report.notes.append(gate_run_note(ledger))

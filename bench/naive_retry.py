@@ -46,7 +46,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.figures import Report
 from engine.adapters import AdapterOptions, open_backend
 from engine.adapters.base import Created, SubmitRequest
-from engine.client import ServiceClient
 from engine.errors import EngineError
 from engine.model import (
     RECEIPT_STATES,
@@ -60,9 +59,10 @@ from engine.model import (
     ToolRef,
     new_operation,
 )
-from engine.service.testing import ServiceProcess
 from refserver.fault import Fault
 from refserver.testing import RefServer
+from service.client import ServiceClient
+from service.testing import ServiceProcess
 
 TOOL = ToolRef("apply_batch_change", "1", "1", side_effects=True)
 PROTOCOLS = ("mcp-2025-11-25", "mcp-2026-07-28", "aip-151")

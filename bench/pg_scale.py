@@ -1,6 +1,6 @@
 """Scale-out on PostgreSQL: 1, 2 and 4 executor processes (``finality serve``) sharing one ledger.
 
-Each run starts a fresh database on a throwaway PostgreSQL 15 (``engine.pg_cluster``), one MCP
+Each run starts a fresh database on a throwaway PostgreSQL 15 (``engine.testing.postgres``), one MCP
 reference server (idempotency keys), N executor processes on that database, and submits ``--ops``
 short calls through the executors' APIs (round robin, two client threads per executor). It times
 from the first submission until every operation holds a receipt, and reports per N:
@@ -27,13 +27,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
-from engine.client import ServiceClient
-from engine.ledgers import open_ledger
+from engine.ledger import open_ledger
 from engine.model import RECEIPT_STATES
-from engine.pg_cluster import TemporaryPostgres
 from engine.schedule import busiest_window
-from engine.service.testing import ServiceProcess
+from engine.testing.postgres import TemporaryPostgres
 from refserver.testing import RefServer
+from service.client import ServiceClient
+from service.testing import ServiceProcess
 
 
 def _config(server: RefServer, qps: float) -> str:

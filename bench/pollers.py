@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.figures import Report
 from engine.adapters import AdapterOptions, open_backend
 from engine.adapters.base import Backend, Created, SubmitRequest
-from engine.client import ServiceClient
+from engine.ledger.sandbox import run_query
 from engine.model import (
     RECEIPT_STATES,
     CallNodeId,
@@ -59,9 +59,9 @@ from engine.model import (
     ToolRef,
     new_operation,
 )
-from engine.service.testing import ServiceProcess
-from engine.sqlbox import run_query
 from refserver.testing import RefServer
+from service.client import ServiceClient
+from service.testing import ServiceProcess
 
 TOOL = ToolRef("generate_report", "1", "1", side_effects=False)
 TERMINAL = frozenset({ServerStatus.COMPLETED, ServerStatus.FAILED, ServerStatus.CANCELLED})

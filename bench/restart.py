@@ -19,10 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.crashtrial import run_trial
 from bench.figures import Report
-from engine.service.crashtrial import run_trial
-from engine.service.testing import config_text
 from refserver.testing import RefServer
+from service.testing import config_text
 
 
 def result_seconds(started: float) -> float:

@@ -41,7 +41,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DASH = "\N{EN DASH}"
 
 MIN_RUNS = 5
-NOT_BENCHMARKS = frozenset({"figures.py", "run_all.py"})
+NOT_BENCHMARKS = frozenset(
+    {"figures.py", "run_all.py", "crashtrial.py"}
+)  # crashtrial: the kill -9 trial harness bench/restart.py and a test share
 STDERR_TAIL = 2500
 
 

@@ -30,12 +30,12 @@ import contextlib
 
 from bench.figures import Report
 from engine.clock import SystemClock
-from engine.ledger import Ledger
+from engine.ledger.duckdb import Ledger
 from engine.model import RECEIPT_STATES, LocalState
 from engine.schedule import busiest_window
-from engine.service.config import parse_config
-from engine.service.executor import Executor
 from refserver.testing import RefServer
+from service.config import parse_config
+from service.executor import Executor
 
 
 async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[str, object]:

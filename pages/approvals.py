@@ -6,8 +6,9 @@ import json
 
 import streamlit as st
 
-from app import console_insights
-from engine.insights import ConsoleError, Insights
+from console.frame import console_insights
+from console.insights import Insights
+from console.views import ConsoleError
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 

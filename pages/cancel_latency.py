@@ -7,8 +7,9 @@ from datetime import timedelta
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import console_insights
-from engine.insights import ARMS, CANCEL_SLO_S, PROTOCOLS, Insights
+from console.frame import console_insights
+from console.insights import Insights
+from console.queries import ARMS, CANCEL_SLO_S, PROTOCOLS
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 WINDOWS = {

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import console_insights
-from engine.insights import CHARTS, QUERIES, Insights
+from console.frame import console_insights
+from console.insights import Insights
+from console.queries import CHARTS, QUERIES
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 

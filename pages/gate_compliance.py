@@ -5,8 +5,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import console_insights, gate_stamp
-from engine.insights import Insights
+from console.frame import console_insights, gate_stamp
+from console.insights import Insights
 from rollout.gates import Thresholds
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first

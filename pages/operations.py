@@ -7,8 +7,9 @@ from datetime import UTC, datetime, time, timedelta
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import console_insights
-from engine.insights import ARMS, STATES, Insights
+from console.frame import console_insights
+from console.insights import Insights
+from console.queries import ARMS, STATES
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 RANGES = {

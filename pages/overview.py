@@ -7,8 +7,10 @@ import json
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import console_insights, gate_stamp
-from engine.insights import CANCEL_SLO_S, UNKNOWN_SLO_S, ConsoleError, Insights
+from console.frame import console_insights, gate_stamp
+from console.insights import Insights
+from console.queries import CANCEL_SLO_S, UNKNOWN_SLO_S
+from console.views import ConsoleError
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 

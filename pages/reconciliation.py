@@ -5,8 +5,10 @@ from __future__ import annotations
 import plotly.graph_objects as go
 import streamlit as st
 
-from app import console_insights
-from engine.insights import UNKNOWN_SLO_S, ConsoleError, Insights
+from console.frame import console_insights
+from console.insights import Insights
+from console.queries import UNKNOWN_SLO_S
+from console.views import ConsoleError
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import console_insights, gate_stamp
-from engine.insights import PROTOCOLS, ConsoleError, Insights
+from console.frame import console_insights, gate_stamp
+from console.insights import Insights
+from console.queries import PROTOCOLS
+from console.views import ConsoleError
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app import console_insights
-from engine.insights import SQL_EXAMPLES, ConsoleError, Insights, frame_to_csv, frame_to_parquet
+from console.export import frame_to_csv, frame_to_parquet
+from console.frame import console_insights
+from console.insights import Insights
+from console.queries import SQL_EXAMPLES
+from console.views import ConsoleError
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 

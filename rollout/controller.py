@@ -30,7 +30,7 @@ FLIP_LIST_LIMIT = 1000
 _RECEIPT_VALUES = frozenset(s.value for s in RECEIPT_STATES)
 
 if TYPE_CHECKING:  # both ledgers (DuckDB, PostgreSQL) offer this port
-    from engine.ledgers import LedgerPort
+    from engine.ledger.port import LedgerPort
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.ledger import GateRecord
+from engine.ledger.port import GateRecord
 
 GATES = (
     "terminal_divergence",

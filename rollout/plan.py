@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Final, assert_never
 
 from engine.errors import EngineError
-from engine.ledger import GateRecord
+from engine.ledger.port import GateRecord
 from engine.model import Protocol
 from rollout.assign import BUCKETS, bp_to_percent
 from rollout.gates import GateReport

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PostgreSQL 15's server binaries for the tests (engine/pg_cluster.py starts a throwaway server from
+# PostgreSQL 15's server binaries for the tests (engine/testing/postgres.py starts a throwaway server from
 # them: initdb into a temporary folder, 127.0.0.1 only). Idempotent: uses an installed PostgreSQL 15
 # when there is one, else installs Debian's postgresql-15. Under root it also makes sure an
 # unprivileged `postgres` system user exists, since initdb refuses to run as root.

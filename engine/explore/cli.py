@@ -59,8 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--replay",
         metavar="SCENARIO@PROTOCOL:CHOICES",
-        help="run one interleaving again by its choices (as a failing trace prints them) and print its "
-        "timeline; a trailing ':duckdb' runs it on the DuckDB ledger",
+        help="run one interleaving again by its choices (as a failing trace prints them) and print its timeline",
     )
     parser.add_argument(
         "--permutations",
@@ -190,7 +189,8 @@ def _as_json(
 
 def _record(path: str, results: Sequence[PairResult], started: datetime, finished: datetime) -> None:
     # Imported here: the ledger pulls in the database driver, which a plain run does not need.
-    from engine.ledger import ExplorerRun, Ledger
+    from engine.ledger.duckdb import Ledger
+    from engine.ledger.port import ExplorerRun
     from engine.revision import running_revision
 
     revision = running_revision()
@@ -333,8 +333,6 @@ def _replay(spec: str, code: str, rules: object, out: TextIO, err: TextIO) -> in
         name, _, protocol_name = head.partition("@")
         scenario = scenario_named(name)
         protocol = Protocol(protocol_name)
-        tail, _, ledger = tail.partition(":")
-        ledger = ledger or "memory"
         choices = [int(c) for c in tail.split(",") if c.strip()]
     except (KeyError, ValueError) as exc:
         print(
@@ -343,7 +341,7 @@ def _replay(spec: str, code: str, rules: object, out: TextIO, err: TextIO) -> in
         )
         return EXIT_USAGE
     try:
-        trace = render_trace(scenario, protocol, rules, choices, code=code, ledger=ledger)
+        trace = render_trace(scenario, protocol, rules, choices, code=code)
     except (IndexError, ValueError) as exc:
         print(f"finality explore: those choices do not replay on this code: {exc}", file=err)
         return EXIT_USAGE

@@ -16,8 +16,8 @@ from typing import Protocol as TypingProtocol
 
 from engine.adapters.base import CancelResult, Created, Outcome, ServerView
 from engine.errors import DuplicateOperation, StaleWrite
-from engine.explore.memledger import Held, MemLedger
 from engine.explore.server import Failure, Kind, Reply, Request, value_key
+from engine.ledger.memory import Held, MemLedger
 from engine.model import (
     CancelAcknowledged,
     CancelConfirmed,

@@ -20,7 +20,6 @@ from functools import cache
 from engine.adapters.base import CancelResult, Created, Outcome, ServerView
 from engine.errors import LedgerError, ReceiptConflict, StaleWrite
 from engine.explore.executor import SimExecutor, request_key
-from engine.explore.memledger import MemLedger
 from engine.explore.rules import Rules
 from engine.explore.scenario import Scenario
 from engine.explore.server import (
@@ -34,6 +33,7 @@ from engine.explore.server import (
     SimServer,
     value_key,
 )
+from engine.ledger.memory import MemLedger
 from engine.model import (
     RECEIPT_STATES,
     AcceptTerminal,

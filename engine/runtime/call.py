@@ -40,7 +40,7 @@ ADAPTER_VERSION = "finality-0.1"
 _CANCELLABLE = frozenset({LocalState.WORKING, LocalState.INPUT_REQUIRED})
 
 if TYPE_CHECKING:  # both ledgers (DuckDB, PostgreSQL) offer this port
-    from engine.ledgers import LedgerPort
+    from engine.ledger.port import LedgerPort
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from engine.model import RECEIPT_STATES, ServerStatus
 Json = dict[str, object]
 
 if TYPE_CHECKING:  # both ledgers (DuckDB, PostgreSQL) offer this port
-    from engine.ledgers import LedgerPort
+    from engine.ledger.port import LedgerPort
 
 
 def _iso(value: object) -> str | None:

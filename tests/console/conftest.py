@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.seeding import seed_ledger
+from demo.seed import seed_ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "app.py"

@@ -18,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.seeding import seed_ledger
-from engine.service.testing import ServiceProcess, free_port, wait_until
+from demo.seed import seed_ledger
 from refserver.testing import RefServer
+from service.testing import ServiceProcess, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")

@@ -1,11 +1,11 @@
 """The console on a PostgreSQL ledger: every page's data agrees with the same ledger on DuckDB.
 
-Two ledgers are seeded alike (``engine.seeding``, same seed, same instants): a DuckDB file and a
-database on the throwaway PostgreSQL 15 the project's fixtures start (``engine.pg_cluster``). The
+Two ledgers are seeded alike (``demo.seed``, same seed, same instants): a DuckDB file and a
+database on the throwaway PostgreSQL 15 the project's fixtures start (``engine.testing.postgres``). The
 console reads the first through the DuckDB sandbox (``FileSource``) and the second as analyst SQL
 (``PostgresSource``: a READ ONLY transaction under the read-only role). Every ``Insights`` data
 function returns the same frame on both (floats to rounding), the gates agree, the one gate-inputs
-statement (``engine.gate_sql``) reads on PostgreSQL what ``PgLedger.gate_inputs`` reads, and each
+statement (``engine.ledger.gate_sql``) reads on PostgreSQL what ``PgLedger.gate_inputs`` reads, and each
 page renders on the PostgreSQL ledger.
 
 Nothing is skipped: if PostgreSQL cannot start, these tests fail with the reason.
@@ -23,20 +23,15 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.gate_sql import gate_inputs_from_values, gate_inputs_sql
-from engine.insights import (
-    SQL_EXAMPLES,
-    FileSource,
-    Insights,
-    PostgresSource,
-    QueryFailed,
-    ReadOnlyConsole,
-    ServiceSource,
-)
-from engine.ledgers import open_ledger
-from engine.pg_cluster import TemporaryPostgres, shared_cluster
-from engine.pg_ledger import PgLedger
-from engine.seeding import seed_ledger
+from console.insights import Insights
+from console.queries import SQL_EXAMPLES
+from console.sources import FileSource, PostgresSource, ServiceSource
+from console.views import QueryFailed, ReadOnlyConsole
+from demo.seed import seed_ledger
+from engine.ledger import open_ledger
+from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
+from engine.ledger.postgres import PgLedger
+from engine.testing.postgres import TemporaryPostgres, shared_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "app.py"
@@ -171,7 +166,7 @@ def test_the_sql_differs_only_where_a_dialect_says_it_its_own_way(both: tuple[In
 
 
 def _bucket_params() -> dict[str, object]:
-    from engine.insights import _Raw
+    from console.insights import _Raw
 
     return {
         "since": SINCE,
@@ -202,7 +197,7 @@ def test_gate_inputs_and_verdicts_agree(both: tuple[Insights, Insights]) -> None
 
 
 def test_the_one_gate_statement_reads_what_pg_ledger_gate_inputs_reads(twins: tuple[Path, str]) -> None:
-    """engine.gate_sql in PostgreSQL's dialect (as analyst SQL) equals PgLedger.gate_inputs: one definition can serve both."""
+    """engine.ledger.gate_sql in PostgreSQL's dialect (as analyst SQL) equals PgLedger.gate_inputs: one definition can serve both."""
     _, url = twins
     ledger = open_ledger(url, read_only=True)
     assert isinstance(ledger, PgLedger)

@@ -18,13 +18,15 @@ import httpx
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from engine.client import ServiceClient
-from engine.gate_sql import gate_inputs_from_recorded
-from engine.insights import FileSource, Insights, ServiceSource
-from engine.ledger import ExplorerRun, Ledger
+from console.insights import Insights
+from console.sources import FileSource, ServiceSource
+from engine.ledger.duckdb import Ledger
+from engine.ledger.gate_sql import gate_inputs_from_recorded
+from engine.ledger.port import ExplorerRun
+from engine.ledger.sandbox import run_query
 from engine.revision import running_revision
-from engine.sqlbox import run_query
 from rollout.gates import Thresholds, evaluate
+from service.client import ServiceClient
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = ROOT / "app.py"

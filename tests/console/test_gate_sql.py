@@ -1,4 +1,4 @@
-"""engine.gate_sql: the one gate-inputs statement runs on a ledger connection and in the sandbox alike,
+"""engine.ledger.gate_sql: the one gate-inputs statement runs on a ledger connection and in the sandbox alike,
 and agrees with a plain, unpruned reference computed here independently."""
 
 from __future__ import annotations
@@ -10,10 +10,11 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from engine.gate_sql import COLUMNS, gate_inputs_from_row, gate_inputs_sql
-from engine.ledger import ExplorerRun, Ledger
+from engine.ledger.duckdb import Ledger
+from engine.ledger.gate_sql import COLUMNS, gate_inputs_from_row, gate_inputs_sql
+from engine.ledger.port import ExplorerRun
+from engine.ledger.sandbox import run_query
 from engine.revision import running_revision
-from engine.sqlbox import run_query
 
 NOW = datetime(2030, 1, 1, tzinfo=UTC)
 

@@ -1,4 +1,4 @@
-"""engine.insights: the named queries agree with the ledger's own definitions, quote every value, and refuse writes without a service."""
+"""console.insights: the named queries agree with the ledger's own definitions, quote every value, and refuse writes without a service."""
 
 from __future__ import annotations
 
@@ -10,16 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.insights import (
-    QUERIES,
-    FileSource,
-    Insights,
-    NotConfigured,
-    ReadOnlyConsole,
-    lit,
-    parse_rollout_status,
-)
-from engine.ledger import Ledger
+from console.insights import Insights
+from console.queries import QUERIES, lit
+from console.sources import FileSource
+from console.views import NotConfigured, ReadOnlyConsole, parse_rollout_status
+from engine.ledger.duckdb import Ledger
 from rollout.gates import evaluate
 
 
@@ -29,7 +24,7 @@ def insights(seeded_ledger: Path) -> Insights:
 
 
 def test_gate_inputs_query_matches_the_ledgers_gate_inputs(insights: Insights, seeded_ledger: Path) -> None:
-    """engine.gate_sql through the console yields what Ledger.gate_inputs reads, so verdicts agree (test_gate_sql.py checks the SQL against a plain reference)."""
+    """engine.ledger.gate_sql through the console yields what Ledger.gate_inputs reads, so verdicts agree (test_gate_sql.py checks the SQL against a plain reference)."""
     mine, now = insights.gate_inputs()
     with Ledger.open(seeded_ledger, read_only=True) as ledger:
         theirs = ledger.gate_inputs(now)

@@ -1,4 +1,4 @@
-"""engine.seeding: a seeded ledger keeps the ledger's invariants, and later writes continue after it."""
+"""demo.seed: a seeded ledger keeps the ledger's invariants, and later writes continue after it."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from engine.errors import LedgerError
-from engine.ledger import Ledger
-from engine.sqlbox import run_query
+from engine.ledger.duckdb import Ledger
+from engine.ledger.sandbox import run_query
 from engine.testing import make_operation
 
 

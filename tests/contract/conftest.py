@@ -1,5 +1,5 @@
 """Contract fixtures: every ``ledger`` test runs on DuckDB (a file) and on PostgreSQL (a fresh database on
-one throwaway PostgreSQL 15 per run, started by ``engine.pg_cluster``).
+one throwaway PostgreSQL 15 per run, started by ``engine.testing.postgres``).
 
 Nothing is skipped: if PostgreSQL cannot start, every test that needs it errors with the reason.
 """
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from engine.ledger import Ledger
-from engine.ledgers import open_ledger
-from engine.pg_cluster import TemporaryPostgres, shared_cluster
-from engine.pg_ledger import PgLedger
+from engine.ledger import open_ledger
+from engine.ledger.duckdb import Ledger
+from engine.ledger.postgres import PgLedger
+from engine.testing.postgres import TemporaryPostgres, shared_cluster
 
 
 @pytest.fixture(scope="session")

@@ -12,8 +12,10 @@ from typing import TypeVar
 import duckdb
 import psycopg
 
-from engine.ledger import Ledger
-from engine.ledgers import LedgerPort, is_postgres, open_ledger
+from engine.ledger import is_postgres, open_ledger
+from engine.ledger.duckdb import Ledger
+from engine.ledger.port import LedgerPort
+from engine.ledger.postgres import PgLedger
 from engine.machine import step
 from engine.model import (
     AcceptTerminal,
@@ -29,7 +31,6 @@ from engine.model import (
     Transition,
     digest_of,
 )
-from engine.pg_ledger import PgLedger
 from engine.testing import EPOCH_START, make_operation
 from rollout.audit import AuditEvent, next_event
 from rollout.plan import RolloutState

@@ -31,8 +31,6 @@ from ledger_kit import (
     verified,
 )
 
-from engine import ledger as duck_ledger
-from engine import pg_ledger
 from engine.errors import (
     DuplicateOperation,
     InvalidRecord,
@@ -42,8 +40,23 @@ from engine.errors import (
     SchemaTooNew,
     StaleWrite,
 )
-from engine.ledger import ExplorerRun, GateRecord, GroupOutcome, HeldOutcome, Ledger, PollRecord, WriteGroup
-from engine.ledgers import LedgerPort, is_postgres, open_ledger
+from engine.ledger import duckdb as duck_ledger
+from engine.ledger import is_postgres, open_ledger
+from engine.ledger import postgres as pg_ledger
+from engine.ledger.duckdb import Ledger
+from engine.ledger.port import (
+    ExplorerRun,
+    Fence,
+    GateRecord,
+    GroupOutcome,
+    HeldOutcome,
+    Lease,
+    LeaseLost,
+    LedgerPort,
+    PollRecord,
+    WriteGroup,
+)
+from engine.ledger.postgres import LEASE_COLUMNS, PgLedger
 from engine.machine import step
 from engine.model import (
     AcceptTerminal,
@@ -62,7 +75,6 @@ from engine.model import (
     TaskId,
     digest_of,
 )
-from engine.pg_ledger import LEASE_COLUMNS, Fence, Lease, LeaseLost, PgLedger
 from engine.revision import running_revision
 from engine.testing import make_operation
 from rollout.audit import GENESIS

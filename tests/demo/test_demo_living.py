@@ -2,7 +2,7 @@
 
 The demo runs as a real subprocess (reference servers, explorer, ``finality serve``, workload and the
 Streamlit console, headless). Charts are read the way the console reads them: through
-``engine.insights.Insights`` on the running service. Every wait is bounded.
+``console.insights.Insights`` on the running service. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -23,8 +23,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.client import ServiceClient
-from engine.insights import ARMS, CHARTS, PROTOCOLS, SQL_EXAMPLES, ConsoleError, Insights, ServiceSource
+from console.insights import Insights
+from console.queries import ARMS, CHARTS, PROTOCOLS, SQL_EXAMPLES
+from console.sources import ServiceSource
+from console.views import ConsoleError
+from service.client import ServiceClient
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_WITHIN_S = 30.0
@@ -101,7 +104,7 @@ def start_demo(tmp_path: Path) -> Iterator[Callable[..., Demo]]:
             [
                 sys.executable,
                 "-m",
-                "engine.demo",
+                "demo.living",
                 "--data",
                 str(tmp_path / "demo"),
                 "--service-port",
@@ -185,7 +188,7 @@ def _frames(insights: Insights) -> dict[str, int]:
 
 
 def test_every_console_chart_has_data_within_30_seconds_and_sigint_stops_every_process(start_demo):
-    """Within 30 s of `python -m engine.demo` every chart's data is non-empty; SIGINT leaves no process behind."""
+    """Within 30 s of `python -m demo.living` every chart's data is non-empty; SIGINT leaves no process behind."""
     demo = start_demo()
     deadline = demo.started + DATA_WITHIN_S
     service_url = demo.wait_for(r"service: (http://\S+)", until=deadline).group(1)

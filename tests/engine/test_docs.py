@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from engine.ledger import Ledger
+from engine.ledger.duckdb import Ledger
 from engine.model import LocalState
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,9 @@ from engine.errors import (
     SchemaTooNew,
     StaleWrite,
 )
-from engine.ledger import SUPPORTED_SCHEMA, Ledger, operation_from_record, operation_to_record
+from engine.ledger.duckdb import Ledger
+from engine.ledger.rows import operation_from_record, operation_to_record
+from engine.ledger.schema import SUPPORTED_SCHEMA
 from engine.machine import step
 from engine.model import (
     AcceptTerminal,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from engine.errors import SqlRefused
-from engine.ledger import Ledger
-from engine.sqlbox import run_query
+from engine.ledger.duckdb import Ledger
+from engine.ledger.sandbox import run_query
 from engine.testing import make_operation
 
 
@@ -77,7 +77,7 @@ def test_hostile_sql_is_refused_clearly(snapshot: Path, query: str, message: str
 
 def test_a_kept_sandbox_is_reused_until_its_snapshot_is_replaced(tmp_path: Path) -> None:
     """keep_open reuses the attached snapshot; a newer snapshot at the same path is attached afresh."""
-    from engine import sqlbox
+    from engine.ledger import sandbox as sqlbox
 
     with Ledger.open(tmp_path / "live.duckdb") as ledger:
         ledger.create_many([(make_operation(f"k{i}"), {"i": i}) for i in range(3)])

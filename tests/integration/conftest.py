@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from race_kit import Fleet
 
-from engine.ledger import Ledger
+from engine.ledger.duckdb import Ledger
 from refserver.testing import RefServer
 
 

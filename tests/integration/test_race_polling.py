@@ -13,7 +13,7 @@ from race_kit import OPTIONS, PLAIN, POLICY, QUICK, call, engine_url, invariants
 
 from engine.adapters import open_backend
 from engine.clock import SystemClock
-from engine.ledger import Ledger
+from engine.ledger.duckdb import Ledger
 from engine.model import LocalState, Operation, Protocol, ServerStatus
 from engine.runtime.driver import Driver
 from refserver.testing import RefServer

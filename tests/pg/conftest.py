@@ -1,5 +1,5 @@
 """PostgreSQL fixtures: one throwaway PostgreSQL 15 per test run (initdb into a temporary folder,
-127.0.0.1 only, started by ``engine.pg_cluster``), a fresh database per test.
+127.0.0.1 only, started by ``engine.testing.postgres``), a fresh database per test.
 
 Nothing is skipped: if PostgreSQL cannot start, every test that needs it errors with the reason.
 """
@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from engine.pg_cluster import TemporaryPostgres, shared_cluster
+from engine.testing.postgres import TemporaryPostgres, shared_cluster
 
 
 @pytest.fixture(scope="session")

@@ -19,12 +19,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from engine.client import ServiceClient, ServiceRefused, ServiceUnavailable
-from engine.ledgers import open_ledger
+from engine.ledger import open_ledger
 from engine.model import RECEIPT_STATES
 from engine.schedule import busiest_window
-from engine.service.testing import ServiceProcess
 from refserver.testing import RefServer
+from service.client import ServiceClient, ServiceRefused, ServiceUnavailable
+from service.testing import ServiceProcess
 
 CALLS = 3000
 EXECUTORS = 3

@@ -13,9 +13,9 @@ import psycopg
 import pytest
 
 from engine.errors import SqlRefused
-from engine.ledgers import open_ledger
-from engine.pg_ledger import ANALYST_ROLE, PgLedger
-from engine.pg_sql import check_query, run_query
+from engine.ledger import open_ledger
+from engine.ledger.analyst import check_query, run_query
+from engine.ledger.postgres import ANALYST_ROLE, PgLedger
 from engine.testing import make_operation
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)

@@ -8,10 +8,10 @@ import tomllib
 from collections import Counter
 from collections.abc import Callable, Mapping
 
-from engine.ledger import Ledger
-from engine.service.config import ServiceConfig, parse_config
-from engine.service.executor import Executor
+from engine.ledger.duckdb import Ledger
 from refserver.testing import RefServer
+from service.config import ServiceConfig, parse_config
+from service.executor import Executor
 
 TIME_SCALE = 0.05
 

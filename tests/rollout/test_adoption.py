@@ -9,13 +9,13 @@ from pathlib import Path
 from rollout_kit import created, executions, parsed_config, settle, states, stop
 
 from engine.clock import SystemClock
-from engine.ledger import Ledger
+from engine.ledger.duckdb import Ledger
 from engine.model import RECEIPT_STATES
-from engine.service.executor import Executor
 from refserver.testing import RefServer
 from rollout.controller import RolloutController
 from rollout.plan import Action, Request
 from rollout.route import ToolPaths
+from service.executor import Executor
 
 LONG = {"duration_ms": 60_000, "ttl_ms": 3_600_000}
 

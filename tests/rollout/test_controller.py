@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.ledger import ExplorerRun, Ledger, PollRecord
+from engine.ledger.duckdb import Ledger
+from engine.ledger.port import ExplorerRun, PollRecord
 from engine.revision import running_revision
 from engine.testing import EPOCH_START, FakeClock
 from rollout.controller import RolloutController, verify_ledger

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
-from engine.ledger import ExplorerRun, Ledger, PollRecord
+from engine.ledger.duckdb import Ledger
+from engine.ledger.port import ExplorerRun, PollRecord
 from engine.machine import step
 from engine.model import (
     CancelConfirmed,
@@ -26,6 +26,7 @@ from engine.model import (
 from engine.revision import running_revision
 from engine.testing import EPOCH_START, make_operation
 from rollout.gates import GATES, Thresholds, evaluate
+from service.cli import main
 
 E = Epoch(1)
 PAYLOAD: dict[str, object] = {"content": [], "isError": False}

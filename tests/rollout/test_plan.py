@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.ledger import GateRecord
+from engine.ledger.port import GateRecord
 from rollout.gates import GateReport
 from rollout.plan import (
     FIRST_CANARY_BP,

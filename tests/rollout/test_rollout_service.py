@@ -12,13 +12,13 @@ import httpx
 import pytest
 from rollout_kit import created, executions
 
-from engine.cli import main
-from engine.client import ServiceClient, ServiceRefused
-from engine.ledger import Ledger
+from engine.ledger.duckdb import Ledger
 from engine.model import Role
-from engine.service.testing import ServiceProcess, all_terminal, wait_until
 from refserver.testing import RefServer
 from rollout.assign import arm_for
+from service.cli import main
+from service.client import ServiceClient, ServiceRefused
+from service.testing import ServiceProcess, all_terminal, wait_until
 
 SALT = "rollout-test"
 SIM = {"duration_ms": 2000, "ttl_ms": 3_600_000}

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from engine.explore.cli import EXIT_DIVERGENT, EXIT_OK, EXIT_USAGE, main
-from engine.ledger import Ledger
+from engine.ledger.duckdb import Ledger
 
 
 def run(*argv: str) -> tuple[int, str, str]:

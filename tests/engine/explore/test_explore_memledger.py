@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from engine.errors import DuplicateOperation, LedgerError, ReceiptConflict, StaleWrite
-from engine.explore.memledger import MemLedger
+from engine.ledger.memory import MemLedger
 from engine.machine import step
 from engine.model import (
     CancelRequested,

@@ -27,7 +27,7 @@ def aip() -> Iterator[RefServer]:
 
 def finality(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "engine", *args], capture_output=True, text=True, timeout=timeout, check=False
+        [sys.executable, "-m", "service", *args], capture_output=True, text=True, timeout=timeout, check=False
     )
 
 

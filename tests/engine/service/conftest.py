@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.service.testing import config_text
 from refserver.testing import RefServer
+from service.testing import config_text
 
 TIME_SCALE = 0.05
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import LedgerError, ReceiptConflict, StaleWrite
-from engine.ledger import Ledger
+from engine.ledger.duckdb import Ledger
 from engine.machine import step
 from engine.model import (
     Epoch,
@@ -23,8 +23,8 @@ from engine.model import (
     TaskId,
     digest_of,
 )
-from engine.service.batching import BatchingLedger
 from engine.testing import EPOCH_START, make_operation
+from service.batching import BatchingLedger
 
 E = Epoch(1)
 NOW = EPOCH_START

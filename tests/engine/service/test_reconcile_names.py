@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from engine.client import ServiceClient, ServiceRefused
-from engine.service.testing import ServiceProcess, wait_until
 from refserver.testing import RefServer
+from service.client import ServiceClient, ServiceRefused
+from service.testing import ServiceProcess, wait_until
 
 # Over before the first poll, kept on the server for the whole test; the result echoes an old epoch,
 # so the operation ends UNKNOWN, bound to its task, waiting for a person.

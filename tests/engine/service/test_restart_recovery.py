@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.service.crashtrial import run_trial
+from bench.crashtrial import run_trial
 from refserver.testing import RefServer
 
 TRIALS = 20

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import ConfigError
-from engine.service.config import load_config, parse_config
+from service.config import load_config, parse_config
 
 GOOD = {
     "global_qps": 50,

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from engine.client import ServiceClient, ServiceRefused
-from engine.ledger import Ledger
+from engine.ledger.duckdb import Ledger
 from engine.schedule import busiest_window
-from engine.service.testing import ServiceProcess, all_terminal, wait_until
 from refserver.testing import RefServer
+from service.client import ServiceClient, ServiceRefused
+from service.testing import ServiceProcess, all_terminal, wait_until
 
 
 @pytest.fixture
@@ -170,7 +170,7 @@ def test_bad_config_is_refused_at_start_naming_the_key(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "engine",
+            "service",
             "serve",
             "--ledger",
             str(tmp_path / "l.duckdb"),
@@ -187,7 +187,7 @@ def test_bad_config_is_refused_at_start_naming_the_key(tmp_path: Path) -> None:
 
 def test_client_reports_an_unreachable_service() -> None:
     """A CLI pointed at no service says so instead of crashing."""
-    from engine.client import ServiceUnavailable
+    from service.client import ServiceUnavailable
 
     with ServiceClient("http://127.0.0.1:9", timeout=2) as client, pytest.raises(ServiceUnavailable):
         client.health()
@@ -224,7 +224,7 @@ def test_a_negative_gate_interval_is_refused_naming_the_key(
         [
             sys.executable,
             "-m",
-            "engine",
+            "service",
             "serve",
             "--ledger",
             str(tmp_path / "l.duckdb"),

@@ -23,10 +23,10 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from engine.errors import SqlRefused
-from engine.sqlbox import QueryResult
+from engine.ledger.sandbox import QueryResult
 
 if TYPE_CHECKING:
-    from engine.pg_ledger import PgLedger
+    from engine.ledger.postgres import PgLedger
 
 _ALLOWED: Final = frozenset({"select", "with", "values", "table", "explain"})
 _WHAT: Final = {
@@ -126,7 +126,7 @@ def run_query(
     max_rows: int = 1000,
     timeout: timedelta = timedelta(seconds=10),
 ) -> QueryResult:
-    """Run one read-only query on the ledger under its analyst role; the same result shape as ``engine.sqlbox``.
+    """Run one read-only query on the ledger under its analyst role; the same result shape as ``engine.ledger.sandbox``.
 
     Raises:
         SqlRefused: the query is not a single read-only statement, lacks the rights it needs (writes,

@@ -12,7 +12,7 @@ acceptance, so deferring its commit to the tick's flush delays only the caller's
 refused acceptance comes back like a refused transition and the scheduler reloads the operation.
 Inside ``immediate()`` (person actions) it commits at once, as before.
 
-It wraps any ``engine.ledgers.LedgerPort`` by delegation (DuckDB's ``Ledger``, PostgreSQL's
+It wraps any ``engine.ledger.LedgerPort`` by delegation (DuckDB's ``Ledger``, PostgreSQL's
 ``PgLedger`` or a fenced handle of it): every call it does not buffer goes to ``inner`` unchanged.
 """
 
@@ -24,11 +24,11 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from engine.acceptance import receipt_of
-from engine.ledger import BatchOutcome, HeldOutcome, Json, PollRecord, WriteGroup
+from engine.ledger.port import BatchOutcome, HeldOutcome, Json, PollRecord, WriteGroup
 from engine.model import Operation, Receipt, Transition
 
 if TYPE_CHECKING:
-    from engine.ledgers import LedgerPort
+    from engine.ledger.port import LedgerPort
 
 
 class BatchingLedger:

@@ -49,15 +49,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine.errors import EngineError, InvalidRecord, SqlRefused
-from engine.ledgers import LedgerPort
-from engine.pg_ledger import PgLedger
+from engine.ledger.port import LedgerPort
+from engine.ledger.postgres import PgLedger
 from engine.runtime.report import operation_report
-from engine.service.executor import Executor, ServiceError
 from rollout.assign import percent_to_bp
 from rollout.controller import verify_ledger
 from rollout.plan import Action as RolloutAction
 from rollout.plan import Request as RolloutRequest
 from rollout.plan import RolloutRefused
+from service.executor import Executor, ServiceError
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -189,13 +189,6 @@ def build_api(
         op = await executor.cancel(request.path_params["call_node"], actor=actor, reason=reason)
         return JSON(operation_report(ledger, op.call_node_id), status_code=202)
 
-    async def resubmit(request: Request) -> Response:
-        body = await _body(request)
-        actor = _text(body, "actor")
-        reason = _text(body, "reason")
-        op = await executor.resubmit(request.path_params["call_node"], actor=actor, reason=reason)
-        return JSON(operation_report(ledger, op.call_node_id), status_code=202)
-
     async def approvals(request: Request) -> Response:
         return JSON({"approvals": ledger.approvals(pending_only=True)})
 
@@ -293,7 +286,6 @@ def build_api(
         Route("/api/v1/operations", _guard(operations)),
         Route("/api/v1/operations/{call_node}", _guard(show)),
         Route("/api/v1/operations/{call_node}/cancel", _guard(cancel), methods=["POST"]),
-        Route("/api/v1/operations/{call_node}/resubmit", _guard(resubmit), methods=["POST"]),
         Route("/api/v1/approvals", _guard(approvals)),
         Route("/api/v1/approvals/{operation_id}/{round}", _guard(answer), methods=["POST"]),
         Route("/api/v1/reconciliation", _guard(reconciliation)),

@@ -1,53 +1,124 @@
-"""Which ledger: ``open_ledger`` picks the backend from the target, and ``LedgerPort`` is what both offer.
+"""What every ledger backend offers: ``LedgerPort`` (and ``LeasingLedgerPort`` for shared ledgers) and the record types they return.
 
-A path (or ``:memory:``) opens the embedded DuckDB ledger (``engine.ledger.Ledger``, one writing
-process); a ``postgresql://`` URL opens the shared PostgreSQL ledger (``engine.pg_ledger.PgLedger``,
-any number of processes, with leases). Code above the ledger types against ``LedgerPort`` and
-works on either; ``LeasingLedgerPort`` adds the lease primitives only PostgreSQL has. No I/O here
-beyond the backends' own ``open``.
+Types only: no database driver, no I/O. The DuckDB, PostgreSQL and in-memory backends satisfy these
+protocols, and ``tests/contract`` holds them to the same behaviour.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import NamedTuple, Protocol, Self
 
 import pyarrow as pa
 
-from engine.ledger import (
-    BatchOutcome,
-    ExplorerRun,
-    GateRecord,
-    GroupOutcome,
-    HeldOutcome,
-    Json,
-    Ledger,
-    PollRecord,
-    WriteGroup,
+from engine.errors import (
+    LedgerError,
+    StaleWrite,
 )
-from engine.model import LocalState, Operation, Receipt, Transition
-from engine.pg_ledger import Fence, Lease, LeaseLost, PgLedger
+from engine.model import (
+    LocalState,
+    Operation,
+    Receipt,
+    Transition,
+)
 
-POSTGRES_SCHEMES: tuple[str, ...] = ("postgresql://", "postgres://")
+Json = dict[str, object]
 
 
-def is_postgres(target: str) -> bool:
-    """True if ``target`` names a PostgreSQL ledger (a ``postgresql://`` or ``postgres://`` URL)."""
-    return target.strip().lower().startswith(POSTGRES_SCHEMES)
+class PollRecord(NamedTuple):
+    """One protocol request as the polls table records it."""
+
+    operation_id: str
+    server: str
+    method: str
+    epoch: int
+    sent_at: datetime
+    received_at: datetime | None
+    outcome: str
 
 
-def open_ledger(target: str, *, read_only: bool = False) -> Ledger | PgLedger:
-    """Open (and migrate) the ledger ``target`` names: a DuckDB file path, or a PostgreSQL URL.
+@dataclass(frozen=True, slots=True)
+class ExplorerRun:
+    """One explorer result as ``explorer_runs`` records it (the input of the divergence gate)."""
 
-    Raises:
-        LedgerUnavailable: the file or server cannot be reached, read or written.
-        LedgerCorrupt: it is not a Finality ledger, or is damaged.
-        SchemaTooNew: a newer Finality wrote it.
-    """
-    if is_postgres(target):
-        return PgLedger.open(target.strip(), read_only=read_only)
-    return Ledger.open(target, read_only=read_only)
+    scenario: str
+    protocol: str
+    seed: int
+    explored: int
+    distinct_interleavings: int
+    divergent: int
+    exhaustive: bool
+    rules: str
+    """Which rule set ran: ``engine`` for the real rules, else the name of a deliberately broken variant."""
+    shortest_trace: str | None
+    started_at: datetime
+    finished_at: datetime
+    code: str
+    """What ran: ``shipped`` (the driver and adapters that ship, against the reference servers),
+    ``model`` (the explorer's simulated executor), ``seeded`` (made up by the demo seeding, never a
+    run). Only ``shipped`` runs count toward the terminal_divergence gate."""
+    revision: str | None
+    """The git revision of the code that ran (``engine.revision.running_revision``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GateRecord:
+    """One gate's verdict as ``gate_runs`` stores it."""
+
+    gate: str
+    passed: bool
+    value: float | None
+    threshold: float | None
+    verdict: str
+    inputs: dict[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class HeldOutcome:
+    """A terminal outcome kept by the ledger before acceptance (inline results, done operations)."""
+
+    status: str
+    digest: str
+    payload: Json
+    task_id: str | None
+    epoch_echo: int | None
+    held_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class BatchOutcome:
+    """Per-transition result of a group commit: the stored operation, or why it was refused."""
+
+    operation: Operation | None
+    error: LedgerError | None
+
+
+@dataclass(frozen=True)
+class WriteGroup:
+    """What one group commit writes: see ``Ledger.commit_group``."""
+
+    transitions: Sequence[Transition] = ()
+    acceptances: Sequence[tuple[Transition, Json | None]] = ()
+    polls: Sequence[PollRecord] = ()
+    held: Sequence[tuple[str, HeldOutcome]] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.transitions or self.acceptances or self.polls or self.held)
+
+    @property
+    def size(self) -> int:
+        return len(self.transitions) + len(self.acceptances) + len(self.polls) + len(self.held)
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    """Per-item results of a group commit, in the order given."""
+
+    transitions: list[BatchOutcome]
+    acceptances: list[BatchOutcome]
 
 
 class LedgerPort(Protocol):
@@ -194,24 +265,41 @@ class LeasingLedgerPort(LedgerPort, Protocol):
     def release(self, owner: str, lease_token: str, operation_ids: Sequence[str] | None = None) -> int: ...
     def lease_of(self, operation_id: str) -> Lease | None: ...
     def leases(self, *, owner: str | None = None) -> list[Lease]: ...
-    def fenced(self, fence: Fence) -> PgLedger: ...
+    def fenced(self, fence: Fence) -> Self: ...
 
 
-def _duckdb_satisfies_the_port(ledger: Ledger) -> LedgerPort:
-    return ledger  # mypy --strict checks the structural match
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Who writes: an executor's lease token and execution epoch.
+
+    A ``PgLedger.fenced(fence)`` handle writes an operation only while the operation's lease carries
+    ``token`` and the ledger's execution epoch is not above ``epoch``. Operations it creates are
+    leased to it for ``lease_s`` seconds from their ``created_at``.
+    """
+
+    owner: str
+    token: str
+    epoch: int
+    lease_s: float = 30.0
 
 
-def _postgres_satisfies_the_ports(ledger: PgLedger) -> LeasingLedgerPort:
-    return ledger
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """An operation's lease as ``op_state`` records it (all None when free)."""
+
+    operation_id: str
+    owner: str | None
+    token: str | None
+    epoch: int | None
+    expires_at: datetime | None
 
 
-__all__ = [
-    "POSTGRES_SCHEMES",
-    "Fence",
-    "Lease",
-    "LeaseLost",
-    "LeasingLedgerPort",
-    "LedgerPort",
-    "is_postgres",
-    "open_ledger",
-]
+class LeaseLost(StaleWrite):
+    """A fenced write refused: the operation's lease was taken over (or released), or the epoch was raised.
+
+    A ``StaleWrite``, so code that reloads on a lost compare-and-swap does the right thing; an
+    executor that sees it should drop the operation (another executor owns it now).
+    """
+
+    def __init__(self, operation_id: str, expected_version: int, detail: str) -> None:
+        super().__init__(operation_id, expected_version, f"lease lost: {detail}")

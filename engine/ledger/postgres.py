@@ -20,7 +20,6 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
@@ -43,19 +42,22 @@ from engine.errors import (
     SchemaTooNew,
     StaleWrite,
 )
-from engine.gate_sql import gate_inputs_from_values, gate_inputs_sql
-from engine.ledger import (
-    _STATE_COLUMNS,
-    _TABLES,
-    EXPLORER_CODE_MIGRATION,
+from engine.ledger.analyst import run_query
+from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
+from engine.ledger.port import (
     BatchOutcome,
     ExplorerRun,
+    Fence,
     GateRecord,
     GroupOutcome,
     HeldOutcome,
     Json,
+    Lease,
+    LeaseLost,
     PollRecord,
     WriteGroup,
+)
+from engine.ledger.rows import (
     _as_dt,
     _json_text,
     _refuse_receipt_state,
@@ -64,7 +66,9 @@ from engine.ledger import (
     _transition_row,
     operation_from_record,
 )
-from engine.ledger import MIGRATIONS as DUCKDB_MIGRATIONS
+from engine.ledger.sandbox import QueryResult
+from engine.ledger.schema import _STATE_COLUMNS, _TABLES, EXPLORER_CODE_MIGRATION
+from engine.ledger.schema import MIGRATIONS as DUCKDB_MIGRATIONS
 from engine.model import (
     RECEIPT_STATES,
     CallNodeId,
@@ -81,8 +85,6 @@ from engine.model import (
     canonical_json,
     digest_of,
 )
-from engine.pg_sql import run_query
-from engine.sqlbox import QueryResult
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +96,7 @@ T = TypeVar("T")
 SEND_SLOTS_TABLE: Final = "send_slots"
 """Coordination table of the shared QPS budget (migration 8); not part of the ledger's data."""
 
-# Migrations 1-6 are DuckDB's own (engine.ledger.MIGRATIONS), in PostgreSQL's spelling of DOUBLE;
+# Migrations 1-6 are DuckDB's own (engine.ledger.schema.MIGRATIONS), in PostgreSQL's spelling of DOUBLE;
 # later ones are PostgreSQL's own. Numbers are this backend's: DuckDB's and PostgreSQL's schema
 # versions are counted apart. Never edit a released migration: add a new one.
 
@@ -223,43 +225,6 @@ _RETRIES: Final = 3
 
 
 # ------------------------------------------------------------------------------------ leases
-
-
-@dataclass(frozen=True, slots=True)
-class Fence:
-    """Who writes: an executor's lease token and execution epoch.
-
-    A ``PgLedger.fenced(fence)`` handle writes an operation only while the operation's lease carries
-    ``token`` and the ledger's execution epoch is not above ``epoch``. Operations it creates are
-    leased to it for ``lease_s`` seconds from their ``created_at``.
-    """
-
-    owner: str
-    token: str
-    epoch: int
-    lease_s: float = 30.0
-
-
-@dataclass(frozen=True, slots=True)
-class Lease:
-    """An operation's lease as ``op_state`` records it (all None when free)."""
-
-    operation_id: str
-    owner: str | None
-    token: str | None
-    epoch: int | None
-    expires_at: datetime | None
-
-
-class LeaseLost(StaleWrite):
-    """A fenced write refused: the operation's lease was taken over (or released), or the epoch was raised.
-
-    A ``StaleWrite``, so code that reloads on a lost compare-and-swap does the right thing; an
-    executor that sees it should drop the operation (another executor owns it now).
-    """
-
-    def __init__(self, operation_id: str, expected_version: int, detail: str) -> None:
-        super().__init__(operation_id, expected_version, f"lease lost: {detail}")
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -402,7 +367,7 @@ class PgLedger:
 
     @contextmanager
     def connection(self) -> Iterator[Connection]:
-        """A pooled connection (autocommit, UTC), for ``engine.pg_sql``."""
+        """A pooled connection (autocommit, UTC), for ``engine.ledger.analyst``."""
         with self._conn() as conn:
             yield conn
 
@@ -1622,7 +1587,7 @@ class PgLedger:
     def gate_inputs(self, now: datetime) -> dict[str, dict[str, object]]:
         """The raw inputs of the six gates, read from the ledger only (no thresholds applied here).
 
-        The one gate-inputs statement (``engine.gate_sql``, shared with DuckDB and the console) in
+        The one gate-inputs statement (``engine.ledger.gate_sql``, shared with DuckDB and the console) in
         PostgreSQL's dialect, read in one REPEATABLE READ transaction while executors keep writing.
         """
         with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
@@ -2008,7 +1973,7 @@ class PgLedger:
     def analyst_query(
         self, query: str, *, max_rows: int = 1000, timeout: timedelta = timedelta(seconds=10)
     ) -> QueryResult:
-        """Run one read-only analyst query under the analyst role (see ``engine.pg_sql.run_query``).
+        """Run one read-only analyst query under the analyst role (see ``engine.ledger.analyst.run_query``).
 
         Raises:
             SqlRefused: the query would write or reach outside the ledger, timed out or failed.
@@ -2073,7 +2038,7 @@ def _ensure_analyst_role(con: Connection, role: str) -> None:
     """The NOLOGIN role analyst SQL runs under: USAGE on this schema and SELECT on its tables, nothing else.
 
     Idempotent; a login without the right to create or grant roles leaves analyst SQL refused
-    (``engine.pg_sql`` says why) instead of failing the ledger.
+    (``engine.ledger.analyst`` says why) instead of failing the ledger.
     """
     ident = sql.Identifier(role)
     for attempt in range(3):

@@ -18,13 +18,11 @@ import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Final, NamedTuple
+from typing import Final
 
 import duckdb
-import orjson
 import pyarrow as pa
 
 from engine.acceptance import check_acceptance, receipt_of
@@ -38,11 +36,44 @@ from engine.errors import (
     SchemaTooNew,
     StaleWrite,
 )
-from engine.gate_sql import gate_inputs_from_values, gate_inputs_sql
+from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
+from engine.ledger.port import (
+    BatchOutcome,
+    ExplorerRun,
+    GateRecord,
+    GroupOutcome,
+    HeldOutcome,
+    Json,
+    PollRecord,
+    WriteGroup,
+)
+from engine.ledger.rows import (
+    _as_dt,
+    _json_text,
+    _refuse_receipt_state,
+    _state_row,
+    _string_list,
+    _transition_row,
+    operation_from_record,
+)
+from engine.ledger.schema import (
+    _ASSIGNMENT_SCHEMA,
+    _BINDING_SCHEMA,
+    _EXPECT_SCHEMA,
+    _HELD_SCHEMA,
+    _IDENTITY_SCHEMA,
+    _OUTBOX_SCHEMA,
+    _POLL_SCHEMA,
+    _RECEIPT_SCHEMA,
+    _RESULT_SCHEMA,
+    _STATE_COLUMNS,
+    _STATE_SCHEMA,
+    _TABLES,
+    _TRANSITION_SCHEMA,
+    MIGRATIONS,
+    SUPPORTED_SCHEMA,
+)
 from engine.model import (
-    RECEIPT_STATES,
-    SCHEMA_VERSION,
-    AcceptTerminal,
     CallNodeId,
     Digest,
     Epoch,
@@ -62,782 +93,17 @@ from engine.model import (
     digest_of,
 )
 
-Json = dict[str, object]
-
 # ------------------------------------------------------------------------------------ migrations
 # Each migration is applied once, in its own transaction, and recorded in schema_migrations.
 # Never edit a released migration: add a new one.
 
-EXPLORER_CODE_MIGRATION: Final[tuple[str, ...]] = (
-    # Rows from before this migration did not say what ran: 'unrecorded', which no gate counts.
-    "ALTER TABLE explorer_runs ADD COLUMN code VARCHAR DEFAULT 'unrecorded'",
-    "ALTER TABLE explorer_runs ADD COLUMN revision VARCHAR",
-)
-"""Shared with the PostgreSQL ledger (its own migration number)."""
 
-MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
-    (
-        1,
-        "operations, transitions, receipts, outbox",
-        (
-            """CREATE TABLE op_identity (
-                operation_id VARCHAR PRIMARY KEY,
-                call_node_id VARCHAR NOT NULL UNIQUE,
-                role VARCHAR NOT NULL,
-                request_digest VARCHAR NOT NULL,
-                tool_name VARCHAR NOT NULL,
-                tool_version VARCHAR NOT NULL,
-                descriptor_version VARCHAR NOT NULL,
-                side_effects BOOLEAN NOT NULL,
-                principal VARCHAR NOT NULL,
-                protocol VARCHAR NOT NULL,
-                adapter_version VARCHAR NOT NULL,
-                server VARCHAR NOT NULL,
-                idempotency_key VARCHAR NOT NULL UNIQUE,
-                arguments VARCHAR NOT NULL,
-                schema_version VARCHAR NOT NULL,
-                created_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE op_state (
-                operation_id VARCHAR PRIMARY KEY,
-                state VARCHAR NOT NULL,
-                server_status VARCHAR,
-                task_id VARCHAR,
-                poll_cursor VARCHAR,
-                input_round INTEGER NOT NULL,
-                answered_round INTEGER NOT NULL,
-                input_request_key VARCHAR,
-                cancel_generation INTEGER NOT NULL,
-                cancel_requested_at TIMESTAMPTZ,
-                expires_at TIMESTAMPTZ,
-                result_digest VARCHAR,
-                result_held BOOLEAN NOT NULL,
-                effect_reconciliation_required BOOLEAN NOT NULL,
-                submit_attempts INTEGER NOT NULL,
-                epoch BIGINT NOT NULL,
-                row_version BIGINT NOT NULL,
-                updated_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE task_bindings (
-                server VARCHAR NOT NULL,
-                task_id VARCHAR NOT NULL,
-                operation_id VARCHAR NOT NULL,
-                bound_at TIMESTAMPTZ NOT NULL,
-                PRIMARY KEY (server, task_id)
-            )""",
-            "CREATE SEQUENCE transition_seq START 1",
-            """CREATE TABLE transitions (
-                seq BIGINT NOT NULL,
-                operation_id VARCHAR NOT NULL,
-                call_node_id VARCHAR NOT NULL,
-                from_state VARCHAR,
-                to_state VARCHAR NOT NULL,
-                event VARCHAR NOT NULL,
-                detail VARCHAR NOT NULL,
-                cause VARCHAR NOT NULL,
-                accepted BOOLEAN NOT NULL,
-                epoch BIGINT NOT NULL,
-                row_version BIGINT NOT NULL,
-                recorded_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE receipts (
-                call_node_id VARCHAR PRIMARY KEY,
-                operation_id VARCHAR NOT NULL UNIQUE,
-                request_digest VARCHAR NOT NULL,
-                task_id VARCHAR,
-                tool_version VARCHAR NOT NULL,
-                epoch BIGINT NOT NULL,
-                cancel_generation INTEGER NOT NULL,
-                status VARCHAR NOT NULL,
-                result_digest VARCHAR,
-                cancel_evidence VARCHAR,
-                role VARCHAR NOT NULL,
-                accepted_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE outbox (
-                call_node_id VARCHAR PRIMARY KEY REFERENCES receipts (call_node_id),
-                operation_id VARCHAR NOT NULL,
-                status VARCHAR NOT NULL,
-                terminal_status VARCHAR NOT NULL,
-                result_digest VARCHAR,
-                payload VARCHAR,
-                created_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE results (
-                operation_id VARCHAR PRIMARY KEY,
-                digest VARCHAR NOT NULL,
-                status VARCHAR NOT NULL,
-                payload VARCHAR NOT NULL,
-                stored_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE receipt_audit (
-                call_node_id VARCHAR NOT NULL,
-                operation_id VARCHAR NOT NULL,
-                kind VARCHAR NOT NULL,
-                digest VARCHAR,
-                payload VARCHAR,
-                recorded_at TIMESTAMPTZ NOT NULL
-            )""",
-        ),
-    ),
-    (
-        2,
-        "polls, approvals, reconciliation",
-        (
-            """CREATE TABLE polls (
-                operation_id VARCHAR NOT NULL,
-                server VARCHAR NOT NULL,
-                method VARCHAR NOT NULL,
-                epoch BIGINT NOT NULL,
-                sent_at TIMESTAMPTZ NOT NULL,
-                received_at TIMESTAMPTZ,
-                outcome VARCHAR NOT NULL
-            )""",
-            """CREATE TABLE approvals (
-                operation_id VARCHAR NOT NULL,
-                input_round INTEGER NOT NULL,
-                request_key VARCHAR,
-                message VARCHAR NOT NULL,
-                requested_schema VARCHAR NOT NULL,
-                schema_digest VARCHAR NOT NULL,
-                deadline TIMESTAMPTZ,
-                status VARCHAR NOT NULL,
-                answer VARCHAR,
-                actor VARCHAR,
-                opened_at TIMESTAMPTZ NOT NULL,
-                answered_at TIMESTAMPTZ,
-                PRIMARY KEY (operation_id, input_round)
-            )""",
-            "CREATE SEQUENCE reconciliation_seq START 1",
-            """CREATE TABLE reconciliation (
-                entry_id BIGINT PRIMARY KEY,
-                operation_id VARCHAR NOT NULL,
-                kind VARCHAR NOT NULL,
-                reason VARCHAR NOT NULL,
-                idempotency_key VARCHAR NOT NULL,
-                task_id VARCHAR,
-                request_digest VARCHAR NOT NULL,
-                window_start TIMESTAMPTZ NOT NULL,
-                window_end TIMESTAMPTZ NOT NULL,
-                candidates VARCHAR NOT NULL,
-                status VARCHAR NOT NULL,
-                opened_at TIMESTAMPTZ NOT NULL,
-                resolved_at TIMESTAMPTZ,
-                actor VARCHAR,
-                resolution VARCHAR
-            )""",
-            """CREATE VIEW operations AS
-                SELECT i.operation_id, i.call_node_id, i.role, i.request_digest, i.tool_name, i.tool_version,
-                       i.descriptor_version, i.side_effects, i.principal, i.protocol, i.adapter_version, i.server,
-                       i.idempotency_key, s.task_id, s.poll_cursor, s.server_status, s.input_round,
-                       s.answered_round, s.input_request_key, s.cancel_generation, s.cancel_requested_at,
-                       s.expires_at, s.result_digest, s.result_held, s.effect_reconciliation_required,
-                       s.submit_attempts, s.state, s.epoch, s.row_version, i.schema_version, i.created_at,
-                       s.updated_at
-                FROM op_identity i JOIN op_state s USING (operation_id)""",
-        ),
-    ),
-    (
-        3,
-        "held outcomes",
-        (
-            """CREATE TABLE held_outcomes (
-                operation_id VARCHAR PRIMARY KEY,
-                status VARCHAR NOT NULL,
-                digest VARCHAR NOT NULL,
-                payload VARCHAR NOT NULL,
-                task_id VARCHAR,
-                epoch_echo BIGINT,
-                held_at TIMESTAMPTZ NOT NULL
-            )""",
-        ),
-    ),
-    (
-        4,
-        "explorer runs and gate runs",
-        (
-            "CREATE SEQUENCE explorer_run_seq START 1",
-            """CREATE TABLE explorer_runs (
-                run_id BIGINT PRIMARY KEY,
-                scenario VARCHAR NOT NULL,
-                protocol VARCHAR NOT NULL,
-                seed BIGINT NOT NULL,
-                explored BIGINT NOT NULL,
-                distinct_interleavings BIGINT NOT NULL,
-                divergent BIGINT NOT NULL,
-                exhaustive BOOLEAN NOT NULL,
-                rules VARCHAR NOT NULL,
-                shortest_trace VARCHAR,
-                started_at TIMESTAMPTZ NOT NULL,
-                finished_at TIMESTAMPTZ NOT NULL
-            )""",
-            "CREATE SEQUENCE gate_run_seq START 1",
-            """CREATE TABLE gate_runs (
-                run_id BIGINT NOT NULL,
-                gate VARCHAR NOT NULL,
-                passed BOOLEAN NOT NULL,
-                value DOUBLE,
-                threshold DOUBLE,
-                verdict VARCHAR NOT NULL,
-                inputs VARCHAR NOT NULL,
-                evaluated_at TIMESTAMPTZ NOT NULL,
-                PRIMARY KEY (run_id, gate)
-            )""",
-        ),
-    ),
-    (
-        5,
-        "settings",
-        (
-            """CREATE TABLE settings (
-                key VARCHAR PRIMARY KEY,
-                value VARCHAR NOT NULL,
-                updated_at TIMESTAMPTZ NOT NULL
-            )""",
-        ),
-    ),
-    (
-        6,
-        "rollout: state, hash-chained events, arm assignments, shadow diffs",
-        (
-            """CREATE TABLE rollout_state (
-                id INTEGER PRIMARY KEY CHECK (id = 1),
-                stage VARCHAR NOT NULL,
-                canary_bp INTEGER NOT NULL,
-                salt VARCHAR NOT NULL,
-                shadow_tools VARCHAR NOT NULL,
-                disabled_protocols VARCHAR NOT NULL,
-                epoch BIGINT NOT NULL,
-                head_seq BIGINT NOT NULL,
-                head_hash VARCHAR NOT NULL,
-                updated_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE rollout_events (
-                seq BIGINT PRIMARY KEY,
-                action VARCHAR NOT NULL,
-                actor VARCHAR NOT NULL,
-                reason VARCHAR NOT NULL,
-                override BOOLEAN NOT NULL,
-                before_state VARCHAR NOT NULL,
-                after_state VARCHAR NOT NULL,
-                detail VARCHAR NOT NULL,
-                gate_inputs VARCHAR NOT NULL,
-                gate_inputs_digest VARCHAR NOT NULL,
-                prev_hash VARCHAR NOT NULL,
-                hash VARCHAR NOT NULL,
-                recorded_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE rollout_assignments (
-                operation_id VARCHAR PRIMARY KEY,
-                call_node_id VARCHAR NOT NULL,
-                tool_name VARCHAR NOT NULL,
-                role VARCHAR NOT NULL,
-                arm VARCHAR NOT NULL,
-                stage VARCHAR NOT NULL,
-                bucket INTEGER NOT NULL,
-                canary_bp INTEGER NOT NULL,
-                server_name VARCHAR NOT NULL,
-                rerouted_from VARCHAR,
-                primary_operation_id VARCHAR,
-                rollout_seq BIGINT NOT NULL,
-                assigned_at TIMESTAMPTZ NOT NULL
-            )""",
-            """CREATE TABLE shadow_diffs (
-                primary_operation_id VARCHAR PRIMARY KEY,
-                shadow_operation_id VARCHAR NOT NULL UNIQUE,
-                call_node_id VARCHAR NOT NULL,
-                tool_name VARCHAR NOT NULL,
-                primary_status VARCHAR NOT NULL,
-                shadow_status VARCHAR NOT NULL,
-                primary_result_digest VARCHAR,
-                shadow_result_digest VARCHAR,
-                primary_content_digest VARCHAR,
-                shadow_content_digest VARCHAR,
-                primary_latency_ms DOUBLE NOT NULL,
-                shadow_latency_ms DOUBLE NOT NULL,
-                primary_polls INTEGER NOT NULL,
-                shadow_polls INTEGER NOT NULL,
-                diverged BOOLEAN NOT NULL,
-                differences VARCHAR NOT NULL,
-                recorded_at TIMESTAMPTZ NOT NULL
-            )""",
-        ),
-    ),
-    (
-        7,
-        "explorer runs name the code that ran and its revision (the gate counts only the shipped code's)",
-        EXPLORER_CODE_MIGRATION,
-    ),
-)
-SUPPORTED_SCHEMA: Final[int] = MIGRATIONS[-1][0]
-
-_STATE_COLUMNS: Final[tuple[str, ...]] = (
-    "operation_id",
-    "state",
-    "server_status",
-    "task_id",
-    "poll_cursor",
-    "input_round",
-    "answered_round",
-    "input_request_key",
-    "cancel_generation",
-    "cancel_requested_at",
-    "expires_at",
-    "result_digest",
-    "result_held",
-    "effect_reconciliation_required",
-    "submit_attempts",
-    "epoch",
-    "row_version",
-    "updated_at",
-)
-_TS = pa.timestamp("us", tz="UTC")
-_STATE_SCHEMA: Final = pa.schema(
-    [
-        ("operation_id", pa.string()),
-        ("state", pa.string()),
-        ("server_status", pa.string()),
-        ("task_id", pa.string()),
-        ("poll_cursor", pa.string()),
-        ("input_round", pa.int32()),
-        ("answered_round", pa.int32()),
-        ("input_request_key", pa.string()),
-        ("cancel_generation", pa.int32()),
-        ("cancel_requested_at", _TS),
-        ("expires_at", _TS),
-        ("result_digest", pa.string()),
-        ("result_held", pa.bool_()),
-        ("effect_reconciliation_required", pa.bool_()),
-        ("submit_attempts", pa.int32()),
-        ("epoch", pa.int64()),
-        ("row_version", pa.int64()),
-        ("updated_at", _TS),
-        ("expected_version", pa.int64()),
-        ("expected_cancel_generation", pa.int32()),
-    ]
-)
-_TRANSITION_SCHEMA: Final = pa.schema(
-    [
-        ("operation_id", pa.string()),
-        ("call_node_id", pa.string()),
-        ("from_state", pa.string()),
-        ("to_state", pa.string()),
-        ("event", pa.string()),
-        ("detail", pa.string()),
-        ("cause", pa.string()),
-        ("accepted", pa.bool_()),
-        ("epoch", pa.int64()),
-        ("row_version", pa.int64()),
-        ("recorded_at", _TS),
-    ]
-)
-_RECEIPT_SCHEMA: Final = pa.schema(
-    [
-        ("call_node_id", pa.string()),
-        ("operation_id", pa.string()),
-        ("request_digest", pa.string()),
-        ("task_id", pa.string()),
-        ("tool_version", pa.string()),
-        ("epoch", pa.int64()),
-        ("cancel_generation", pa.int32()),
-        ("status", pa.string()),
-        ("result_digest", pa.string()),
-        ("cancel_evidence", pa.string()),
-        ("role", pa.string()),
-        ("accepted_at", _TS),
-    ]
-)
-_RESULT_SCHEMA: Final = pa.schema(
-    [
-        ("operation_id", pa.string()),
-        ("digest", pa.string()),
-        ("status", pa.string()),
-        ("payload", pa.string()),
-        ("stored_at", _TS),
-    ]
-)
-_OUTBOX_SCHEMA: Final = pa.schema(
-    [
-        ("call_node_id", pa.string()),
-        ("operation_id", pa.string()),
-        ("status", pa.string()),
-        ("terminal_status", pa.string()),
-        ("result_digest", pa.string()),
-        ("payload", pa.string()),
-        ("created_at", _TS),
-    ]
-)
-_HELD_SCHEMA: Final = pa.schema(
-    [
-        ("operation_id", pa.string()),
-        ("status", pa.string()),
-        ("digest", pa.string()),
-        ("payload", pa.string()),
-        ("task_id", pa.string()),
-        ("epoch_echo", pa.int64()),
-        ("held_at", _TS),
-    ]
-)
-_EXPECT_SCHEMA: Final = pa.schema(
-    [
-        ("operation_id", pa.string()),
-        ("expected_version", pa.int64()),
-        ("expected_cancel_generation", pa.int32()),
-    ]
-)
-_BINDING_SCHEMA: Final = pa.schema(
-    [("server", pa.string()), ("task_id", pa.string()), ("operation_id", pa.string()), ("bound_at", _TS)]
-)
-_POLL_SCHEMA: Final = pa.schema(
-    [
-        ("operation_id", pa.string()),
-        ("server", pa.string()),
-        ("method", pa.string()),
-        ("epoch", pa.int64()),
-        ("sent_at", _TS),
-        ("received_at", _TS),
-        ("outcome", pa.string()),
-    ]
-)
-_IDENTITY_SCHEMA: Final = pa.schema(
-    [
-        ("operation_id", pa.string()),
-        ("call_node_id", pa.string()),
-        ("role", pa.string()),
-        ("request_digest", pa.string()),
-        ("tool_name", pa.string()),
-        ("tool_version", pa.string()),
-        ("descriptor_version", pa.string()),
-        ("side_effects", pa.bool_()),
-        ("principal", pa.string()),
-        ("protocol", pa.string()),
-        ("adapter_version", pa.string()),
-        ("server", pa.string()),
-        ("idempotency_key", pa.string()),
-        ("arguments", pa.string()),
-        ("schema_version", pa.string()),
-        ("created_at", _TS),
-    ]
-)
-_ASSIGNMENT_SCHEMA: Final = pa.schema(
-    [
-        ("operation_id", pa.string()),
-        ("call_node_id", pa.string()),
-        ("tool_name", pa.string()),
-        ("role", pa.string()),
-        ("arm", pa.string()),
-        ("stage", pa.string()),
-        ("bucket", pa.int32()),
-        ("canary_bp", pa.int32()),
-        ("server_name", pa.string()),
-        ("rerouted_from", pa.string()),
-        ("primary_operation_id", pa.string()),
-        ("rollout_seq", pa.int64()),
-        ("assigned_at", _TS),
-    ]
-)
 _OPERATION_SELECT: Final = "SELECT * FROM operations"
 _DUCKDB_MAGIC: Final = b"DUCK"
 _HEADER_BYTES: Final = 3 * 4096
 
 
-def _json_text(value: object) -> str:
-    """Canonical JSON that also takes instants (as ISO 8601)."""
-    return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS).decode()
-
-
-def event_detail(transition: Transition) -> str:
-    """The event's fields as canonical JSON (sorted keys), for the append-only log.
-
-    orjson serialises the slotted event dataclasses directly; on the group-commit hot path this
-    is an order of magnitude cheaper than ``json`` plus ``asdict``.
-    """
-    return orjson.dumps(transition.event, option=orjson.OPT_SORT_KEYS).decode()
-
-
-class PollRecord(NamedTuple):
-    """One protocol request as the polls table records it."""
-
-    operation_id: str
-    server: str
-    method: str
-    epoch: int
-    sent_at: datetime
-    received_at: datetime | None
-    outcome: str
-
-
-@dataclass(frozen=True, slots=True)
-class ExplorerRun:
-    """One explorer result as ``explorer_runs`` records it (the input of the divergence gate)."""
-
-    scenario: str
-    protocol: str
-    seed: int
-    explored: int
-    distinct_interleavings: int
-    divergent: int
-    exhaustive: bool
-    rules: str
-    """Which rule set ran: ``engine`` for the real rules, else the name of a deliberately broken variant."""
-    shortest_trace: str | None
-    started_at: datetime
-    finished_at: datetime
-    code: str
-    """What ran: ``shipped`` (the driver and adapters that ship, against the reference servers),
-    ``model`` (the explorer's simulated executor), ``seeded`` (made up by the demo seeding, never a
-    run). Only ``shipped`` runs count toward the terminal_divergence gate."""
-    revision: str | None
-    """The git revision of the code that ran (``engine.revision.running_revision``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GateRecord:
-    """One gate's verdict as ``gate_runs`` stores it."""
-
-    gate: str
-    passed: bool
-    value: float | None
-    threshold: float | None
-    verdict: str
-    inputs: dict[str, object]
-
-
-@dataclass(frozen=True, slots=True)
-class HeldOutcome:
-    """A terminal outcome kept by the ledger before acceptance (inline results, done operations)."""
-
-    status: str
-    digest: str
-    payload: Json
-    task_id: str | None
-    epoch_echo: int | None
-    held_at: datetime
-
-
-@dataclass(frozen=True, slots=True)
-class BatchOutcome:
-    """Per-transition result of a group commit: the stored operation, or why it was refused."""
-
-    operation: Operation | None
-    error: LedgerError | None
-
-
-@dataclass(frozen=True)
-class WriteGroup:
-    """What one group commit writes: see ``Ledger.commit_group``."""
-
-    transitions: Sequence[Transition] = ()
-    acceptances: Sequence[tuple[Transition, Json | None]] = ()
-    polls: Sequence[PollRecord] = ()
-    held: Sequence[tuple[str, HeldOutcome]] = ()
-
-    @property
-    def empty(self) -> bool:
-        return not (self.transitions or self.acceptances or self.polls or self.held)
-
-    @property
-    def size(self) -> int:
-        return len(self.transitions) + len(self.acceptances) + len(self.polls) + len(self.held)
-
-
-@dataclass(frozen=True)
-class GroupOutcome:
-    """Per-item results of a group commit, in the order given."""
-
-    transitions: list[BatchOutcome]
-    acceptances: list[BatchOutcome]
-
-
-def _refuse_receipt_state(t: Transition) -> None:
-    if any(isinstance(e, AcceptTerminal) for e in t.effects) or (
-        t.after.state in RECEIPT_STATES and t.before.state not in RECEIPT_STATES
-    ):
-        raise LedgerError("a transition to a receipt state goes through accept_terminal, never apply")
-
-
 # --------------------------------------------------------------------------------- conversions
-
-
-def operation_to_record(op: Operation) -> dict[str, object]:
-    """The flat ``toolOperation.v1`` record (the shape the ``operations`` view has)."""
-    return {
-        "operation_id": op.operation_id,
-        "call_node_id": op.call_node_id,
-        "role": op.role.value,
-        "request_digest": op.request_digest,
-        "tool_name": op.tool.name,
-        "tool_version": op.tool.version,
-        "descriptor_version": op.tool.descriptor_version,
-        "side_effects": op.tool.side_effects,
-        "principal": op.principal,
-        "protocol": op.protocol.value,
-        "adapter_version": op.adapter_version,
-        "server": op.server,
-        "idempotency_key": op.idempotency_key,
-        "task_id": op.task_id,
-        "poll_cursor": op.poll_cursor,
-        "server_status": op.server_status.value if op.server_status else None,
-        "input_round": op.input_round,
-        "answered_round": op.answered_round,
-        "input_request_key": op.input_request_key,
-        "cancel_generation": op.cancel_generation,
-        "cancel_requested_at": op.cancel_requested_at,
-        "expires_at": op.expires_at,
-        "result_digest": op.result_digest,
-        "result_held": op.result_held,
-        "effect_reconciliation_required": op.effect_reconciliation_required,
-        "submit_attempts": op.submit_attempts,
-        "state": op.state.value,
-        "epoch": op.epoch,
-        "row_version": op.row_version,
-        "schema_version": op.schema_version,
-        "created_at": op.created_at,
-        "updated_at": op.updated_at,
-    }
-
-
-REQUIRED_RECORD_FIELDS: Final[tuple[str, ...]] = (
-    "operation_id",
-    "call_node_id",
-    "role",
-    "request_digest",
-    "tool_name",
-    "tool_version",
-    "descriptor_version",
-    "side_effects",
-    "principal",
-    "protocol",
-    "adapter_version",
-    "server",
-    "idempotency_key",
-    "state",
-    "epoch",
-    "created_at",
-    "updated_at",
-    "row_version",
-    "schema_version",
-)
-"""Fields a ``toolOperation.v1`` record cannot lack; the others default (counters 0, ids absent)."""
-
-
-def _as_dt(value: object, name: str) -> datetime | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime):
-        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
-    if isinstance(value, str):
-        try:
-            parsed = datetime.fromisoformat(value)
-        except ValueError as exc:
-            raise InvalidRecord(f"field {name!r} is not an ISO 8601 instant: {value!r}") from exc
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    raise InvalidRecord(f"field {name!r} is not an instant: {value!r}")
-
-
-def operation_from_record(record: dict[str, object]) -> Operation:
-    """Rebuild an ``Operation`` from its flat record.
-
-    Raises:
-        InvalidRecord: a required field is missing or malformed (all missing fields are named),
-            or the record is of another schema version.
-    """
-    missing = [n for n in REQUIRED_RECORD_FIELDS if record.get(n) is None]
-    if missing:
-        raise InvalidRecord(f"operation record is missing required fields: {', '.join(missing)}")
-    if record["schema_version"] != SCHEMA_VERSION:
-        raise InvalidRecord(
-            f"operation record has schema {record['schema_version']!r}, expected {SCHEMA_VERSION!r}"
-        )
-    try:
-        created_at = _as_dt(record["created_at"], "created_at")
-        updated_at = _as_dt(record["updated_at"], "updated_at")
-        assert created_at is not None
-        assert updated_at is not None
-        server_status = record.get("server_status")
-        return Operation(
-            operation_id=OperationId(str(record["operation_id"])),
-            call_node_id=CallNodeId(str(record["call_node_id"])),
-            request_digest=Digest(str(record["request_digest"])),
-            tool=ToolRef(
-                name=str(record["tool_name"]),
-                version=str(record["tool_version"]),
-                descriptor_version=str(record["descriptor_version"]),
-                side_effects=bool(record["side_effects"]),
-            ),
-            principal=Principal(str(record["principal"])),
-            protocol=Protocol(str(record["protocol"])),
-            adapter_version=str(record["adapter_version"]),
-            server=str(record["server"]),
-            idempotency_key=IdempotencyKey(str(record["idempotency_key"])),
-            state=LocalState(str(record["state"])),
-            epoch=Epoch(int(str(record["epoch"]))),
-            created_at=created_at,
-            updated_at=updated_at,
-            role=Role(str(record["role"])),
-            task_id=TaskId(str(record["task_id"])) if record.get("task_id") is not None else None,
-            poll_cursor=str(record["poll_cursor"]) if record.get("poll_cursor") is not None else None,
-            server_status=ServerStatus(str(server_status)) if server_status is not None else None,
-            input_round=int(str(record.get("input_round") or 0)),
-            answered_round=int(str(record.get("answered_round") or 0)),
-            input_request_key=(
-                str(record["input_request_key"]) if record.get("input_request_key") is not None else None
-            ),
-            cancel_generation=int(str(record.get("cancel_generation") or 0)),
-            cancel_requested_at=_as_dt(record.get("cancel_requested_at"), "cancel_requested_at"),
-            expires_at=_as_dt(record.get("expires_at"), "expires_at"),
-            result_digest=Digest(str(record["result_digest"]))
-            if record.get("result_digest") is not None
-            else None,
-            result_held=bool(record.get("result_held") or False),
-            effect_reconciliation_required=bool(record.get("effect_reconciliation_required") or False),
-            submit_attempts=int(str(record.get("submit_attempts") or 0)),
-            row_version=int(str(record["row_version"])),
-            schema_version=str(record["schema_version"]),
-        )
-    except ValueError as exc:
-        raise InvalidRecord(f"operation record has a malformed field: {exc}") from exc
-
-
-def _state_row(op: Operation, expected_version: int, expected_cancel: int) -> list[object]:
-    return [
-        op.operation_id,
-        op.state.value,
-        op.server_status.value if op.server_status else None,
-        op.task_id,
-        op.poll_cursor,
-        op.input_round,
-        op.answered_round,
-        op.input_request_key,
-        op.cancel_generation,
-        op.cancel_requested_at,
-        op.expires_at,
-        op.result_digest,
-        op.result_held,
-        op.effect_reconciliation_required,
-        op.submit_attempts,
-        op.epoch,
-        op.row_version,
-        op.updated_at,
-        expected_version,
-        expected_cancel,
-    ]
-
-
-def _transition_row(t: Transition) -> list[object]:
-    return [
-        t.after.operation_id,
-        t.after.call_node_id,
-        t.before.state.value,
-        t.after.state.value,
-        type(t.event).__name__,
-        event_detail(t),
-        t.reason,
-        t.accepted,
-        t.after.epoch,
-        t.after.row_version,
-        t.at,
-    ]
 
 
 def _columns(rows: Sequence[Sequence[object]], schema: pa.Schema) -> pa.Table:
@@ -1817,7 +1083,7 @@ class Ledger:
     def import_rows(self, tables: Mapping[str, pa.Table]) -> dict[str, int]:
         """Append pre-built rows to ledger tables in ONE transaction: for seeded demo/test/bench ledgers only.
 
-        This bypasses ``engine.machine`` and ``accept_terminal``: the caller (``engine.seeding``)
+        This bypasses ``engine.machine`` and ``accept_terminal``: the caller (``demo.seed``)
         vouches that the rows are one consistent history. The service never calls it. The database's
         own keys still hold, so a second receipt or outbox row for a call node fails the whole import.
         Columns are matched by name. Sequence-backed ids (``transitions.seq``,
@@ -1979,7 +1245,7 @@ class Ledger:
     def gate_inputs(self, now: datetime) -> dict[str, dict[str, object]]:
         """The raw inputs of the six gates, read from the ledger only (no thresholds applied here).
 
-        One statement, defined once in ``engine.gate_sql`` and shared with the console.
+        One statement, defined once in ``engine.ledger.gate_sql`` and shared with the console.
         """
         cur = self._con.execute(gate_inputs_sql(now))
         row = cur.fetchone()
@@ -2374,12 +1640,6 @@ class Ledger:
         return out
 
 
-def _string_list(value: object) -> list[str]:
-    if not isinstance(value, list | tuple):
-        raise InvalidRecord(f"expected a list of strings, got {value!r}")
-    return [str(v) for v in value]
-
-
 def _warm_up_operation() -> Operation:
     now = datetime(2000, 1, 1, tzinfo=UTC)
     return Operation(
@@ -2400,31 +1660,6 @@ def _warm_up_operation() -> Operation:
 
 
 _WARM_UP_OP: Final = _warm_up_operation()
-
-_TABLES: Final = frozenset(
-    {
-        "op_identity",
-        "op_state",
-        "operations",
-        "task_bindings",
-        "transitions",
-        "receipts",
-        "outbox",
-        "results",
-        "receipt_audit",
-        "polls",
-        "approvals",
-        "reconciliation",
-        "held_outcomes",
-        "explorer_runs",
-        "gate_runs",
-        "settings",
-        "rollout_state",
-        "rollout_events",
-        "rollout_assignments",
-        "shadow_diffs",
-    }
-)
 
 
 def _check_file(path: Path, read_only: bool) -> None:

@@ -3,7 +3,7 @@
 On a DuckDB file this process owns the ledger (one writing process per file); everything else
 (console, notebooks, CLI commands that change state) goes through its HTTP API. On a PostgreSQL
 URL any number of these processes share the ledger: each leases its work, fences its writes and
-books its requests in the shared QPS budget (see ``engine.service.executor``); analyst SQL runs in
+books its requests in the shared QPS budget (see ``service.executor``); analyst SQL runs in
 place (``PgLedger.analyst_query``) instead of on a snapshot.
 """
 
@@ -21,13 +21,14 @@ from pathlib import Path
 import uvicorn
 
 from engine.clock import SystemClock, monotonic_seconds
-from engine.ledger import Ledger
-from engine.ledgers import LedgerPort, open_ledger
-from engine.pg_ledger import PgLedger
-from engine.service.api import build_api
-from engine.service.config import ServiceConfig
-from engine.service.executor import Executor
-from engine.sqlbox import run_query
+from engine.ledger import open_ledger
+from engine.ledger.duckdb import Ledger
+from engine.ledger.port import LedgerPort
+from engine.ledger.postgres import PgLedger
+from engine.ledger.sandbox import run_query
+from service.api import build_api
+from service.config import ServiceConfig
+from service.executor import Executor
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ async def serve(
 ) -> None:
     """Run until SIGINT/SIGTERM; print one ``READY http://host:port`` line once listening.
 
-    ``ledger_target`` is a DuckDB path or a PostgreSQL URL (``engine.ledgers.open_ledger``);
+    ``ledger_target`` is a DuckDB path or a PostgreSQL URL (``engine.ledger.open_ledger``);
     ``lease_s`` overrides the config's lease length (PostgreSQL only).
     """
     ledger = open_ledger(ledger_target)

@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.client import ServiceRefused, ServiceUnavailable
-from engine.ledger import Ledger
+from engine.ledger.duckdb import Ledger
 from engine.model import RECEIPT_STATES, LocalState
-from engine.service.testing import ServiceProcess
+from service.client import ServiceRefused, ServiceUnavailable
+from service.testing import ServiceProcess
 
 
 @dataclass

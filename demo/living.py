@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from engine.client import ServiceClient, ServiceRefused, ServiceUnavailable
-from engine.service.testing import ServiceProcess, free_port
 from refserver.testing import RefServer
+from service.client import ServiceClient, ServiceRefused, ServiceUnavailable
+from service.testing import ServiceProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTOR_RELEASE = "demo-release-manager"
@@ -88,7 +88,7 @@ def write_config(folder: Path, servers: dict[str, RefServer]) -> Path:
     """The demo's service config: the report tool has a new path (the 2026-07-28 server) to roll out."""
     config = folder / "finality.toml"
     config.write_text(
-        f"""# Written by `make demo` (engine/demo.py). The rollout (shadow, then a 5 % canary of
+        f"""# Written by `make demo` (demo/living.py). The rollout (shadow, then a 5 % canary of
 # generate_report onto the 2026-07-28 server) is set through the rollout API at start.
 global_qps = 100
 rollout_salt = "demo"
@@ -114,8 +114,6 @@ qps = 60
 url = "{endpoint(servers["uploads"])}"
 protocol = "aip-151"
 qps = 60
-# The reference AIP-151 server deduplicates AIP-155 request_id; declared, because a service may not.
-request_id_dedupe = true
 
 [tools.generate_report]
 server = "reports"
@@ -422,7 +420,7 @@ def explore_into(ledger: Path, permutations: int) -> subprocess.Popen[str]:
         [
             sys.executable,
             "-m",
-            "engine",
+            "service",
             "explore",
             "--code",
             "model",

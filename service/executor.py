@@ -40,7 +40,7 @@ import socket
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
@@ -50,8 +50,8 @@ from engine.adapters import AdapterOptions, CallMode, discover, open_backend, pl
 from engine.adapters.base import Backend, Capabilities, Json
 from engine.clock import Clock, monotonic_seconds
 from engine.errors import DuplicateOperation, EngineError, NegotiationError
-from engine.ledger import BatchOutcome
-from engine.ledgers import LeasingLedgerPort, LedgerPort
+from engine.ledger.port import BatchOutcome, Fence, LeaseLost, LeasingLedgerPort, LedgerPort
+from engine.ledger.postgres import PgLedger
 from engine.machine import step
 from engine.model import (
     RECEIPT_STATES,
@@ -70,18 +70,17 @@ from engine.model import (
     Transition,
     new_operation,
 )
-from engine.pg_ledger import Fence, LeaseLost, PgLedger
 from engine.runtime.call import ADAPTER_VERSION
 from engine.runtime.driver import Driver, StaleRound, Wake
 from engine.runtime.limiter import Limiter, SharedLimiter
 from engine.schedule import PollPolicy
-from engine.service.batching import BatchingLedger
-from engine.service.config import ServerConfig, ServiceConfig, ToolConfig
 from rollout.assign import Arm, bucket
 from rollout.controller import RolloutController
 from rollout.plan import Action, Request, RolloutRefused
 from rollout.route import Route, Router, ToolPaths
 from rollout.shadow import SHADOW_SUFFIX, shadow_call_node
+from service.batching import BatchingLedger
+from service.config import ServerConfig, ServiceConfig, ToolConfig
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -264,9 +263,9 @@ class Executor:
             retry_backoff=poll.retry_backoff,
         )
         for name, server in self.config.servers.items():
-            options = AdapterOptions(clock=self.clock, request_id_dedupe=server.request_id_dedupe)
+            options = AdapterOptions(clock=self.clock)
             if server.max_result_bytes is not None:
-                options = replace(options, max_result_bytes=server.max_result_bytes)
+                options = AdapterOptions(clock=self.clock, max_result_bytes=server.max_result_bytes)
             if server.protocol == "auto":
                 protocol = await discover(server.url, self.client, server.token, options=options)
             else:
@@ -1070,29 +1069,6 @@ class Executor:
             logger.warning("shadow %s not cancelled with its primary: %s", shadow.operation_id, exc)
             return
         self._touched(after)
-
-    async def resubmit(self, call_node: str, *, actor: str, reason: str) -> Operation:
-        """A person's resubmission under the same key of an operation they declared absent.
-
-        Recorded with actor and reason before the submission goes out; 409 unless NOT_FOUND_SAFE.
-        """
-        if not actor.strip() or not reason.strip():
-            raise ServiceError(400, "actor and reason are required")
-
-        async def do() -> Operation:
-            op = self._current(call_node)
-            driver = self._driver_for(op)
-            if driver is None:
-                raise ServiceError(409, f"operation's server {op.server} is not configured")
-            try:
-                with self._store.immediate():
-                    after = driver.resubmit(op, actor=actor, reason=reason)
-            except EngineError as exc:
-                raise ServiceError(409, str(exc)) from exc
-            self._touched(after)
-            return after
-
-        return await self._between_ticks(do)
 
     async def answer(self, operation_id: str, *, input_round: int, answer: Json, actor: str) -> Operation:
         """Answer one input round; a stale round is refused with 409 and changes nothing."""

@@ -16,13 +16,12 @@ from contextlib import closing
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from engine.adapters.config import AdapterOptions
-from engine.client import ServiceRefused as ServiceRefusedError
 from engine.clock import SystemClock
 from engine.errors import BackendError, ConfigError, EngineError, LedgerError, NegotiationError
+from service.client import ServiceRefused as ServiceRefusedError
 
 if TYPE_CHECKING:  # both ledgers (DuckDB, PostgreSQL) offer this port
-    from engine.ledgers import LedgerPort
+    from engine.ledger.port import LedgerPort
 from engine.model import RECEIPT_STATES, ToolRef
 from engine.runtime.call import CallSpec, run_call
 from engine.runtime.report import operation_report
@@ -78,11 +77,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--sync-limit", type=_seconds, metavar="SECONDS", help="the tool's published synchronous limit"
     )
     call.add_argument("--answer", type=_json_object, help="answer every input round with this JSON object")
-    call.add_argument(
-        "--request-id-dedupe",
-        action="store_true",
-        help="AIP-151: the service deduplicates request_id, so a lost submission may be looked up by key",
-    )
     call.add_argument("--json", action="store_true")
 
     show = sub.add_parser("show", help="print a call node's operation from the ledger")
@@ -255,7 +249,7 @@ def _print_rollout_status(status: dict[str, object]) -> None:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from engine.client import ServiceClient
+    from service.client import ServiceClient
 
     command = args.rollout_command
     with ServiceClient(args.service) as client:
@@ -318,7 +312,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         with closing(_open(args.ledger, read_only=True)) as ledger:
             report = verify_ledger(ledger).as_json()
     else:
-        from engine.client import ServiceClient
+        from service.client import ServiceClient
 
         with ServiceClient(args.service or "http://127.0.0.1:8700") as client:
             report = client.rollout_audit()
@@ -354,8 +348,8 @@ def _print_report(report: dict[str, object], as_json: bool) -> None:
 
 
 def _open(target: str, *, read_only: bool = False) -> LedgerPort:
-    """A DuckDB file or a ``postgresql://`` URL (``engine.ledgers.open_ledger``)."""
-    from engine.ledgers import open_ledger
+    """A DuckDB file or a ``postgresql://`` URL (``engine.ledger.open_ledger``)."""
+    from engine.ledger import open_ledger
 
     return open_ledger(target, read_only=read_only)
 
@@ -379,7 +373,6 @@ def cmd_call(args: argparse.Namespace) -> int:
         cancel_after=args.cancel_after,
         sync_limit=args.sync_limit,
         answer=args.answer,
-        options=AdapterOptions(request_id_dedupe=args.request_id_dedupe),
     )
     with closing(_open(args.ledger)) as ledger:
         op = asyncio.run(run_call(spec, ledger, SystemClock()))
@@ -439,8 +432,8 @@ def cmd_gates(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
-    from engine.service.config import load_config
-    from engine.service.serve import serve
+    from service.config import load_config
+    from service.serve import serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -461,7 +454,7 @@ def _emit(value: object, as_json: bool) -> None:
 
 
 def cmd_service(args: argparse.Namespace) -> int:
-    from engine.client import ServiceClient
+    from service.client import ServiceClient
 
     with ServiceClient(args.service) as client:
         match args.command:

@@ -5,7 +5,7 @@ returning one row, for both backends: written in SQL that DuckDB and PostgreSQL 
 fragments each says its own way (``GATE_INPUTS_DIALECTS``, side by side). It runs on the ledger's own
 connection (``Ledger.gate_inputs``, used by the rollout controller, ``finality gates`` and
 ``GET /api/v1/gates``), as a sandboxed query on a snapshot or a read-only ledger file (the console,
-``engine.insights``) and, on PostgreSQL, as analyst SQL (``PgLedger.analyst_query``). The one
+``console.insights``) and, on PostgreSQL, as analyst SQL (``PgLedger.analyst_query``). The one
 parameters, ``{now}`` and ``{revision}``, are filled with a ``TIMESTAMPTZ`` literal and the running
 code's git revision by ``gate_inputs_sql(now, dialect)`` (the sandbox takes no bound parameters, so
 the text carries them itself).
@@ -108,7 +108,7 @@ FROM explorer, ops, dups, cancels, pending, unknown, trace
 (``GATE_INPUTS_DIALECTS``) as placeholders; fill them with ``gate_inputs_sql``."""
 
 DIALECTS: Final = ("duckdb", "postgres")
-"""The SQL dialects of the ledger's backends: DuckDB (``engine.ledger``) and PostgreSQL (``engine.pg_ledger``)."""
+"""The SQL dialects of the ledger's backends: DuckDB (``engine.ledger``) and PostgreSQL (``engine.ledger.postgres``)."""
 
 
 def seconds_between(later: str, earlier: str) -> str:

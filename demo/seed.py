@@ -12,10 +12,10 @@ under a few minutes. The rows are written by ``Ledger.import_rows`` (one transac
 this module only; the service never writes this way.
 
 Arms: a shadow operation has role ``shadow``; a primary operation is on the ``canary`` arm when its
-adapter version is ``CANARY_ADAPTER_VERSION`` and on ``control`` otherwise (see ``engine.insights``).
+adapter version is ``CANARY_ADAPTER_VERSION`` and on ``control`` otherwise (see ``console.insights``).
 
-    python -m engine.seeding --ops 100000 --out data/seeded.duckdb [--seed 0]
-    python -m engine.seeding --ops 100000 --out postgresql://user:pw@host/db   # an empty database
+    python -m demo.seed --ops 100000 --out data/seeded.duckdb [--seed 0]
+    python -m demo.seed --ops 100000 --out postgresql://user:pw@host/db   # an empty database
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.clock import Clock, SystemClock
-from engine.gate_sql import WRITE_SETTLE_S
-from engine.ledger import ExplorerRun, GateRecord
-from engine.ledgers import LedgerPort, is_postgres, open_ledger
+from engine.ledger import is_postgres, open_ledger
+from engine.ledger.gate_sql import WRITE_SETTLE_S
+from engine.ledger.port import ExplorerRun, GateRecord, LedgerPort
 from engine.model import SCHEMA_VERSION
 
 CANARY_ADAPTER_VERSION = "finality-0.2"
@@ -883,7 +883,7 @@ def _closing_gate_run(ledger: LedgerPort, at: datetime) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine.seeding", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m demo.seed", description=__doc__.split("\n")[0])
     parser.add_argument("--ops", type=int, default=10_000)
     parser.add_argument("--out", required=True)
     parser.add_argument("--seed", type=int, default=0)

@@ -18,8 +18,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
-from engine.client import ServiceClient
 from refserver.testing import RefServer
+from service.client import ServiceClient
 
 _ROOT = Path(__file__).resolve().parents[2]
 
@@ -70,7 +70,7 @@ class ServiceProcess:
             [
                 sys.executable,
                 "-m",
-                "engine",
+                "service",
                 "serve",
                 "--ledger",
                 str(self.ledger),
@@ -208,7 +208,6 @@ qps = 200
 url = "{servers["aip"].url}"
 protocol = "aip-151"
 qps = 200
-request_id_dedupe = {"true" if servers["aip"].dedupes_request_id else "false"}
 
 [servers.ext]
 url = "{servers["ext"].endpoint}"

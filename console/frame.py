@@ -1,0 +1,167 @@
+"""Finality console: sets the page config, builds one ``Insights`` per configuration, and runs the chosen page.
+
+Presentation only. Every page reads through ``console.insights`` (the running service over HTTP, or
+a ledger file or PostgreSQL ledger read-only when no service runs: ``FINALITY_SERVICE_URL`` /
+``FINALITY_LEDGER``).
+Each page's URL is its file's name (``/rollout_control``), and any page can be opened first.
+
+    streamlit run app.py
+
+Why pages call ``console_insights()``: Streamlit treats an app with a ``pages/`` folder as a
+"pages directory" app until some session has called ``st.navigation``. Until then, a page URL opened
+first runs that page's file alone, without this script (no ``Insights``, no sidebar). A page that
+finds this script did not run in the current run runs it (its ``st.navigation`` ends that mode for the
+server and draws the page as usual, widget events included) and stops its own copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import streamlit as st
+
+from console.insights import Insights
+from console.views import ConsoleError, GateView
+
+logger = logging.getLogger("finality.console")
+
+
+# Session-state flag: set while this script runs (a page drawn by ``navigation.run()`` sees it).
+# (No bare string literals at this level: Streamlit's "magic" would draw them.)
+_RUNNING = "app_running"
+
+
+def pages() -> list[st.Page]:
+    """The console's pages; each one's URL path is its file's name."""
+    return [
+        st.Page("pages/overview.py", title="Overview", icon=":material/dashboard:", default=True),
+        st.Page(
+            "pages/cancel_latency.py",
+            title="Cancel latency",
+            icon=":material/timer:",
+            url_path="cancel_latency",
+        ),
+        st.Page(
+            "pages/reconciliation.py",
+            title="UNKNOWN and reconciliation",
+            icon=":material/help:",
+            url_path="reconciliation",
+        ),
+        st.Page(
+            "pages/gate_compliance.py",
+            title="Gate compliance",
+            icon=":material/rule:",
+            url_path="gate_compliance",
+        ),
+        st.Page("pages/operations.py", title="Operations", icon=":material/list:", url_path="operations"),
+        st.Page("pages/approvals.py", title="Approvals", icon=":material/approval:", url_path="approvals"),
+        st.Page(
+            "pages/rollout_control.py",
+            title="Rollout control",
+            icon=":material/rocket_launch:",
+            url_path="rollout_control",
+        ),
+        st.Page("pages/sql.py", title="SQL", icon=":material/database:", url_path="sql"),
+        st.Page(
+            "pages/evidence_bundle.py",
+            title="Evidence bundle",
+            icon=":material/folder_zip:",
+            url_path="evidence_bundle",
+        ),
+    ]
+
+
+@st.cache_resource(show_spinner=False)
+def _insights(service_url: str, ledger: str) -> Insights:
+    return Insights.from_env({"FINALITY_SERVICE_URL": service_url, "FINALITY_LEDGER": ledger, **_tuning()})
+
+
+def _tuning() -> dict[str, str]:
+    keys = ("FINALITY_CONSOLE_CACHE_S", "FINALITY_CONSOLE_GATE_CACHE_S", "FINALITY_CONSOLE_GATE_INTERVAL_S")
+    return {k: os.environ[k] for k in keys if k in os.environ}
+
+
+def console_insights() -> Insights:
+    """What a page reads through; when the page was run without this script (opened first by its URL
+    while Streamlit was still in its pages-directory mode), run the console around it instead."""
+    if not st.session_state.get(_RUNNING):
+        main()  # st.navigation ends that mode, then draws this same page inside the console as usual
+        st.stop()  # ...so the copy of the page Streamlit started alone stops here
+    insights: Insights = st.session_state["app_insights"]
+    return insights
+
+
+def gate_stamp(insights: Insights, gates: GateView, key: str) -> None:
+    """Next to the gates: when they were evaluated, how long ago and why that is current, and a
+    "Re-evaluate now" button (the service evaluates and records a run; a file console reads the file)."""
+    left, right = st.columns([5, 1])
+    left.caption(gates.stamp(insights.now()))
+    right.button(
+        "Re-evaluate now",
+        key=key,
+        on_click=_reevaluate,
+        args=(insights,),
+        help="Evaluate the six gates on the ledger now instead of showing the latest recorded run.",
+    )
+    failure = st.session_state.pop("app_gates_error", None)
+    if failure:
+        st.error(failure)
+
+
+def _reevaluate(insights: Insights) -> None:
+    # A button callback runs before the page's next run, so the page then shows the fresh evaluation.
+    try:
+        insights.reevaluate()
+    except ConsoleError as exc:
+        st.session_state["app_gates_error"] = f"Re-evaluation failed: {exc}"
+
+
+def _set_actor() -> None:
+    st.session_state["app_actor"] = st.session_state["app_actor_input"].strip()
+
+
+def main() -> None:
+    st.set_page_config(page_title="Finality console", page_icon=":material/verified:", layout="wide")
+    navigation = st.navigation(pages())
+    try:
+        insights = _insights(
+            os.environ.get("FINALITY_SERVICE_URL", "").strip(), os.environ.get("FINALITY_LEDGER", "").strip()
+        )
+    except ConsoleError as exc:
+        st.title("Finality console")
+        st.error(str(exc))
+        st.stop()
+
+    st.session_state["app_insights"] = insights
+    st.session_state["app_refresh_s"] = float(os.environ.get("FINALITY_CONSOLE_REFRESH_S", "10"))
+    # The actor lives under a plain key (widget keys are dropped on pages where the widget is not drawn).
+    st.session_state.setdefault("app_actor", os.environ.get("FINALITY_ACTOR", ""))
+    st.session_state.setdefault("app_actor_input", st.session_state["app_actor"])
+
+    with st.sidebar:
+        info = insights.info
+        if info.kind == "service":
+            st.caption(f"Live: service at {info.location}")
+        elif info.kind == "postgres":
+            st.caption(f"Read-only: PostgreSQL ledger {info.location}")
+            if info.note:
+                st.warning(info.note)
+        else:
+            st.caption(f"Read-only: ledger file {info.location}")
+            if info.note:
+                st.warning(info.note)
+        st.text_input(
+            "Your name (recorded as the actor of every action)", key="app_actor_input", on_change=_set_actor
+        )
+
+    st.session_state[_RUNNING] = True
+    try:
+        navigation.run()
+    except ConsoleError as exc:
+        st.error(str(exc))
+    except Exception:
+        logger.exception("console page %s failed", navigation.title)
+        st.error("This page failed; the error is in the console's log.")
+    finally:
+        st.session_state[_RUNNING] = False

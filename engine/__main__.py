@@ -1,3 +1,0 @@
-from engine.cli import main
-
-raise SystemExit(main())

@@ -1,0 +1,532 @@
+"""The ledger's schema, written once for both dialects: the recorded migrations, column lists and Arrow schemas.
+
+Data only: no connection is opened here; the backends run these statements.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import pyarrow as pa
+
+EXPLORER_CODE_MIGRATION: Final[tuple[str, ...]] = (
+    # Rows from before this migration did not say what ran: 'unrecorded', which no gate counts.
+    "ALTER TABLE explorer_runs ADD COLUMN code VARCHAR DEFAULT 'unrecorded'",
+    "ALTER TABLE explorer_runs ADD COLUMN revision VARCHAR",
+)
+"""Shared with the PostgreSQL ledger (its own migration number)."""
+
+MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
+    (
+        1,
+        "operations, transitions, receipts, outbox",
+        (
+            """CREATE TABLE op_identity (
+                operation_id VARCHAR PRIMARY KEY,
+                call_node_id VARCHAR NOT NULL UNIQUE,
+                role VARCHAR NOT NULL,
+                request_digest VARCHAR NOT NULL,
+                tool_name VARCHAR NOT NULL,
+                tool_version VARCHAR NOT NULL,
+                descriptor_version VARCHAR NOT NULL,
+                side_effects BOOLEAN NOT NULL,
+                principal VARCHAR NOT NULL,
+                protocol VARCHAR NOT NULL,
+                adapter_version VARCHAR NOT NULL,
+                server VARCHAR NOT NULL,
+                idempotency_key VARCHAR NOT NULL UNIQUE,
+                arguments VARCHAR NOT NULL,
+                schema_version VARCHAR NOT NULL,
+                created_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE op_state (
+                operation_id VARCHAR PRIMARY KEY,
+                state VARCHAR NOT NULL,
+                server_status VARCHAR,
+                task_id VARCHAR,
+                poll_cursor VARCHAR,
+                input_round INTEGER NOT NULL,
+                answered_round INTEGER NOT NULL,
+                input_request_key VARCHAR,
+                cancel_generation INTEGER NOT NULL,
+                cancel_requested_at TIMESTAMPTZ,
+                expires_at TIMESTAMPTZ,
+                result_digest VARCHAR,
+                result_held BOOLEAN NOT NULL,
+                effect_reconciliation_required BOOLEAN NOT NULL,
+                submit_attempts INTEGER NOT NULL,
+                epoch BIGINT NOT NULL,
+                row_version BIGINT NOT NULL,
+                updated_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE task_bindings (
+                server VARCHAR NOT NULL,
+                task_id VARCHAR NOT NULL,
+                operation_id VARCHAR NOT NULL,
+                bound_at TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (server, task_id)
+            )""",
+            "CREATE SEQUENCE transition_seq START 1",
+            """CREATE TABLE transitions (
+                seq BIGINT NOT NULL,
+                operation_id VARCHAR NOT NULL,
+                call_node_id VARCHAR NOT NULL,
+                from_state VARCHAR,
+                to_state VARCHAR NOT NULL,
+                event VARCHAR NOT NULL,
+                detail VARCHAR NOT NULL,
+                cause VARCHAR NOT NULL,
+                accepted BOOLEAN NOT NULL,
+                epoch BIGINT NOT NULL,
+                row_version BIGINT NOT NULL,
+                recorded_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE receipts (
+                call_node_id VARCHAR PRIMARY KEY,
+                operation_id VARCHAR NOT NULL UNIQUE,
+                request_digest VARCHAR NOT NULL,
+                task_id VARCHAR,
+                tool_version VARCHAR NOT NULL,
+                epoch BIGINT NOT NULL,
+                cancel_generation INTEGER NOT NULL,
+                status VARCHAR NOT NULL,
+                result_digest VARCHAR,
+                cancel_evidence VARCHAR,
+                role VARCHAR NOT NULL,
+                accepted_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE outbox (
+                call_node_id VARCHAR PRIMARY KEY REFERENCES receipts (call_node_id),
+                operation_id VARCHAR NOT NULL,
+                status VARCHAR NOT NULL,
+                terminal_status VARCHAR NOT NULL,
+                result_digest VARCHAR,
+                payload VARCHAR,
+                created_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE results (
+                operation_id VARCHAR PRIMARY KEY,
+                digest VARCHAR NOT NULL,
+                status VARCHAR NOT NULL,
+                payload VARCHAR NOT NULL,
+                stored_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE receipt_audit (
+                call_node_id VARCHAR NOT NULL,
+                operation_id VARCHAR NOT NULL,
+                kind VARCHAR NOT NULL,
+                digest VARCHAR,
+                payload VARCHAR,
+                recorded_at TIMESTAMPTZ NOT NULL
+            )""",
+        ),
+    ),
+    (
+        2,
+        "polls, approvals, reconciliation",
+        (
+            """CREATE TABLE polls (
+                operation_id VARCHAR NOT NULL,
+                server VARCHAR NOT NULL,
+                method VARCHAR NOT NULL,
+                epoch BIGINT NOT NULL,
+                sent_at TIMESTAMPTZ NOT NULL,
+                received_at TIMESTAMPTZ,
+                outcome VARCHAR NOT NULL
+            )""",
+            """CREATE TABLE approvals (
+                operation_id VARCHAR NOT NULL,
+                input_round INTEGER NOT NULL,
+                request_key VARCHAR,
+                message VARCHAR NOT NULL,
+                requested_schema VARCHAR NOT NULL,
+                schema_digest VARCHAR NOT NULL,
+                deadline TIMESTAMPTZ,
+                status VARCHAR NOT NULL,
+                answer VARCHAR,
+                actor VARCHAR,
+                opened_at TIMESTAMPTZ NOT NULL,
+                answered_at TIMESTAMPTZ,
+                PRIMARY KEY (operation_id, input_round)
+            )""",
+            "CREATE SEQUENCE reconciliation_seq START 1",
+            """CREATE TABLE reconciliation (
+                entry_id BIGINT PRIMARY KEY,
+                operation_id VARCHAR NOT NULL,
+                kind VARCHAR NOT NULL,
+                reason VARCHAR NOT NULL,
+                idempotency_key VARCHAR NOT NULL,
+                task_id VARCHAR,
+                request_digest VARCHAR NOT NULL,
+                window_start TIMESTAMPTZ NOT NULL,
+                window_end TIMESTAMPTZ NOT NULL,
+                candidates VARCHAR NOT NULL,
+                status VARCHAR NOT NULL,
+                opened_at TIMESTAMPTZ NOT NULL,
+                resolved_at TIMESTAMPTZ,
+                actor VARCHAR,
+                resolution VARCHAR
+            )""",
+            """CREATE VIEW operations AS
+                SELECT i.operation_id, i.call_node_id, i.role, i.request_digest, i.tool_name, i.tool_version,
+                       i.descriptor_version, i.side_effects, i.principal, i.protocol, i.adapter_version, i.server,
+                       i.idempotency_key, s.task_id, s.poll_cursor, s.server_status, s.input_round,
+                       s.answered_round, s.input_request_key, s.cancel_generation, s.cancel_requested_at,
+                       s.expires_at, s.result_digest, s.result_held, s.effect_reconciliation_required,
+                       s.submit_attempts, s.state, s.epoch, s.row_version, i.schema_version, i.created_at,
+                       s.updated_at
+                FROM op_identity i JOIN op_state s USING (operation_id)""",
+        ),
+    ),
+    (
+        3,
+        "held outcomes",
+        (
+            """CREATE TABLE held_outcomes (
+                operation_id VARCHAR PRIMARY KEY,
+                status VARCHAR NOT NULL,
+                digest VARCHAR NOT NULL,
+                payload VARCHAR NOT NULL,
+                task_id VARCHAR,
+                epoch_echo BIGINT,
+                held_at TIMESTAMPTZ NOT NULL
+            )""",
+        ),
+    ),
+    (
+        4,
+        "explorer runs and gate runs",
+        (
+            "CREATE SEQUENCE explorer_run_seq START 1",
+            """CREATE TABLE explorer_runs (
+                run_id BIGINT PRIMARY KEY,
+                scenario VARCHAR NOT NULL,
+                protocol VARCHAR NOT NULL,
+                seed BIGINT NOT NULL,
+                explored BIGINT NOT NULL,
+                distinct_interleavings BIGINT NOT NULL,
+                divergent BIGINT NOT NULL,
+                exhaustive BOOLEAN NOT NULL,
+                rules VARCHAR NOT NULL,
+                shortest_trace VARCHAR,
+                started_at TIMESTAMPTZ NOT NULL,
+                finished_at TIMESTAMPTZ NOT NULL
+            )""",
+            "CREATE SEQUENCE gate_run_seq START 1",
+            """CREATE TABLE gate_runs (
+                run_id BIGINT NOT NULL,
+                gate VARCHAR NOT NULL,
+                passed BOOLEAN NOT NULL,
+                value DOUBLE,
+                threshold DOUBLE,
+                verdict VARCHAR NOT NULL,
+                inputs VARCHAR NOT NULL,
+                evaluated_at TIMESTAMPTZ NOT NULL,
+                PRIMARY KEY (run_id, gate)
+            )""",
+        ),
+    ),
+    (
+        5,
+        "settings",
+        (
+            """CREATE TABLE settings (
+                key VARCHAR PRIMARY KEY,
+                value VARCHAR NOT NULL,
+                updated_at TIMESTAMPTZ NOT NULL
+            )""",
+        ),
+    ),
+    (
+        6,
+        "rollout: state, hash-chained events, arm assignments, shadow diffs",
+        (
+            """CREATE TABLE rollout_state (
+                id INTEGER PRIMARY KEY CHECK (id = 1),
+                stage VARCHAR NOT NULL,
+                canary_bp INTEGER NOT NULL,
+                salt VARCHAR NOT NULL,
+                shadow_tools VARCHAR NOT NULL,
+                disabled_protocols VARCHAR NOT NULL,
+                epoch BIGINT NOT NULL,
+                head_seq BIGINT NOT NULL,
+                head_hash VARCHAR NOT NULL,
+                updated_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE rollout_events (
+                seq BIGINT PRIMARY KEY,
+                action VARCHAR NOT NULL,
+                actor VARCHAR NOT NULL,
+                reason VARCHAR NOT NULL,
+                override BOOLEAN NOT NULL,
+                before_state VARCHAR NOT NULL,
+                after_state VARCHAR NOT NULL,
+                detail VARCHAR NOT NULL,
+                gate_inputs VARCHAR NOT NULL,
+                gate_inputs_digest VARCHAR NOT NULL,
+                prev_hash VARCHAR NOT NULL,
+                hash VARCHAR NOT NULL,
+                recorded_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE rollout_assignments (
+                operation_id VARCHAR PRIMARY KEY,
+                call_node_id VARCHAR NOT NULL,
+                tool_name VARCHAR NOT NULL,
+                role VARCHAR NOT NULL,
+                arm VARCHAR NOT NULL,
+                stage VARCHAR NOT NULL,
+                bucket INTEGER NOT NULL,
+                canary_bp INTEGER NOT NULL,
+                server_name VARCHAR NOT NULL,
+                rerouted_from VARCHAR,
+                primary_operation_id VARCHAR,
+                rollout_seq BIGINT NOT NULL,
+                assigned_at TIMESTAMPTZ NOT NULL
+            )""",
+            """CREATE TABLE shadow_diffs (
+                primary_operation_id VARCHAR PRIMARY KEY,
+                shadow_operation_id VARCHAR NOT NULL UNIQUE,
+                call_node_id VARCHAR NOT NULL,
+                tool_name VARCHAR NOT NULL,
+                primary_status VARCHAR NOT NULL,
+                shadow_status VARCHAR NOT NULL,
+                primary_result_digest VARCHAR,
+                shadow_result_digest VARCHAR,
+                primary_content_digest VARCHAR,
+                shadow_content_digest VARCHAR,
+                primary_latency_ms DOUBLE NOT NULL,
+                shadow_latency_ms DOUBLE NOT NULL,
+                primary_polls INTEGER NOT NULL,
+                shadow_polls INTEGER NOT NULL,
+                diverged BOOLEAN NOT NULL,
+                differences VARCHAR NOT NULL,
+                recorded_at TIMESTAMPTZ NOT NULL
+            )""",
+        ),
+    ),
+    (
+        7,
+        "explorer runs name the code that ran and its revision (the gate counts only the shipped code's)",
+        EXPLORER_CODE_MIGRATION,
+    ),
+)
+
+
+SUPPORTED_SCHEMA: Final[int] = MIGRATIONS[-1][0]
+
+
+_STATE_COLUMNS: Final[tuple[str, ...]] = (
+    "operation_id",
+    "state",
+    "server_status",
+    "task_id",
+    "poll_cursor",
+    "input_round",
+    "answered_round",
+    "input_request_key",
+    "cancel_generation",
+    "cancel_requested_at",
+    "expires_at",
+    "result_digest",
+    "result_held",
+    "effect_reconciliation_required",
+    "submit_attempts",
+    "epoch",
+    "row_version",
+    "updated_at",
+)
+
+
+_TS = pa.timestamp("us", tz="UTC")
+
+
+_STATE_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("state", pa.string()),
+        ("server_status", pa.string()),
+        ("task_id", pa.string()),
+        ("poll_cursor", pa.string()),
+        ("input_round", pa.int32()),
+        ("answered_round", pa.int32()),
+        ("input_request_key", pa.string()),
+        ("cancel_generation", pa.int32()),
+        ("cancel_requested_at", _TS),
+        ("expires_at", _TS),
+        ("result_digest", pa.string()),
+        ("result_held", pa.bool_()),
+        ("effect_reconciliation_required", pa.bool_()),
+        ("submit_attempts", pa.int32()),
+        ("epoch", pa.int64()),
+        ("row_version", pa.int64()),
+        ("updated_at", _TS),
+        ("expected_version", pa.int64()),
+        ("expected_cancel_generation", pa.int32()),
+    ]
+)
+
+
+_TRANSITION_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("call_node_id", pa.string()),
+        ("from_state", pa.string()),
+        ("to_state", pa.string()),
+        ("event", pa.string()),
+        ("detail", pa.string()),
+        ("cause", pa.string()),
+        ("accepted", pa.bool_()),
+        ("epoch", pa.int64()),
+        ("row_version", pa.int64()),
+        ("recorded_at", _TS),
+    ]
+)
+
+
+_RECEIPT_SCHEMA: Final = pa.schema(
+    [
+        ("call_node_id", pa.string()),
+        ("operation_id", pa.string()),
+        ("request_digest", pa.string()),
+        ("task_id", pa.string()),
+        ("tool_version", pa.string()),
+        ("epoch", pa.int64()),
+        ("cancel_generation", pa.int32()),
+        ("status", pa.string()),
+        ("result_digest", pa.string()),
+        ("cancel_evidence", pa.string()),
+        ("role", pa.string()),
+        ("accepted_at", _TS),
+    ]
+)
+
+
+_RESULT_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("digest", pa.string()),
+        ("status", pa.string()),
+        ("payload", pa.string()),
+        ("stored_at", _TS),
+    ]
+)
+
+
+_OUTBOX_SCHEMA: Final = pa.schema(
+    [
+        ("call_node_id", pa.string()),
+        ("operation_id", pa.string()),
+        ("status", pa.string()),
+        ("terminal_status", pa.string()),
+        ("result_digest", pa.string()),
+        ("payload", pa.string()),
+        ("created_at", _TS),
+    ]
+)
+
+
+_HELD_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("status", pa.string()),
+        ("digest", pa.string()),
+        ("payload", pa.string()),
+        ("task_id", pa.string()),
+        ("epoch_echo", pa.int64()),
+        ("held_at", _TS),
+    ]
+)
+
+
+_EXPECT_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("expected_version", pa.int64()),
+        ("expected_cancel_generation", pa.int32()),
+    ]
+)
+
+
+_BINDING_SCHEMA: Final = pa.schema(
+    [("server", pa.string()), ("task_id", pa.string()), ("operation_id", pa.string()), ("bound_at", _TS)]
+)
+
+
+_POLL_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("server", pa.string()),
+        ("method", pa.string()),
+        ("epoch", pa.int64()),
+        ("sent_at", _TS),
+        ("received_at", _TS),
+        ("outcome", pa.string()),
+    ]
+)
+
+
+_IDENTITY_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("call_node_id", pa.string()),
+        ("role", pa.string()),
+        ("request_digest", pa.string()),
+        ("tool_name", pa.string()),
+        ("tool_version", pa.string()),
+        ("descriptor_version", pa.string()),
+        ("side_effects", pa.bool_()),
+        ("principal", pa.string()),
+        ("protocol", pa.string()),
+        ("adapter_version", pa.string()),
+        ("server", pa.string()),
+        ("idempotency_key", pa.string()),
+        ("arguments", pa.string()),
+        ("schema_version", pa.string()),
+        ("created_at", _TS),
+    ]
+)
+
+
+_ASSIGNMENT_SCHEMA: Final = pa.schema(
+    [
+        ("operation_id", pa.string()),
+        ("call_node_id", pa.string()),
+        ("tool_name", pa.string()),
+        ("role", pa.string()),
+        ("arm", pa.string()),
+        ("stage", pa.string()),
+        ("bucket", pa.int32()),
+        ("canary_bp", pa.int32()),
+        ("server_name", pa.string()),
+        ("rerouted_from", pa.string()),
+        ("primary_operation_id", pa.string()),
+        ("rollout_seq", pa.int64()),
+        ("assigned_at", _TS),
+    ]
+)
+
+
+_TABLES: Final = frozenset(
+    {
+        "op_identity",
+        "op_state",
+        "operations",
+        "task_bindings",
+        "transitions",
+        "receipts",
+        "outbox",
+        "results",
+        "receipt_audit",
+        "polls",
+        "approvals",
+        "reconciliation",
+        "held_outcomes",
+        "explorer_runs",
+        "gate_runs",
+        "settings",
+        "rollout_state",
+        "rollout_events",
+        "rollout_assignments",
+        "shadow_diffs",
+    }
+)
