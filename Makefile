@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit browser postgres bench clean
+.PHONY: demo test lint typecheck unit browser postgres bench mutants clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py $(BENCH_ARGS)
+
+# One-line bugs applied one at a time to a throwaway copy of the tree: does the explorer (and do the
+# targeted tests) catch each? Writes bench/results/mutants.md.
+mutants: $(STAMP)
+	$(PY) bench/mutants.py --tests $(MUTANTS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

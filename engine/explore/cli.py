@@ -59,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--replay",
         metavar="SCENARIO@PROTOCOL:CHOICES",
-        help="run one interleaving again by its choices (as a failing trace prints them) and print its timeline",
+        help="run one interleaving again by its choices (as a failing trace prints them) and print its "
+        "timeline; a trailing ':duckdb' runs it on the DuckDB ledger",
     )
     parser.add_argument(
         "--permutations",
@@ -333,6 +334,8 @@ def _replay(spec: str, code: str, rules: object, out: TextIO, err: TextIO) -> in
         name, _, protocol_name = head.partition("@")
         scenario = scenario_named(name)
         protocol = Protocol(protocol_name)
+        tail, _, ledger = tail.partition(":")
+        ledger = ledger or "memory"
         choices = [int(c) for c in tail.split(",") if c.strip()]
     except (KeyError, ValueError) as exc:
         print(
@@ -341,7 +344,7 @@ def _replay(spec: str, code: str, rules: object, out: TextIO, err: TextIO) -> in
         )
         return EXIT_USAGE
     try:
-        trace = render_trace(scenario, protocol, rules, choices, code=code)
+        trace = render_trace(scenario, protocol, rules, choices, code=code, ledger=ledger)
     except (IndexError, ValueError) as exc:
         print(f"finality explore: those choices do not replay on this code: {exc}", file=err)
         return EXIT_USAGE

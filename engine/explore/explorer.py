@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from engine.clock import monotonic_seconds
 from engine.explore.prune import StateLimit, explore_pruned
-from engine.explore.result import CODES, Failing, PairResult, new_world, render_trace, replay
+from engine.explore.result import CODES, DUCKDB_SHARE, Failing, PairResult, new_world, render_trace, replay
 from engine.explore.rules import ENGINE, Rules
 from engine.explore.scenario import Scenario
 from engine.model import Protocol
@@ -112,7 +112,10 @@ class PairExplorer:
 
     def _one(self, result: PairResult) -> None:
         scenario, protocol, rng, dfs = self.scenario, self.protocol, self.rng, self.dfs
-        world = new_world(scenario, protocol, self.rules, code=self.code, trace=False)
+        # A share of the shipped code's runs write through the real DuckDB ledger.
+        share = self.code == "shipped" and result.explored % DUCKDB_SHARE == DUCKDB_SHARE - 1
+        ledger = "duckdb" if share else "memory"
+        world = new_world(scenario, protocol, self.rules, code=self.code, trace=False, ledger=ledger)
         node = self.root
         path: list[_Node] = []
         choices: list[int] = []
@@ -155,7 +158,7 @@ class PairExplorer:
             for kind, _ in findings:
                 result.kinds[kind] = result.kinds.get(kind, 0) + 1
             if result.shortest is None or len(choices) < len(result.shortest.choices):
-                result.shortest = Failing(tuple(choices), tuple(findings))
+                result.shortest = Failing(tuple(choices), tuple(findings), ledger)
         elif world.parked:
             result.parked += 1
         else:
@@ -176,7 +179,13 @@ class PairExplorer:
                 shortest = self._shortest_of_all() or shortest
                 result.shortest = shortest
             result.trace = render_trace(
-                self.scenario, self.protocol, self.rules, shortest.choices, shortest.findings, code=self.code
+                self.scenario,
+                self.protocol,
+                self.rules,
+                shortest.choices,
+                shortest.findings,
+                code=self.code,
+                ledger=shortest.ledger,
             )
         return result
 

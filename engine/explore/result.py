@@ -22,6 +22,9 @@ against the reference servers; ``model`` is the simulated executor and servers (
 ``server.py``), kept until the shipped explorer covers every scenario."""
 
 Finding = tuple[str, str]
+DUCKDB_SHARE = 8
+"""Every this-many-th run of a shipped-code pair writes through the real DuckDB ledger (the others
+through the in-memory one, which keeps the same rules and is much faster)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +33,8 @@ class Failing:
 
     choices: tuple[int, ...]
     findings: tuple[Finding, ...]
+    ledger: str = "memory"
+    """The shipped code's runs: the ledger it ran on (``memory``, or ``duckdb`` for a share of them)."""
 
 
 @dataclass(slots=True)
@@ -58,7 +63,9 @@ class PairResult:
     """Which code ran (``CODES``)."""
 
 
-def new_world(scenario: Scenario, protocol: Protocol, rules: Rules, *, code: str, trace: bool) -> Any:
+def new_world(
+    scenario: Scenario, protocol: Protocol, rules: Rules, *, code: str, trace: bool, ledger: str = "memory"
+) -> Any:
     """A fresh run of ``scenario`` under ``protocol`` on the code ``code`` names.
 
     Raises:
@@ -72,7 +79,7 @@ def new_world(scenario: Scenario, protocol: Protocol, rules: Rules, *, code: str
             )
         from engine.explore.shipped import WireWorld  # imported here: it loads the adapters and refserver
 
-        return WireWorld(scenario, protocol, trace=trace)
+        return WireWorld(scenario, protocol, trace=trace, ledger=ledger)
     if code == "model":
         from engine.explore.world import World
 
@@ -81,10 +88,16 @@ def new_world(scenario: Scenario, protocol: Protocol, rules: Rules, *, code: str
 
 
 def replay(
-    scenario: Scenario, protocol: Protocol, rules: Rules, choices: Sequence[int], *, code: str = "model"
+    scenario: Scenario,
+    protocol: Protocol,
+    rules: Rules,
+    choices: Sequence[int],
+    *,
+    code: str = "model",
+    ledger: str = "memory",
 ) -> Any:
     """Run one interleaving again, by its choices, with a trace (call ``finish`` on it for the checks)."""
-    world = new_world(scenario, protocol, rules, code=code, trace=True)
+    world = new_world(scenario, protocol, rules, code=code, trace=True, ledger=ledger)
     for i in choices:
         world.perform(world.enabled()[i])
     return world
@@ -98,13 +111,14 @@ def render_trace(
     findings: Sequence[Finding] | None = None,
     *,
     code: str = "model",
+    ledger: str = "memory",
 ) -> str:
     """The interleaving as a timeline, one line per step: actor, action -> local state / server state."""
-    world = replay(scenario, protocol, rules, choices, code=code)
+    world = replay(scenario, protocol, rules, choices, code=code, ledger=ledger)
     judged = world.finish()
     if findings is None:
         findings = judged
-    what = f"rules: {rules.name}" if code == "model" else "shipped code"
+    what = f"rules: {rules.name}" if code == "model" else f"shipped code, {ledger} ledger"
     head = f"{scenario.name} on {protocol} ({what}), {len(choices)} steps, choices {list(choices)}"
     body = world.lines or []
     tail = [f"  DIVERGENCE {kind}: {detail}" for kind, detail in findings]

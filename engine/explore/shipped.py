@@ -38,6 +38,7 @@ from engine.adapters.config import Timeouts
 from engine.errors import BackendError, EngineError, LedgerError, NegotiationError, ReceiptConflict
 from engine.explore.scenario import Scenario
 from engine.explore.wire import (
+    DuckPort,
     EngineClock,
     Kind,
     MemPort,
@@ -81,14 +82,13 @@ S = LocalState
 Action = tuple[str, str, object]
 Finding = tuple[str, str]
 
-SERVER = "sim"
-OP_ID = OperationId("op-1")
-NODE = "node-1"
+LEDGERS = ("memory", "duckdb")
 PRINCIPAL = Principal("anonymous")
 DURATION_MS = 10_000
 """The tool's work, in virtual milliseconds (long enough that no protocol answers synchronously)."""
 MAX_UNKNOWNS = 3
 _PASSIVE = frozenset({S.WORKING, S.INPUT_REQUIRED, S.CANCEL_REQUESTED})
+_EXCUSING = frozenset({Kind.SUBMIT, Kind.LOOKUP, Kind.RESULT})
 _REQUEST_FAULTS = frozenset({Kind.GET, Kind.RESULT, Kind.CANCEL, Kind.SUBMIT, Kind.LOOKUP})
 _PROTOCOLS = {
     Protocol.MCP_2025_11_25: ServerProtocol.MCP_2025_11_25,
@@ -123,6 +123,7 @@ class Kinds:
     UNVERSIONED = "unversioned"
     UNSETTLED = "unsettled"
     CRASHED = "crashed"
+    STUCK = "stuck"
 
 
 def _fault_kinds(scenario: Scenario) -> frozenset[Kind] | None:
@@ -152,7 +153,7 @@ class Incarnation:
             backend=self.backend,
             clock=world.clock,
             rng=random.Random(index),
-            server=SERVER,
+            server=world.server,
             epoch=epoch,
             policy=_POLICY,
         )
@@ -165,9 +166,21 @@ class Incarnation:
 class WireWorld:
     """The state of one run of the shipped code, and the steps that may change it."""
 
-    def __init__(self, scenario: Scenario, protocol: Protocol, *, trace: bool = False) -> None:
+    def __init__(
+        self, scenario: Scenario, protocol: Protocol, *, trace: bool = False, ledger: str = "memory"
+    ) -> None:
+        if ledger not in LEDGERS:
+            raise ValueError(f"unknown ledger {ledger!r}; choose one of {', '.join(LEDGERS)}")
         self.scenario = scenario
         self.protocol = protocol
+        self.ledger_kind = ledger
+        if ledger == "duckdb":
+            # One DuckDB ledger per process (opening and migrating one costs ~0.4 s); each run has a
+            # server name, operation and call node of its own in it.
+            run = next(_DUCK_RUNS)
+            self.server, self.op_id, self.node = f"sim-{run}", OperationId(f"op-{run}"), f"node-{run}"
+        else:
+            self.server, self.op_id, self.node = "sim", OperationId("op-1"), "node-1"
         self.vt = VirtualTime()
         self.loop = VirtualLoop(self.vt)
         self.clock = EngineClock(self.vt)
@@ -181,7 +194,7 @@ class WireWorld:
         self.url = "http://sim" if protocol is Protocol.AIP_151 else "http://sim/mcp"
         self.options = AdapterOptions(timeouts=_OPTIONS_TIMEOUTS, clock=self.clock)
         self.net = Network(self.loop, self.app, passthrough=frozenset({Kind.HANDSHAKE}))
-        self.ledger = MemPort(SERVER)
+        self.ledger: Any = MemPort(self.server) if ledger == "memory" else DuckPort(_duck_ledger())
         self.writes: list[Write] = []
         self.executors = [Incarnation(self, 0, Epoch(1))]
         self.active = 0
@@ -198,6 +211,11 @@ class WireWorld:
         self.max_generation = 0
         self.answering: asyncio.Task[None] | None = None
         self.findings: list[Finding] = []
+        self.faulted = scenario.evict or scenario.flip
+        """Whether something happened that may leave the outcome unknown (a create, lookup or result
+        exchange that failed, a crash, a rollback, an expiry, a server losing tasks): a run without
+        one must end with a receipt, never parked in UNKNOWN. A lost status read or cancel is retried
+        and excuses nothing."""
         self.aborted = False
         self.submitted = False
         self.steps = 0
@@ -222,9 +240,9 @@ class WireWorld:
         if faults:
             sim["faults"] = faults
         return CallRequest(
-            call_node_id=CallNodeId(NODE),
+            call_node_id=CallNodeId(self.node),
             tool=BATCH_TOOL if scenario.side_effects else REPORT_TOOL,
-            arguments={"node": NODE, "_sim": sim},
+            arguments={"node": self.node, "_sim": sim},
             principal=PRINCIPAL,
         )
 
@@ -263,7 +281,7 @@ class WireWorld:
         inc.task = self.loop.create_task(guarded())
 
     def fingerprint(self) -> object:
-        op = self.ledger.get(OP_ID)
+        op = self.ledger.get(self.op_id)
         tasks = tuple(
             (t.task_id, t.status, t.rounds_answered, t.deleted_at is not None, t.cancel_at)
             for t in self.store._tasks.values()
@@ -280,7 +298,7 @@ class WireWorld:
         """Every step that may run next, in a fixed order (the explorer chooses among them)."""
         if self.aborted:
             return []
-        op = self.ledger.get(OP_ID)
+        op = self.ledger.get(self.op_id)
         inc = self.executors[self.active]
         if op is None:
             return [] if self.submitted else [("executor", "submit", 0)]
@@ -327,8 +345,8 @@ class WireWorld:
             out.append(("caller", "cancel", None))
         if (
             state is S.INPUT_REQUIRED
-            and self.ledger.answer_of(OP_ID, op.input_round) is None
-            and self.ledger.approval_message(OP_ID, op.input_round) is not None
+            and self.ledger.answer_of(self.op_id, op.input_round) is None
+            and self.ledger.approval_message(self.op_id, op.input_round) is not None
             and (self.answering is None or self.answering.done())
         ):
             out.append(("caller", "answer", op.input_round))
@@ -341,7 +359,7 @@ class WireWorld:
 
     def _main_task(self) -> Any:
         for task in self.store._tasks.values():
-            if task.echo.get("node") == NODE:
+            if task.echo.get("node") == self.node:
                 return task
         return None
 
@@ -373,6 +391,7 @@ class WireWorld:
         elif actor == "clock":
             task = self._main_task()
             self.passes -= 1
+            self.faulted = True
             task.advance(self.store.now())
             expires = task.expires_at()
             self.vt.seconds = max(self.vt.seconds, expires - 1000.0 + 0.001)
@@ -398,16 +417,16 @@ class WireWorld:
                 self.submitted = True
                 op = new_operation(
                     self.request,
-                    operation_id=OP_ID,
+                    operation_id=self.op_id,
                     protocol=self.protocol,
                     adapter_version="explorer",
-                    server=SERVER,
+                    server=self.server,
                     epoch=inc.epoch,
                     now=self.clock.now(),
                 )
                 wake = await inc.driver.submit_new(op, self.request.arguments)
             else:
-                current = self.ledger.get(OP_ID)
+                current = self.ledger.get(self.op_id)
                 assert current is not None
                 wake = await inc.driver.advance(current)
             self._after_advance(inc, before, wake)
@@ -415,7 +434,7 @@ class WireWorld:
         self._spawn(inc, work)
 
     def _after_advance(self, inc: Incarnation, before: object, wake: Wake) -> None:
-        op = self.ledger.get(OP_ID)
+        op = self.ledger.get(self.op_id)
         inc.parked = wake.at is None
         after = self.fingerprint()
         inc.idle_at = after if after == before or inc.parked else None
@@ -432,6 +451,8 @@ class WireWorld:
 
     async def _network(self, verb: str, msg: Message) -> None:
         net = self.net
+        if verb != "deliver" and msg.kind in _EXCUSING:
+            self.faulted = True
         if verb == "deliver":
             if msg.reply is None:
                 net.deliver(msg)
@@ -459,7 +480,7 @@ class WireWorld:
             raise ValueError(f"unknown network step {verb!r}")
 
     def _caller(self, verb: str) -> None:
-        op = self.ledger.get(OP_ID)
+        op = self.ledger.get(self.op_id)
         assert op is not None
         inc = self.executors[self.active]
         if verb == "cancel":
@@ -471,7 +492,7 @@ class WireWorld:
             self.max_generation = max(self.max_generation, after.cancel_generation)
             return
         if verb == "answer":
-            message = self.ledger.approval_message(OP_ID, op.input_round) or ""
+            message = self.ledger.approval_message(self.op_id, op.input_round) or ""
             round_ = op.input_round
 
             async def work() -> None:
@@ -502,6 +523,7 @@ class WireWorld:
     def _crash(self) -> None:
         dead = self.executors[self.active]
         self.crashes -= 1
+        self.faulted = True
         dead.alive = False
 
         async def kill() -> None:
@@ -520,7 +542,8 @@ class WireWorld:
 
     def _raise_epoch(self) -> None:
         self.raises -= 1
-        op = self.ledger.get(OP_ID)
+        self.faulted = True
+        op = self.ledger.get(self.op_id)
         assert op is not None
         t = step(op, EpochRaised(Epoch(op.epoch + 1), "operator"), self.clock.now())
         try:
@@ -544,10 +567,10 @@ class WireWorld:
 
     def _judge(self, unsettled: bool) -> list[Finding]:
         out: list[Finding] = []
-        op = self.ledger.get(OP_ID)
+        op = self.ledger.get(self.op_id)
         if op is None:
             return out
-        ours = [t for t in self.store._tasks.values() if t.echo.get("node") == NODE]
+        ours = [t for t in self.store._tasks.values() if t.echo.get("node") == self.node]
         if len(ours) > 1:
             names = ", ".join(t.task_id for t in ours)
             out.append((Kinds.SECOND_OPERATION, f"the server created {len(ours)} operations: {names}"))
@@ -556,7 +579,7 @@ class WireWorld:
             task.advance(self.store.now())
         self._check_writes(out)
         self._check_rounds(ours, out)
-        receipt = self.ledger.receipt_of(NODE)
+        receipt = self.ledger.receipt_of(self.node)
         if self.aborted:
             pass
         elif op.state in RECEIPT_STATES:
@@ -580,12 +603,14 @@ class WireWorld:
         elif unsettled:
             out.append((Kinds.UNSETTLED, f"still {op.state} after {self.steps} steps"))
         elif op.state is S.UNKNOWN:
-            if not self.ledger.has_open(OP_ID, "unknown"):
+            if not self.faulted:
+                out.append((Kinds.STUCK, "parked in UNKNOWN though nothing went wrong in the run"))
+            if not self.ledger.has_open(self.op_id, "unknown"):
                 out.append((Kinds.LOST, "UNKNOWN without a reconciliation item"))
             if op.task_id is None and not op.idempotency_key:
                 out.append((Kinds.LOST, "UNKNOWN with neither task id nor key to find it by"))
         elif op.state is S.INPUT_REQUIRED:
-            if self.ledger.approval_message(OP_ID, op.input_round) is None:
+            if self.ledger.approval_message(self.op_id, op.input_round) is None:
                 out.append((Kinds.LOST, f"INPUT_REQUIRED round {op.input_round} without an approval item"))
         else:
             out.append((Kinds.LOST, f"ended in {op.state} with nothing left to do"))
@@ -670,11 +695,20 @@ class WireWorld:
     def _server_digest(self, op: Operation) -> str | None:
         """The digest of the result the server holds, read by a fresh adapter (the judge).
 
-        Kept per protocol, scenario, task and result epoch: the server's result is planned from the
-        arguments alone, so every run that ends the same task the same way reads the same result.
+        Kept per protocol, scenario, call node (the arguments), task and epochs: the server's result is
+        planned from the arguments alone, so every run that ends the same task the same way reads the
+        same result.
         """
         task = self._main_task()
-        memo = (self.protocol, self.scenario, task.task_id, task.status, task.result_epoch, op.epoch)
+        memo = (
+            self.protocol,
+            self.scenario,
+            self.node,
+            task.task_id,
+            task.status,
+            task.result_epoch,
+            op.epoch,
+        )
         if memo in _JUDGED:
             return _JUDGED[memo]
         found = self._read_digest(op)
@@ -723,7 +757,7 @@ class WireWorld:
 
     @property
     def parked(self) -> bool:
-        op = self.ledger.get(OP_ID)
+        op = self.ledger.get(self.op_id)
         return op is not None and op.state in (S.UNKNOWN, S.INPUT_REQUIRED)
 
     # ------------------------------------------------------------------------------- traces
@@ -745,7 +779,7 @@ class WireWorld:
         return verb if arg is None else f"{verb} {arg}"
 
     def state_text(self) -> str:
-        op = self.ledger.get(OP_ID)
+        op = self.ledger.get(self.op_id)
         local = "-" if op is None else f"{op.state} e{op.epoch} g{op.cancel_generation}"
         task = self._main_task()
         remote = (
@@ -757,6 +791,16 @@ class WireWorld:
 
 
 _JUDGED: dict[tuple[object, ...], str] = {}
+_DUCK_RUNS = itertools.count(1)
+_DUCK: list[Any] = []
+
+
+def _duck_ledger() -> Any:
+    if not _DUCK:
+        from engine.ledger import Ledger  # imported here: most runs use the in-memory ledger
+
+        _DUCK.append(Ledger.open(":memory:"))
+    return _DUCK[0]
 
 
 def _truth(task: Any) -> ServerStatus | None:

@@ -477,6 +477,31 @@ class MemPort:
         return None
 
 
+class DuckPort:
+    """The real DuckDB ledger (``engine.ledger.Ledger``) with the few reads the explorer's checks use."""
+
+    def __init__(self, ledger: Any) -> None:
+        self._ledger = ledger
+
+    def receipt_of(self, call_node_id: str) -> Receipt | None:
+        return self._ledger.receipt(call_node_id)  # type: ignore[no-any-return]
+
+    def has_open(self, operation_id: str, kind: str) -> bool:
+        return any(
+            r["operation_id"] == operation_id and r["kind"] == kind
+            for r in self._ledger.reconciliation(open_only=True)
+        )
+
+    def approval_message(self, operation_id: str, input_round: int) -> str | None:
+        for r in reversed(self._ledger.approvals(pending_only=False)):
+            if r["operation_id"] == operation_id and r["input_round"] == input_round:
+                return str(r["message"])
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ledger, name)
+
+
 class Recording:
     """The ledger as one executor incarnation sees it: every write is also logged for the checks."""
 

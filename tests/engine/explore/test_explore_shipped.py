@@ -99,3 +99,38 @@ def test_a_recorded_shipped_run_names_its_code_and_revision(tmp_path: Path) -> N
         gates = ledger.gate_inputs(rows[0]["finished_at"])  # type: ignore[arg-type]
     assert {(r["code"], r["revision"]) for r in rows} == {("shipped", running_revision())}
     assert gates["terminal_divergence"]["explorer_runs"] == 3
+
+
+def test_a_share_of_runs_write_through_the_real_duckdb_ledger_and_pass_the_same_checks() -> None:
+    """Every eighth run of a pair uses the DuckDB ledger; a run there passes exactly as in memory."""
+    from engine.explore.shipped import WireWorld
+
+    world = WireWorld(scenario_named("complete-vs-cancel"), P.AIP_151, ledger="duckdb")
+    choices = 0
+    while (enabled := world.enabled()) and world.steps < 100:
+        world.perform(enabled[choices % len(enabled)])
+        choices += 1
+    assert type(world.ledger).__name__ == "DuckPort"
+    assert world.finish() == []
+    assert world.ledger.receipt_of(world.node) is not None
+
+
+def test_a_fault_free_run_that_parks_in_unknown_is_a_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing went wrong, yet no receipt: a failed tool result read as completed on 2025-11-25 parks the
+    operation in UNKNOWN (machine.step refuses the mismatch), which the explorer reports as stuck."""
+    from engine.adapters import mcp_2025_11_25
+    from engine.adapters.base import Outcome
+
+    original = mcp_2025_11_25.Mcp2025Backend.fetch_result
+
+    async def fetch_result(self: mcp_2025_11_25.Mcp2025Backend, op: Operation) -> Outcome:
+        from dataclasses import replace
+
+        from engine.model import ServerStatus
+
+        return replace(await original(self, op), status=ServerStatus.COMPLETED)
+
+    monkeypatch.setattr(mcp_2025_11_25.Mcp2025Backend, "fetch_result", fetch_result)
+    result = explore_pair(scenario_named("failure"), P.MCP_2025_11_25, budget=10, code="shipped")
+    assert result.divergent > 0
+    assert "stuck" in result.kinds

@@ -1,0 +1,554 @@
+"""``make mutants``: prove the safety net can fail. Apply realistic one-line bugs, one at a time, to a
+throwaway copy of the tree and report whether the explorer and the test suite catch each.
+
+For every mutant: copy the tracked files to a temporary directory (never the working tree), replace
+one line, then
+
+* explorer half: ``finality explore --code shipped`` (the real driver and adapters against the
+  reference servers) over the whole scenario catalogue, ``--per-pair`` interleavings per scenario
+  and protocol, stopping at the first divergent pair (the mutant's ``hint`` scenario goes first,
+  only to get there sooner);
+* test half (``--tests``): the mutant's targeted test files with ``pytest -x``.
+
+Writes ``bench/results/mutants.md`` (one row per mutant: area, the bug, whether it breaks a seed
+rule on its own, caught by the explorer and by which scenario, caught by the tests and by which
+test) and prints how long each half took. Exit 1 when a mutant that breaks a seed rule survives
+the explorer. Usage::
+
+    python bench/mutants.py [--per-pair 30] [--tests] [--only ID ...] [--out bench/results/mutants.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    area: str
+    path: str
+    old: str
+    new: str
+    bug: str
+    seed_rule: bool
+    """The bug on its own breaks a rule of the seed (else it removes a second line of defence)."""
+    hint: str
+    tests: tuple[str, ...]
+
+
+RACE = ("tests/integration/test_race_cancel.py", "tests/integration/test_race_submission.py")
+RESULT = ("tests/integration/test_race_result.py", "tests/integration/test_race_happy_paths.py")
+
+MUTANTS: tuple[Mutant, ...] = (
+    # ---------------------------------------------------------------------------- the driver
+    Mutant(
+        "driver-blind-resubmit",
+        "driver",
+        "engine/runtime/driver.py",
+        "                case S.SUBMISSION_UNKNOWN:\n                    return await self._look_up(op)",
+        "                case S.SUBMISSION_UNKNOWN:\n                    mem.fresh_submit = True\n"
+        "                    return await self._submit(op, mem)",
+        "after a lost create response, send the create again instead of looking it up by key",
+        True,
+        "create-lost-no-lookup",
+        ("tests/integration/test_race_submission.py", "tests/engine/runtime"),
+    ),
+    Mutant(
+        "driver-ack-as-confirmed",
+        "driver",
+        "engine/runtime/driver.py",
+        "                op = self.commit(op, CancelAcknowledged(task, generation, self.epoch))",
+        "                op = self.commit(op, CancelConfirmed(task, generation, self.epoch))",
+        "a cancel acknowledgement recorded as a confirmed cancel",
+        True,
+        "complete-vs-cancel",
+        (*RACE, "tests/engine/runtime"),
+    ),
+    Mutant(
+        "driver-payload-dropped",
+        "driver",
+        "engine/runtime/driver.py",
+        "        op = self.commit(op, event, payload=outcome.payload)",
+        "        op = self.commit(op, event, payload=None)",
+        "the verified result is accepted without its payload",
+        True,
+        "happy",
+        (*RESULT, "tests/engine/runtime"),
+    ),
+    Mutant(
+        "driver-unknown-on-404-skipped",
+        "driver",
+        "engine/runtime/driver.py",
+        "            mem.failures = 0\n            return Wake(self.commit(op, NotFound(self.epoch)), self.clock.now())",
+        "            mem.failures = 0\n            return Wake(op, None)",
+        "a 404 on a status read parks the operation without a reconciliation item",
+        True,
+        "not-found-before-expiry",
+        ("tests/integration/test_race_polling.py", "tests/engine/runtime"),
+    ),
+    # ------------------------------------------------------------------ MCP 2025-11-25 adapter
+    Mutant(
+        "mcp25-32602-as-cancelled",
+        "adapter 2025-11-25",
+        "engine/adapters/mcp_2025_11_25.py",
+        "            if reply.error.code == INVALID_PARAMS:\n                return CancelResult.ALREADY_TERMINAL",
+        "            if reply.error.code == INVALID_PARAMS:\n                return CancelResult.CONFIRMED",
+        "a -32602 answer to tasks/cancel (the task already ended) taken as cancelled",
+        True,
+        "complete-vs-cancel",
+        (*RACE, "tests/engine/adapters"),
+    ),
+    Mutant(
+        "mcp25-iserror-as-completed",
+        "adapter 2025-11-25",
+        "engine/adapters/mcp_2025_11_25.py",
+        '            status = ServerStatus.FAILED if result.get("isError") is True else ServerStatus.COMPLETED',
+        "            status = ServerStatus.COMPLETED",
+        "a tool result with isError read as completed",
+        True,
+        "failure",
+        (*RESULT, "tests/engine/adapters"),
+    ),
+    Mutant(
+        "mcp25-cancel-requested-as-cancelled",
+        "adapter 2025-11-25",
+        "engine/adapters/mcp_2025_11_25.py",
+        "        cancelled = op.server_status is ServerStatus.CANCELLED",
+        "        cancelled = op.cancel_generation > 0",
+        "any requested cancel makes the fetched result a cancelled one",
+        True,
+        "complete-vs-cancel",
+        (*RACE, "tests/engine/adapters"),
+    ),
+    # ------------------------------------------------------------------ MCP 2026-07-28 adapter
+    Mutant(
+        "mcp26-ack-as-terminal",
+        "adapter 2026-07-28",
+        "engine/adapters/mcp_2026_07_28.py",
+        '        require_result(reply, "tasks/cancel")\n        return CancelResult.ACKNOWLEDGED',
+        '        require_result(reply, "tasks/cancel")\n        return CancelResult.CONFIRMED',
+        "the cancel acknowledgement taken as the cancelled terminal state",
+        True,
+        "complete-vs-cancel",
+        (*RACE, "tests/engine/adapters"),
+    ),
+    Mutant(
+        "mcp26-32602-on-cancel-as-cancelled",
+        "adapter 2026-07-28",
+        "engine/adapters/mcp_2026_07_28.py",
+        "            if reply.error.code == INVALID_PARAMS:\n                raise NotFoundOnServer(\n"
+        '                    f"tasks/cancel: the server does not know task',
+        "            if reply.error.code == INVALID_PARAMS:\n                return CancelResult.CONFIRMED\n"
+        '                raise NotFoundOnServer(\n                    f"tasks/cancel: the server does not know task',
+        "a -32602 on tasks/cancel taken as cancelled",
+        True,
+        "not-found-before-expiry",
+        (*RACE, "tests/engine/adapters"),
+    ),
+    Mutant(
+        "mcp26-cancelled-outcome-as-completed",
+        "adapter 2026-07-28",
+        "engine/adapters/mcp_2026_07_28.py",
+        '                raise NotFoundOnServer(\n                    f"tasks/get: the server does not know task {task_id!r} ({reply.error})"\n'
+        "                )",
+        "                return await self._detailed(op)",
+        "an unknown task on tasks/get is asked again (for ever) instead of reported not found",
+        True,
+        "not-found-before-expiry",
+        ("tests/integration/test_race_polling.py", "tests/engine/adapters"),
+    ),
+    # -------------------------------------------------------------------------- AIP-151 adapter
+    Mutant(
+        "aip-ack-as-confirmed",
+        "adapter AIP-151",
+        "engine/adapters/aip151.py",
+        "        return CancelResult.ACKNOWLEDGED",
+        "        return CancelResult.CONFIRMED",
+        "the best-effort CancelOperation acknowledgement taken as cancelled",
+        True,
+        "complete-vs-cancel",
+        (*RACE, "tests/engine/adapters"),
+    ),
+    Mutant(
+        "aip-cancelled-as-failed",
+        "adapter AIP-151",
+        "engine/adapters/aip151.py",
+        "            return ServerStatus.CANCELLED\n        return ServerStatus.FAILED",
+        "            return ServerStatus.FAILED\n        return ServerStatus.FAILED",
+        "a done operation with error code 1 (CANCELLED) read as failed",
+        True,
+        "complete-vs-cancel",
+        (*RACE, "tests/engine/adapters"),
+    ),
+    Mutant(
+        "aip-error-as-completed",
+        "adapter AIP-151",
+        "engine/adapters/aip151.py",
+        "        if operation.response is not None:\n            return ServerStatus.COMPLETED",
+        "        if operation.response is not None or operation.error is not None:\n"
+        "            return ServerStatus.COMPLETED",
+        "a done operation carrying an error read as completed",
+        True,
+        "failure",
+        (*RESULT, "tests/engine/adapters"),
+    ),
+    # ------------------------------------------------------------------------------- machine.step
+    Mutant(
+        "step-epoch-fence-off-by-one",
+        "machine.step",
+        "engine/machine.py",
+        "    if ev_epoch is not None and ev_epoch != op.epoch:",
+        "    if ev_epoch is not None and ev_epoch < op.epoch - 1:",
+        "the epoch fence lets a reply of the previous epoch through",
+        True,
+        "stale-epoch",
+        ("tests/engine/test_machine.py", "tests/integration/test_race_result.py"),
+    ),
+    Mutant(
+        "step-ack-accepts-cancel",
+        "machine.step",
+        "engine/machine.py",
+        '            return _ok(op, event, now, op, (Poll(),), reason="acknowledged only; polling until terminal")',
+        '            return _accept_cancel(op, event, now, "acknowledged")',
+        "a cancel acknowledgement accepted as the cancelled terminal",
+        True,
+        "complete-vs-cancel",
+        ("tests/engine/test_machine.py", *RACE),
+    ),
+    Mutant(
+        "step-digest-not-recorded",
+        "machine.step",
+        "engine/machine.py",
+        "            after = replace(op, state=S.ACCEPTED, result_digest=event.result_digest)",
+        "            after = replace(op, state=S.ACCEPTED, result_digest=op.result_digest)",
+        "the verified result's digest is not recorded on acceptance",
+        True,
+        "happy",
+        ("tests/engine/test_machine.py", *RESULT),
+    ),
+    Mutant(
+        "step-stale-generation-confirms",
+        "machine.step",
+        "engine/machine.py",
+        "            if event.generation != op.cancel_generation:\n                return _reject(\n"
+        "                    op,\n                    event,\n                    now,\n"
+        '                    f"confirmation for cancel generation',
+        "            if event.generation > op.cancel_generation:\n                return _reject(\n"
+        "                    op,\n                    event,\n                    now,\n"
+        '                    f"confirmation for cancel generation',
+        "a confirmation of an older cancel generation is accepted",
+        True,
+        "cancel-twice",
+        ("tests/engine/test_machine.py", *RACE),
+    ),
+    # -------------------------------------------------------- the ledger's acceptance and its CAS
+    Mutant(
+        "acceptance-status-unchecked",
+        "ledger acceptance",
+        "engine/acceptance.py",
+        '        ("status", ServerStatus.CANCELLED if cancelled else current.server_status, receipt.status),',
+        "",
+        "the receipt's terminal status is not matched against the row",
+        False,
+        "happy",
+        ("tests/engine/test_ledger.py", "tests/contract"),
+    ),
+    Mutant(
+        "acceptance-any-state",
+        "ledger acceptance",
+        "engine/acceptance.py",
+        "        if current.state is not LocalState.FETCHING_RESULT:",
+        "        if current.state is LocalState.SUBMITTING:",
+        "a completed receipt is accepted from any state but SUBMITTING",
+        False,
+        "happy",
+        ("tests/engine/test_ledger.py", "tests/contract"),
+    ),
+    Mutant(
+        "ledger-cas-ignores-version",
+        "ledger CAS SQL",
+        "engine/ledger.py",
+        'f"UPDATE op_state SET {assignments} WHERE operation_id = ? AND row_version = ? AND cancel_generation = ?",',
+        'f"UPDATE op_state SET {assignments} WHERE operation_id = ? AND row_version >= 0 * ? AND cancel_generation >= 0 * ?",',
+        "the compare-and-swap UPDATE matches any row version and cancel generation",
+        True,
+        "crash-restart",
+        ("tests/engine/test_ledger.py", "tests/contract"),
+    ),
+    Mutant(
+        "ledger-batch-cas-ignores-version",
+        "ledger CAS SQL",
+        "engine/ledger.py",
+        '"WHERE operation_id = ? AND row_version = ? AND cancel_generation = ?",',
+        '"WHERE operation_id = ? AND row_version >= 0 * ? AND cancel_generation >= 0 * ?",',
+        "the grouped compare-and-swap matches any row version and cancel generation",
+        True,
+        "crash-restart",
+        ("tests/engine/test_ledger.py", "tests/contract"),
+    ),
+    # ------------------------------------------------------------------------ service executor
+    Mutant(
+        "executor-old-epoch-kept",
+        "service executor",
+        "engine/service/executor.py",
+        "        if op.epoch < self.epoch:\n            # A value from before a rollback; the ledger holds the adopted one.\n"
+        "            op = self.ledger.get(op.operation_id) or op",
+        "        if op.epoch < self.epoch:\n            # A value from before a rollback; the ledger holds the adopted one.\n"
+        "            pass",
+        "an operation value from before a rollback is advanced as it is",
+        False,
+        "stale-epoch",
+        ("tests/engine/service",),
+    ),
+    Mutant(
+        "executor-no-cancel-priority",
+        "service executor",
+        "engine/runtime/driver.py",
+        "        async with self.limiter.in_flight.hold(urgent=op.cancel_generation > 0):",
+        "        async with self.limiter.in_flight.hold(urgent=False):",
+        "cancel-path requests queue behind routine polls under load",
+        False,
+        "complete-vs-cancel",
+        ("tests/engine/service", "tests/engine/runtime"),
+    ),
+    Mutant(
+        "executor-ledger-epoch-ignored",
+        "service executor",
+        "engine/service/executor.py",
+        "        if recorded is not None and recorded != self.epoch:",
+        "        if False:",
+        "a restarted executor ignores the execution epoch the ledger recorded",
+        True,
+        "stale-epoch",
+        ("tests/engine/service", "tests/rollout"),
+    ),
+    # ------------------------------------------------------------------ rollout fencing, adoption
+    Mutant(
+        "rollout-adopt-skipped-on-restart",
+        "rollout adoption",
+        "engine/service/executor.py",
+        "        if behind:\n            # A rollback raised the epoch but stopped before adopting these: finish it now.",
+        "        if False:\n            # A rollback raised the epoch but stopped before adopting these: finish it now.",
+        "operations left behind by an interrupted rollback are never adopted",
+        True,
+        "stale-epoch",
+        ("tests/rollout", "tests/engine/service"),
+    ),
+    Mutant(
+        "rollout-state-cas-unfenced",
+        "rollout fencing",
+        "rollout/controller.py",
+        "                expected_epoch=decision.before.epoch,",
+        "                expected_epoch=decision.after.epoch,",
+        "the rollout state is written fenced by the epoch it is about to set, not the one it read",
+        True,
+        "stale-epoch",
+        ("tests/rollout",),
+    ),
+    Mutant(
+        "rollout-taken-over-not-adopted",
+        "rollout adoption",
+        "engine/service/executor.py",
+        "        behind = [op for op in claimed if op.epoch < self.epoch]",
+        "        behind = [op for op in claimed if op.epoch < self.epoch - 1]",
+        "operations claimed behind the epoch are adopted only two epochs late",
+        True,
+        "stale-epoch",
+        ("tests/rollout", "tests/engine/service"),
+    ),
+)
+
+
+def copy_tree(dest: Path) -> None:
+    """The tracked files (and untracked, unignored ones) of the working tree, copied to ``dest``."""
+    listing = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    ).stdout.split(b"\0")
+    for raw in listing:
+        if not raw:
+            continue
+        rel = raw.decode()
+        src = ROOT / rel
+        if not src.is_file():
+            continue
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, target)
+
+
+def apply(tree: Path, mutant: Mutant) -> bool:
+    path = tree / mutant.path
+    text = path.read_text()
+    if text.count(mutant.old) != 1:
+        return False
+    path.write_text(text.replace(mutant.old, mutant.new))
+    return True
+
+
+PROBE = """
+import json, logging, sys, time
+logging.disable(logging.CRITICAL)
+from engine.explore.explorer import explore_pair
+from engine.explore.scenario import SCENARIOS
+hint, per_pair = sys.argv[1], int(sys.argv[2])
+pairs = [(s, p) for s in SCENARIOS for p in s.protocols]
+pairs.sort(key=lambda sp: sp[0].name != hint)
+started, runs = time.monotonic(), 0
+for scenario, protocol in pairs:
+    r = explore_pair(scenario, protocol, budget=per_pair, code="shipped")
+    runs += r.explored
+    if r.divergent:
+        print(json.dumps({"caught": True, "by": f"{scenario.name} on {protocol}", "kinds": r.kinds,
+                          "runs": runs, "seconds": time.monotonic() - started}))
+        sys.exit(0)
+print(json.dumps({"caught": False, "by": None, "kinds": {}, "runs": runs, "seconds": time.monotonic() - started}))
+"""
+
+
+def run_explorer(tree: Path, mutant: Mutant, per_pair: int, timeout: float) -> dict[str, object]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", PROBE, mutant.hint, str(per_pair)],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return {
+            "caught": False,
+            "by": f"timed out after {timeout:.0f} s",
+            "kinds": {},
+            "runs": 0,
+            "seconds": timeout,
+        }
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        # The mutant broke the import or the run itself: the explorer failed loudly.
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {
+            "caught": True,
+            "by": f"the explorer crashed: {tail[:120]}",
+            "kinds": {},
+            "runs": 0,
+            "seconds": 0.0,
+        }
+    return dict(json.loads(lines[-1]))
+
+
+def run_tests(tree: Path, mutant: Mutant, timeout: float) -> tuple[bool, str, float]:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    started = time.monotonic()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout:.0f} s", time.monotonic() - started
+    failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    if done.returncode == 0:
+        return False, "", time.monotonic() - started
+    return (
+        True,
+        (failed[0].split(" ", 1)[1].split(" - ")[0] if failed else f"exit {done.returncode}"),
+        time.monotonic() - started,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--per-pair", type=int, default=30, help="interleavings per scenario/protocol pair")
+    parser.add_argument("--tests", action="store_true", help="also run each mutant's targeted tests")
+    parser.add_argument("--no-explorer", action="store_true", help="skip the explorer half")
+    parser.add_argument("--only", nargs="*", help="mutant ids to run (default: all)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per half per mutant")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "mutants.md"))
+    args = parser.parse_args(argv)
+    chosen = [m for m in MUTANTS if not args.only or m.id in args.only]
+    rows: list[str] = []
+    explorer_s = tests_s = 0.0
+    survivors: list[str] = []
+    for mutant in chosen:
+        with tempfile.TemporaryDirectory(prefix="finality-mutant-") as folder:
+            tree = Path(folder)
+            copy_tree(tree)
+            if not apply(tree, mutant):
+                rows.append(
+                    f"| {mutant.id} | {mutant.area} | {mutant.bug} | - | does not apply (code changed) | | |"
+                )
+                print(f"{mutant.id}: does not apply", flush=True)
+                continue
+            found: dict[str, object] = (
+                {"caught": False, "by": "not run", "kinds": {}, "runs": 0, "seconds": 0.0}
+                if args.no_explorer
+                else run_explorer(tree, mutant, args.per_pair, args.timeout)
+            )
+            explorer_s += float(found["seconds"])  # type: ignore[arg-type]
+            by = found["by"] or "survived"
+            kinds = ", ".join(sorted(found["kinds"])) if found["kinds"] else ""  # type: ignore[arg-type]
+            explorer = (
+                f"yes: {by} ({kinds})"
+                if found["caught"] and kinds
+                else ("yes: " + str(by) if found["caught"] else f"no ({found['runs']} runs)")
+            )
+            if mutant.seed_rule and not found["caught"]:
+                survivors.append(mutant.id)
+            tests = "not run"
+            if args.tests:
+                caught, test, seconds = run_tests(tree, mutant, args.timeout)
+                tests_s += seconds
+                tests = f"yes: {test}" if caught else f"no ({test})" if test else "no"
+            seed = "yes" if mutant.seed_rule else "no"
+            rows.append(f"| {mutant.id} | {mutant.area} | {mutant.bug} | {seed} | {explorer} | {tests} |")
+            print(f"{mutant.id}: explorer {explorer}; tests {tests}", flush=True)
+    caught_seed = sum(1 for m in chosen if m.seed_rule) - len(survivors)
+    total_seed = sum(1 for m in chosen if m.seed_rule)
+    doc = [
+        "# Mutants: does the safety net fail when the code is wrong?",
+        "",
+        f"`python bench/mutants.py --per-pair {args.per_pair}{' --tests' if args.tests else ''}`: "
+        f"{len(chosen)} one-line bugs, each applied alone to a throwaway copy of the tree. Explorer: "
+        "`finality explore --code shipped` (the real driver and adapters against the reference servers, "
+        f"{args.per_pair} interleavings per scenario and protocol, the whole catalogue, stopping at the "
+        "first divergent pair). Tests: the mutant's targeted test files, `pytest -x`.",
+        "",
+        f"Seed-rule-breaking mutants caught by the explorer alone: {caught_seed} of {total_seed}"
+        + (f"; survivors (gaps to close): {', '.join(survivors)}" if survivors else "")
+        + ".",
+        f"Explorer half: {explorer_s:.0f} s in total; test half: "
+        + (f"{tests_s:.0f} s in total." if args.tests else "not run."),
+        "",
+        "| mutant | area | the bug | breaks a seed rule alone | caught by the explorer (scenario) | caught by the tests (test) |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+    ]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text("\n".join(doc))
+    print(f"explorer half {explorer_s:.0f} s, test half {tests_s:.0f} s; wrote {args.out}")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
