@@ -114,6 +114,8 @@ qps = 60
 url = "{endpoint(servers["uploads"])}"
 protocol = "aip-151"
 qps = 60
+# The reference AIP-151 server deduplicates AIP-155 request_id; declared, because a service may not.
+request_id_dedupe = true
 
 [tools.generate_report]
 server = "reports"

@@ -15,7 +15,9 @@ Arrows (the seed's diagram, plus the few the expiry/404 and inline-result rules 
     --- additions ---
     SUBMITTING -> TERMINAL_OBSERVED                  the server answered inline (no task) or refused
     SUBMISSION_UNKNOWN -> UNKNOWN                     no key lookup: a person must find it
-    NOT_FOUND_SAFE | NEVER_CREATED -> SUBMITTING      resubmit under the SAME key
+    NOT_FOUND_SAFE | NEVER_CREATED -> SUBMITTING      resubmit under the SAME key: by the driver only
+                                                      after the server's proof by key, otherwise only
+                                                      as a person's action (``Resubmitted.actor``)
     (any with a server id) -> NEVER_CREATED | EXPIRED_WITH_RECEIPT | UNKNOWN     on "not found"
     EXPIRED_WITH_RECEIPT -> FETCHING_RESULT          the held outcome may still be accepted
     FETCHING_RESULT -> UNKNOWN                        the result failed verification
@@ -286,7 +288,10 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
                     op, event, now, "resubmission needs proof that the operation was never created"
                 )
             after = replace(op, state=S.SUBMITTING, task_id=None, submit_attempts=op.submit_attempts + 1)
-            return _ok(op, event, now, after, (Submit(op.idempotency_key),), reason="same key, proven absent")
+            why = "same key, proven absent by the server"
+            if event.actor is not None:
+                why = f"{event.actor}: {event.reason} (same key, resubmitted by a person)"
+            return _ok(op, event, now, after, (Submit(op.idempotency_key),), reason=why)
 
         case StatusObserved():
             if state in (S.WORKING, S.INPUT_REQUIRED):
@@ -447,7 +452,7 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
                     event,
                     now,
                     replace(op, state=S.NOT_FOUND_SAFE),
-                    reason=f"{event.actor}: {event.reason}",
+                    reason=f"{event.actor}: {event.reason} (absent: the wait ends without a receipt)",
                 )
             if op.task_id is not None and event.task_id != op.task_id:
                 # One operation, one server task: a person may confirm the task it is bound to,

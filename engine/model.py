@@ -240,9 +240,16 @@ class LookupUnavailable:
 
 @dataclass(frozen=True, slots=True)
 class Resubmitted:
-    """A new submission under the SAME key after the server proved the first one never existed."""
+    """A new submission under the SAME key.
+
+    Without ``actor`` it is the driver's, allowed only because the server proved by the key that
+    the first one never existed; with ``actor`` it is a person's decision (after they declared the
+    operation absent), recorded with their reason.
+    """
 
     epoch: Epoch
+    actor: str | None = None
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -352,7 +359,9 @@ class NotFound:
 
 @dataclass(frozen=True, slots=True)
 class Reconciled:
-    """A person resolved an UNKNOWN operation: either bound it to the server's task, or proved it absent."""
+    """A person resolved an UNKNOWN operation: bound it to the server's task, or declared it absent.
+
+    "Absent" ends the wait without a receipt (NOT_FOUND_SAFE); it never resubmits by itself."""
 
     actor: str
     reason: str

@@ -117,7 +117,7 @@ def _decode_token(token: str) -> int:
     return offset
 
 
-def parse_filter(text: str) -> list[tuple[str, str]]:
+def parse_filter(text: str, *, request_id: bool = True) -> list[tuple[str, str]]:
     """Parse ``field = value [AND field = value ...]``; fields: request_id, tool, done, name.
 
     Raises:
@@ -128,7 +128,8 @@ def parse_filter(text: str) -> list[tuple[str, str]]:
         return terms
     for part in re.split(r"\s+AND\s+", text.strip()):
         match = _FILTER_TERM.match(part)
-        if match is None or match["field"] not in _FILTER_FIELDS:
+        known = match is not None and match["field"] in _FILTER_FIELDS
+        if match is None or not known or (_FILTER_FIELDS[match["field"]] == "request_id" and not request_id):
             raise AipError(400, f"unsupported filter term {part!r}", "INVALID_FILTER", {"filter": text})
         value = match["value"]
         if value.startswith('"'):
@@ -159,6 +160,8 @@ class Aip151:
     def __init__(self, ctx: ServerContext) -> None:
         self.ctx = ctx
         self.store = ctx.store
+        # Creates cut by create_request_lost, by (principal, request_id): each is dropped once only.
+        self._dropped: set[tuple[str | None, str]] = set()
 
     def routes(self) -> list[Route]:
         return [
@@ -168,7 +171,8 @@ class Aip151:
         ]
 
     def reset(self) -> None:
-        """No per-connection state."""
+        """Forget which creates were dropped (no per-connection state)."""
+        self._dropped.clear()
 
     # -- rendering ---------------------------------------------------------------------------------
 
@@ -276,6 +280,17 @@ class Aip151:
             )
         except SimError as exc:
             raise AipError(400, str(exc), "INVALID_SIM") from exc
+        if not self.ctx.options.request_id:
+            request_id = None  # accepted and ignored, as AIP-155 allows
+        if any(f.fault is Fault.CREATE_REQUEST_LOST for f in sim.faults):
+            dropped = (
+                principal,
+                request_id if request_id is not None else json.dumps(arguments, sort_keys=True),
+            )
+            if dropped not in self._dropped:
+                # The request "never arrived": the connection breaks before anything is recorded.
+                self._dropped.add(dropped)
+                return Reply({}, delivery=Delivery.BROKEN)
         try:
             submission = self.store.submit(
                 tool=spec,
@@ -379,7 +394,7 @@ class Aip151:
         try:
             principal = self._principal(request)
             query = request.query_params
-            terms = parse_filter(query.get("filter", ""))
+            terms = parse_filter(query.get("filter", ""), request_id=self.ctx.options.request_id)
             size_raw = query.get("page_size") or query.get("pageSize") or ""
             token = query.get("page_token") or query.get("pageToken") or ""
             try:

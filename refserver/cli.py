@@ -42,6 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed for fault plans and interval jitter")
     parser.add_argument("--idempotency", action="store_true", help="MCP: honour params.idempotencyKey")
     parser.add_argument(
+        "--ignore-request-id",
+        action="store_true",
+        help="AIP-151: accept request_id and ignore it (AIP-155 optional)",
+    )
+    parser.add_argument(
         "--no-cancel",
         action="store_true",
         help="MCP 2025-11-25: declare no tasks.cancel (tasks/cancel: -32601)",
@@ -97,6 +102,7 @@ def parse_options(argv: Sequence[str] | None) -> tuple[Options, argparse.Namespa
         idempotency=args.idempotency,
         elicitation_id=elicitation_id,
         cancel=not args.no_cancel,
+        request_id=not args.ignore_request_id,
         tokens=tokens,
         page_size=args.page_size,
         plan_json=plan_json,

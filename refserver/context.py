@@ -41,6 +41,10 @@ class Options:
     time_scale: float = 1.0
     seed: int = 0
     idempotency: bool = False
+    request_id: bool = True
+    """AIP-151: honour AIP-155 ``request_id`` (deduplicate, record it, filter by it). Off: the field
+    is accepted and ignored (a repeat creates a second operation; a ``request_id`` filter is 400),
+    as AIP-155 allows."""
     cancel: bool = True
     """MCP 2025-11-25: declare ``tasks.cancel`` and serve ``tasks/cancel`` (off: -32601, as a server
     without the capability would answer)."""

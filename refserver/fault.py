@@ -19,6 +19,7 @@ class Fault(StrEnum):
     """Every fault the server can inject, named exactly as in plans and ``_sim.faults``."""
 
     CREATE_RESPONSE_LOST = "create_response_lost"
+    CREATE_REQUEST_LOST = "create_request_lost"
     POLL_OUT_OF_ORDER = "poll_out_of_order"
     INPUT_REPLAYED = "input_replayed"
     COMPLETE_ON_CANCEL = "complete_on_cancel"

@@ -49,6 +49,7 @@ class RefServer:
         idempotency: MCP only: advertise and honour ``idempotencyKey``.
         elicitation_id: MCP 2025-11-25 only: send every elicitation under this one JSON-RPC id.
         no_cancel: MCP 2025-11-25 only: declare no ``tasks.cancel`` and refuse ``tasks/cancel``.
+        ignore_request_id: AIP-151 only: accept ``request_id`` and ignore it (no deduplication).
         tokens: bearer token -> principal; when given, every request needs a token.
         fault_plan: initial plan, ``{"seed": 1, "rules": [...]}``; also restored by ``reset()``.
         page_size: page size of task/operation listings.
@@ -65,6 +66,7 @@ class RefServer:
         idempotency: bool = False,
         elicitation_id: int | str | None = None,
         no_cancel: bool = False,
+        ignore_request_id: bool = False,
         tokens: Mapping[str, str] | None = None,
         fault_plan: Mapping[str, Any] | None = None,
         page_size: int | None = None,
@@ -86,6 +88,10 @@ class RefServer:
         ]
         if idempotency:
             self._args.append("--idempotency")
+        self.dedupes_request_id = protocol == "aip-151" and not ignore_request_id
+        """Whether this server deduplicates AIP-155 ``request_id`` (AIP-151 unless told to ignore it)."""
+        if ignore_request_id:
+            self._args.append("--ignore-request-id")
         if no_cancel:
             self._args.append("--no-cancel")
         if elicitation_id is not None:

@@ -189,6 +189,13 @@ def build_api(
         op = await executor.cancel(request.path_params["call_node"], actor=actor, reason=reason)
         return JSON(operation_report(ledger, op.call_node_id), status_code=202)
 
+    async def resubmit(request: Request) -> Response:
+        body = await _body(request)
+        actor = _text(body, "actor")
+        reason = _text(body, "reason")
+        op = await executor.resubmit(request.path_params["call_node"], actor=actor, reason=reason)
+        return JSON(operation_report(ledger, op.call_node_id), status_code=202)
+
     async def approvals(request: Request) -> Response:
         return JSON({"approvals": ledger.approvals(pending_only=True)})
 
@@ -286,6 +293,7 @@ def build_api(
         Route("/api/v1/operations", _guard(operations)),
         Route("/api/v1/operations/{call_node}", _guard(show)),
         Route("/api/v1/operations/{call_node}/cancel", _guard(cancel), methods=["POST"]),
+        Route("/api/v1/operations/{call_node}/resubmit", _guard(resubmit), methods=["POST"]),
         Route("/api/v1/approvals", _guard(approvals)),
         Route("/api/v1/approvals/{operation_id}/{round}", _guard(answer), methods=["POST"]),
         Route("/api/v1/reconciliation", _guard(reconciliation)),

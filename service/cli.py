@@ -16,6 +16,8 @@ from contextlib import closing
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from engine.adapters.config import AdapterOptions
+from service.client import ServiceRefused as ServiceRefusedError
 from engine.clock import SystemClock
 from engine.errors import BackendError, ConfigError, EngineError, LedgerError, NegotiationError
 from service.client import ServiceRefused as ServiceRefusedError
@@ -77,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--sync-limit", type=_seconds, metavar="SECONDS", help="the tool's published synchronous limit"
     )
     call.add_argument("--answer", type=_json_object, help="answer every input round with this JSON object")
+    call.add_argument(
+        "--request-id-dedupe",
+        action="store_true",
+        help="AIP-151: the service deduplicates request_id, so a lost submission may be looked up by key",
+    )
     call.add_argument("--json", action="store_true")
 
     show = sub.add_parser("show", help="print a call node's operation from the ledger")
@@ -373,6 +380,7 @@ def cmd_call(args: argparse.Namespace) -> int:
         cancel_after=args.cancel_after,
         sync_limit=args.sync_limit,
         answer=args.answer,
+        options=AdapterOptions(request_id_dedupe=args.request_id_dedupe),
     )
     with closing(_open(args.ledger)) as ledger:
         op = asyncio.run(run_call(spec, ledger, SystemClock()))

@@ -82,6 +82,12 @@ class ServiceClient:
             "POST", f"/api/v1/operations/{call_node}/cancel", json={"actor": actor, "reason": reason}
         )
 
+    def resubmit(self, call_node: str, *, actor: str, reason: str) -> Json:
+        """A person's resubmission (same key) of an operation they declared absent."""
+        return self._call(
+            "POST", f"/api/v1/operations/{call_node}/resubmit", json={"actor": actor, "reason": reason}
+        )
+
     def approvals(self) -> list[Json]:
         return list(self._call("GET", "/api/v1/approvals")["approvals"])
 

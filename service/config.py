@@ -14,13 +14,20 @@ Example::
     principal = "svc-reports"                # optional; defaults to "anonymous"
     qps = 50
 
+    [servers.uploads]
+    url = "http://127.0.0.1:9102"
+    protocol = "aip-151"
+    request_id_dedupe = true                 # AIP-151: the service dedupes request_id (default false:
+                                             # a lost create response then goes to reconciliation)
+
     [tools.generate_report]
     server = "reports"
     version = "1.4.0"
     side_effect_free = true
     sync_limit_s = 20                        # published synchronous limit (optional)
     wait_budget_s = 900
-    on_budget_exhausted = "cancel"           # or "stop" (stop waiting only)
+    on_budget_exhausted = "cancel"           # or "stop" (stop waiting only); a server without cancel
+                                             # capability gets a 'budget' reconciliation entry instead
 
 No I/O beyond reading the file; nothing here talks to a server.
 """
@@ -37,7 +44,16 @@ from engine.errors import ConfigError
 from engine.model import Protocol, ToolRef
 
 _PROTOCOLS = {p.value for p in Protocol} | {"auto"}
-_SERVER_KEYS = {"url", "protocol", "token", "principal", "qps", "ttl_s", "max_result_bytes"}
+_SERVER_KEYS = {
+    "url",
+    "protocol",
+    "token",
+    "principal",
+    "qps",
+    "ttl_s",
+    "max_result_bytes",
+    "request_id_dedupe",
+}
 _TOOL_KEYS = {
     "server",
     "version",
@@ -62,6 +78,9 @@ class ServerConfig:
     qps: float = 50.0
     ttl: timedelta | None = None
     max_result_bytes: int | None = None
+    request_id_dedupe: bool = False
+    """AIP-151: the service deduplicates AIP-155 ``request_id`` (declared, never assumed: see
+    ``AdapterOptions.request_id_dedupe``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +127,13 @@ class ServiceConfig:
 
 def _key(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
+
+
+def _flag(table: dict[str, object], key: str, where: str) -> bool:
+    value = table.get(key, False)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}.{key}", "must be true or false")
+    return value
 
 
 def _number(table: dict[str, object], key: str, where: str, *, positive: bool = True) -> float | None:
@@ -183,6 +209,7 @@ def parse_config(data: dict[str, object]) -> ServiceConfig:
             qps=_number(table, "qps", where) or 50.0,
             ttl=timedelta(seconds=ttl) if ttl is not None else None,
             max_result_bytes=int(max_bytes) if max_bytes is not None else None,
+            request_id_dedupe=_flag(table, "request_id_dedupe", where),
         )
     if not servers:
         raise ConfigError("servers", "at least one server is required")

@@ -40,7 +40,7 @@ import socket
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
@@ -263,9 +263,9 @@ class Executor:
             retry_backoff=poll.retry_backoff,
         )
         for name, server in self.config.servers.items():
-            options = AdapterOptions(clock=self.clock)
+            options = AdapterOptions(clock=self.clock, request_id_dedupe=server.request_id_dedupe)
             if server.max_result_bytes is not None:
-                options = AdapterOptions(clock=self.clock, max_result_bytes=server.max_result_bytes)
+                options = replace(options, max_result_bytes=server.max_result_bytes)
             if server.protocol == "auto":
                 protocol = await discover(server.url, self.client, server.token, options=options)
             else:
@@ -1069,6 +1069,29 @@ class Executor:
             logger.warning("shadow %s not cancelled with its primary: %s", shadow.operation_id, exc)
             return
         self._touched(after)
+
+    async def resubmit(self, call_node: str, *, actor: str, reason: str) -> Operation:
+        """A person's resubmission under the same key of an operation they declared absent.
+
+        Recorded with actor and reason before the submission goes out; 409 unless NOT_FOUND_SAFE.
+        """
+        if not actor.strip() or not reason.strip():
+            raise ServiceError(400, "actor and reason are required")
+
+        async def do() -> Operation:
+            op = self._current(call_node)
+            driver = self._driver_for(op)
+            if driver is None:
+                raise ServiceError(409, f"operation's server {op.server} is not configured")
+            try:
+                with self._store.immediate():
+                    after = driver.resubmit(op, actor=actor, reason=reason)
+            except EngineError as exc:
+                raise ServiceError(409, str(exc)) from exc
+            self._touched(after)
+            return after
+
+        return await self._between_ticks(do)
 
     async def answer(self, operation_id: str, *, input_round: int, answer: Json, actor: str) -> Operation:
         """Answer one input round; a stale round is refused with 409 and changes nothing."""

@@ -208,6 +208,7 @@ qps = 200
 url = "{servers["aip"].url}"
 protocol = "aip-151"
 qps = 200
+request_id_dedupe = {"true" if servers["aip"].dedupes_request_id else "false"}
 
 [servers.ext]
 url = "{servers["ext"].endpoint}"

@@ -275,14 +275,16 @@ class Aip151Backend:
         return TaskId(f"{collection}/{name}")
 
     async def negotiate(self, principal: Principal) -> Capabilities:
-        """No exchange: AIP-151 fixes the contract. Every call is an operation; AIP-155 ``request_id``
-        finds it again by key; ``CancelOperation`` and ``ListOperations`` are part of the service."""
+        """No exchange: AIP-151 fixes the contract. Every call is an operation; ``CancelOperation`` and
+        ``ListOperations`` are part of the service. Lookup by key only where the server's config
+        declares ``request_id`` deduplication (``AdapterOptions.request_id_dedupe``): AIP-155 lets a
+        service ignore ``request_id``."""
         return Capabilities(
             protocol=self.protocol,
             tasks=True,
             cancel=True,
             list=True,
-            lookup_by_key=True,
+            lookup_by_key=self._options.request_id_dedupe,
             cancel_capability="CancelOperation (AIP-151)",
         )
 
@@ -330,14 +332,41 @@ class Aip151Backend:
         return CancelResult.ACKNOWLEDGED
 
     async def look_up(self, op: Operation, arguments: Json) -> ServerView | None:
-        """Repeat the submission with the same ``request_id`` (AIP-155).
+        """Find the operation by its ``request_id`` (only on a service declared to deduplicate it).
 
-        The service MUST treat the repeat as the same request: if the first POST created the
-        operation, this returns it; if it never arrived, this creates it now, and that is still the
-        one operation for this key. Absence is therefore never proven, and ``None`` never returned.
-        That needs the original arguments, which is why they are passed in.
+        First ListOperations filtered by ``request_id``: an operation whose metadata carries the key
+        is the one; a filtered answer that lists none is the service saying, by the key, that it has
+        no such request: ``None``, the proof that allows a resubmission under the same key (which
+        the declared deduplication keeps safe even if the answer was stale). A service that refuses
+        the filter, or lists operations without their keys, proves nothing: then the submission is
+        repeated with the same ``request_id``, which returns the original operation or creates the
+        one operation for this key now (that needs the original arguments, hence ``arguments``).
+
+        Raises:
+            NegotiationError: the service is not declared to deduplicate ``request_id``; a person
+                must find the operation.
+            ProtocolViolation: two operations listed under one ``request_id``.
         """
-        return self._view(await self._run(op, arguments), None)
+        if not self._options.request_id_dedupe:
+            raise NegotiationError(
+                "the service is not declared to deduplicate request_id (request_id_dedupe); "
+                "a lost submission cannot be looked up by key"
+            )
+        key = op.idempotency_key
+        try:
+            found = await self._list({"filter": self._paths.request_id_filter.format(key=key)})
+        except BackendRejected:
+            return self._view(await self._run(op, arguments), None)
+        mine = [o for o in found if _request_id_of(o) == key]
+        if len(mine) > 1:
+            names = ", ".join(o.name for o in mine)
+            raise ProtocolViolation(f"the service lists several operations under request_id {key}: {names}")
+        if mine:
+            return self._view(mine[0], None)
+        if found:
+            # Listed, but without their keys: this answer cannot tell us anything about ours.
+            return self._view(await self._run(op, arguments), None)
+        return None
 
     async def candidates(self, op: Operation) -> list[TaskId]:
         """ListOperations filtered by ``request_id``; without filter support, all operations whose

@@ -88,6 +88,12 @@ class AdapterOptions:
     """Cap on followed list cursors, so a server that always answers ``nextCursor`` cannot loop us."""
     clock: Clock = field(default_factory=SystemClock)
     """Only read to turn an HTTP-date ``Retry-After`` into a delay."""
+    request_id_dedupe: bool = False
+    """AIP-151: the service is declared (``request_id_dedupe = true`` in the server's config) to
+    deduplicate AIP-155 ``request_id``. AIP-155 makes ``request_id`` optional, so a service may ignore
+    it; only with this declaration is a lost submission looked up by its key (and a key lookup that
+    finds nothing read as the service's proof that it never created the operation). Off: a lost
+    create response goes to reconciliation, as on MCP without idempotency."""
 
     def __post_init__(self) -> None:
         if self.max_result_bytes <= 0:

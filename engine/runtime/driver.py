@@ -106,6 +106,9 @@ class _Memory:
     refetch: bool = False
     advised: timedelta | None = None
     pending_input: InputRequest | None = None
+    proved_absent: bool = False
+    """The server proved by the key that the submission never arrived (lost on restart: then the
+    NOT_FOUND_SAFE operation waits for a person's resubmission instead)."""
 
 
 @dataclass
@@ -280,6 +283,11 @@ class Driver:
                 case S.SUBMISSION_UNKNOWN:
                     return await self._look_up(op)
                 case S.NOT_FOUND_SAFE | S.NEVER_CREATED:
+                    if op.state is S.NOT_FOUND_SAFE and not mem.proved_absent:
+                        # A person's "absent" (or a proof this process no longer remembers) never
+                        # resubmits by itself: that is a person's separate action (``resubmit``).
+                        return Wake(op, None)
+                    mem.proved_absent = False
                     op = self.commit(op, Resubmitted(self.epoch))
                     if op.state is S.SUBMITTING:
                         mem.fresh_submit = True
@@ -369,7 +377,9 @@ class Driver:
             mem.candidates = candidates
             return Wake(self.commit(op, LookupUnavailable(self.epoch, reason)), None)
         if view is None:
-            return Wake(self.commit(op, LookupProvedAbsent(self.epoch)), now)
+            op = self.commit(op, LookupProvedAbsent(self.epoch))
+            mem.proved_absent = op.state is S.NOT_FOUND_SAFE
+            return Wake(op, now)
         try:
             op = self.commit(op, LookupFound(view.task_id, self.epoch))
         except DuplicateOperation as exc:
@@ -573,6 +583,24 @@ class Driver:
             raise CancelNotAllowed(f"cannot cancel operation {op.operation_id} in {current.state}")
         return after
 
+    def resubmit(self, op: Operation, *, actor: str, reason: str) -> Operation:
+        """A person's decision to submit again under the same key, after they declared it absent.
+
+        Recorded (actor and reason in the transition) before anything is sent; the submission goes
+        out on the operation's next ``advance``.
+
+        Raises:
+            ResubmitNotAllowed: the operation is not NOT_FOUND_SAFE.
+        """
+        current = self.ledger.get(op.operation_id) or op
+        if current.state is not S.NOT_FOUND_SAFE:
+            raise ResubmitNotAllowed(f"operation {op.operation_id} is {current.state}, not NOT_FOUND_SAFE")
+        after = self.commit(current, Resubmitted(self.epoch, actor=actor, reason=reason))
+        if after.state is not S.SUBMITTING:
+            raise ResubmitNotAllowed(f"operation {op.operation_id} could not be resubmitted")
+        self.mark_fresh(after)
+        return after
+
     def can_cancel(self) -> bool:
         """Whether the server can take a cancel (unknown until negotiated: then assumed)."""
         return self.capabilities is None or self.capabilities.cancel
@@ -619,4 +647,8 @@ class CancelNotAllowed(EngineError):
 
 
 class StaleRound(EngineError):
+    pass
+
+
+class ResubmitNotAllowed(EngineError):
     pass

@@ -12,7 +12,7 @@ import asyncio
 import json
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -69,6 +69,7 @@ KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "mcp26": ("mcp-2026-07-28", {}),
     "mcp26_keyed": ("mcp-2026-07-28", {"idempotency": True}),
     "aip": ("aip-151", {}),
+    "aip_ignoring_request_id": ("aip-151", {"ignore_request_id": True}),
 }
 PLAIN = ["mcp25", "mcp26", "aip"]
 """One server per protocol, as a parametrize list for the ``server`` fixture."""
@@ -152,7 +153,8 @@ def spec_for(
         "call_node": node,
         "wait_budget": wait_budget,
         "policy": POLICY,
-        "options": OPTIONS,
+        # Lookup by request_id only where the server is known to deduplicate it (AIP-155 optional).
+        "options": replace(OPTIONS, request_id_dedupe=server.dedupes_request_id),
         "seed": 7,
     }
     fields.update(overrides)

@@ -53,7 +53,11 @@ async def test_a_lost_creating_response_without_key_lookup_goes_to_reconciliatio
 @pytest.mark.parametrize("server", KEYED, indirect=True)
 async def test_a_creating_response_slower_than_the_timeout_is_found_by_its_key(server, ledger):
     """slow_response on creation past the request timeout: the key lookup binds the one operation."""
-    impatient = replace(OPTIONS, timeouts=replace(OPTIONS.timeouts, request=timedelta(milliseconds=300)))
+    impatient = replace(
+        OPTIONS,
+        timeouts=replace(OPTIONS.timeouts, request=timedelta(milliseconds=300)),
+        request_id_dedupe=server.dedupes_request_id,
+    )
     slow = {"name": "slow_response", "delay_ms": 100_000}
     sim = {"duration_ms": QUICK, "faults": [slow]}
     op = await call(server, ledger, tool="apply_batch_change", sim=sim, options=impatient)
@@ -86,3 +90,44 @@ async def test_a_task_id_reused_for_another_request_is_never_adopted(server, led
     assert first.task_id is not None
     assert server_task_id(first.task_id) in str(entry["reason"])
     assert ledger.by_task(first.server, first.task_id) == ledger.by_call_node("node-1")
+
+
+@pytest.mark.parametrize("server", ["aip_ignoring_request_id"], indirect=True)
+async def test_a_lost_creating_response_on_a_service_that_ignores_request_id_goes_to_reconciliation(
+    server, ledger
+):
+    """AIP-155 makes request_id optional: without a declared dedupe, a lost create response is never
+    looked up by re-posting the create (which made a second operation); a person gets the candidates."""
+    op = await call(server, ledger, sim={"duration_ms": QUICK, "faults": ["create_response_lost"]})
+    seen = invariants(ledger, server)
+    assert op.state is LocalState.UNKNOWN
+    assert op.task_id is None
+    assert seen.path()[1:] == ["SUBMISSION_UNKNOWN", "UNKNOWN"]
+    (entry,) = seen.entries["node-1"]
+    assert "request_id_dedupe" in str(entry["reason"])
+    (created,) = seen.stats["tasks"]
+    assert json.loads(str(entry["candidates"])) == [f"operations/{created['id']}"]
+
+
+@pytest.mark.parametrize("server", ["aip"], indirect=True)
+async def test_a_create_that_never_arrived_is_proved_absent_by_key_and_resubmitted_under_the_same_key(
+    server, ledger
+):
+    """create_request_lost on a service declared to dedupe request_id: the lookup by key answers "no
+    such request", which is the proof that allows one resubmission under the same key; one operation."""
+    op = await call(server, ledger, sim={"duration_ms": QUICK, "faults": ["create_request_lost"]})
+    assert op.state is LocalState.ACCEPTED
+    stats = server.stats()
+    (task,) = stats["tasks"]
+    assert task["key"] == op.idempotency_key
+    assert op.task_id == f"operations/{task['id']}"
+    transitions = ledger.transitions(op.operation_id)
+    path = [t["to_state"] for t in transitions if t["accepted"] and t["from_state"] != t["to_state"]]
+    assert path[:5] == ["SUBMITTING", "SUBMISSION_UNKNOWN", "NOT_FOUND_SAFE", "SUBMITTING", "WORKING"]
+    (resubmitted,) = [t for t in transitions if t["event"] == "Resubmitted"]
+    assert "proven absent by the server" in str(resubmitted["cause"])
+    methods = [str(p["method"]) for p in ledger.polls(op.operation_id)]
+    assert methods[:3] == ["submit", "lookup", "submit"]
+    receipt = ledger.receipt("node-1")
+    assert receipt is not None
+    assert receipt.status is ServerStatus.COMPLETED

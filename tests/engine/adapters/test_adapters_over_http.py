@@ -76,7 +76,8 @@ async def opened(
     server: RefServer, client: httpx.AsyncClient, protocol: Protocol, token: str | None = None
 ) -> Backend:
     server.reset()
-    backend = open_backend(protocol, url_of(server), client=client, token=token, options=OPTIONS)
+    options = replace(OPTIONS, request_id_dedupe=server.dedupes_request_id)
+    backend = open_backend(protocol, url_of(server), client=client, token=token, options=options)
     await backend.negotiate(Principal("alice"))
     return backend
 
@@ -380,7 +381,7 @@ async def test_aip_cancel_is_acknowledged_and_the_operation_ends_cancelled(aip, 
 
 
 async def test_aip_a_lost_creating_response_is_found_again_by_request_id(aip, client):
-    """The repeated POST with the same request_id returns the one operation created."""
+    """On a service declared to dedupe request_id, the lookup by key finds the one operation created."""
     backend = await opened(aip, client, Protocol.AIP_151)
     op = operation("generate_report", protocol=Protocol.AIP_151)
     arguments = sim(duration_ms=200, faults=["create_response_lost"])

@@ -46,11 +46,22 @@ def op_aip(**kw):
     return operation(protocol=Protocol.AIP_151, **kw)
 
 
-async def test_negotiation_declares_lookup_cancel_and_list_without_asking():
-    """AIP-151 fixes the contract: request_id lookup, CancelOperation, ListOperations."""
+async def test_negotiation_declares_cancel_and_list_and_lookup_only_where_dedupe_is_declared():
+    """AIP-151 fixes CancelOperation and ListOperations; AIP-155 request_id is optional, so lookup by
+    key only where the server's config declares request_id deduplication."""
     fake = FakeHttp()
     caps = await backend(fake).negotiate(Principal("alice"))
-    assert (caps.tasks, caps.cancel, caps.list, caps.lookup_by_key) == (True, True, True, True)
+    assert (caps.tasks, caps.cancel, caps.list, caps.lookup_by_key) == (True, True, True, False)
+    declared = await backend(fake, request_id_dedupe=True).negotiate(Principal("alice"))
+    assert declared.lookup_by_key
+    assert fake.sent == []
+
+
+async def test_without_declared_dedupe_a_lookup_by_key_is_refused_and_nothing_is_sent():
+    """A service that may ignore request_id is never asked to create again as a "lookup"."""
+    fake = FakeHttp()
+    with pytest.raises(NegotiationError, match="request_id_dedupe"):
+        await backend(fake).look_up(op_aip(), {"report": "q3"})
     assert fake.sent == []
 
 
@@ -198,14 +209,29 @@ async def test_cancel_is_best_effort_and_only_acknowledged():
     assert await backend(fake).cancel(op_aip(task_id=NAME)) is CancelResult.ACKNOWLEDGED
 
 
-async def test_lookup_repeats_the_submission_with_the_same_request_id():
-    """AIP-155: the same request_id returns the same single operation."""
-    fake = FakeHttp().on("POST", "/v1/tools/generate_report:run", reply_json(op_json()))
+async def test_lookup_lists_by_request_id_and_an_empty_answer_is_the_proof_of_absence():
+    """Declared dedupe: ListOperations filtered by request_id; ours found, or none (None: proved absent)."""
     op = op_aip()
-    view = await backend(fake).look_up(op, {"report": "q3"})
+    ours = {**op_json(), "metadata": {"requestId": op.idempotency_key}}
+    found = FakeHttp().on("GET", "/v1/operations", reply_json({"operations": [ours]}))
+    view = await backend(found, request_id_dedupe=True).look_up(op, {"report": "q3"})
     assert view is not None
     assert view.task_id == NAME
-    assert json.loads(fake.sent[0].content)["request_id"] == op.idempotency_key
+    assert f'request_id = "{op.idempotency_key}"' in str(found.sent[0].url.params["filter"])
+    empty = FakeHttp().on("GET", "/v1/operations", reply_json({"operations": []}))
+    assert await backend(empty, request_id_dedupe=True).look_up(op, {"report": "q3"}) is None
+    assert [r.method for r in empty.sent] == ["GET"]
+
+
+async def test_lookup_repeats_the_submission_when_the_filter_is_refused():
+    """A service that refuses the filter proves nothing: the same request_id is posted again (AIP-155)."""
+    fake = FakeHttp().on("POST", "/v1/tools/generate_report:run", reply_json(op_json()))
+    fake.on("GET", "/v1/operations", reply_json(aip_error(400, "INVALID_ARGUMENT"), status=400))
+    op = op_aip()
+    view = await backend(fake, request_id_dedupe=True).look_up(op, {"report": "q3"})
+    assert view is not None
+    assert view.task_id == NAME
+    assert json.loads(fake.sent[-1].content)["request_id"] == op.idempotency_key
 
 
 async def test_candidates_filter_by_request_id_and_follow_page_tokens():
