@@ -17,7 +17,6 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from engine.adapters.config import AdapterOptions
-from service.client import ServiceRefused as ServiceRefusedError
 from engine.clock import SystemClock
 from engine.errors import BackendError, ConfigError, EngineError, LedgerError, NegotiationError
 from service.client import ServiceRefused as ServiceRefusedError

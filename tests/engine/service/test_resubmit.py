@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.client import ServiceClient, ServiceRefused
-from engine.service.testing import ServiceProcess, all_terminal, config_text, wait_until
 from refserver.testing import RefServer
+from service.client import ServiceClient, ServiceRefused
+from service.testing import ServiceProcess, all_terminal, config_text, wait_until
 
 TIME_SCALE = 0.05
 """As the other service tests' reference servers (``conftest.py``)."""
