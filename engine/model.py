@@ -531,6 +531,25 @@ class CallRequest:
         return digest_of({"tool": self.tool.name, "version": self.tool.version, "arguments": self.arguments})
 
 
+def request_mismatch(op: Operation, request: CallRequest, *, server: str | None = None) -> str | None:
+    """Which field of ``request`` differs from the request call node ``op`` already holds; ``None``
+    when it is the same request (so the call node may resume or return ``op``).
+
+    One rule for every caller (``finality call``, the service): a call node names one request, so
+    another tool, other arguments, another server (when the caller names one) or another principal
+    are refused, never answered with this operation's result. Checked in that order.
+    """
+    if op.tool.name != request.tool.name or op.tool.version != request.tool.version:
+        return "tool"
+    if op.request_digest != request.request_digest:
+        return "arguments digest"
+    if server is not None and op.server != server:
+        return "server"
+    if op.principal != request.principal:
+        return "principal"
+    return None
+
+
 def new_operation(
     request: CallRequest,
     *,

@@ -69,6 +69,7 @@ from engine.model import (
     Role,
     Transition,
     new_operation,
+    request_mismatch,
 )
 from engine.runtime.call import ADAPTER_VERSION
 from engine.runtime.driver import Driver, StaleRound, Wake
@@ -885,11 +886,14 @@ class Executor:
     ) -> Operation:
         existing = self.ledger.by_call_node(call_node)
         if existing is not None:
-            request_digest = CallRequest(
+            asked = CallRequest(
                 CallNodeId(call_node), tool.ref, arguments, Principal(principal or existing.principal)
-            ).request_digest
-            if existing.request_digest != request_digest:
-                raise ServiceError(409, f"call node {call_node!r} already holds a different request")
+            )
+            field = request_mismatch(existing, asked)
+            if field is not None:
+                raise ServiceError(
+                    409, f"call node {call_node!r} already holds a different request: its {field} differs"
+                )
             return existing
         route = self._route(call_node, tool, server)
         target = self._servers[route.server]

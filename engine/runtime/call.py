@@ -32,6 +32,7 @@ from engine.model import (
     Protocol,
     ToolRef,
     new_operation,
+    request_mismatch,
 )
 from engine.runtime.driver import Driver, Wake
 from engine.schedule import PollPolicy
@@ -86,6 +87,7 @@ async def run_call(spec: CallSpec, ledger: LedgerPort, clock: Clock) -> Operatio
     async with httpx.AsyncClient() as client:
         existing = ledger.by_call_node(spec.call_node)
         if existing is not None:
+            refuse_other_request(existing, spec)
             protocol = existing.protocol
             backend = open_backend(
                 protocol, spec.server, client=client, token=spec.token, options=spec.options
@@ -119,6 +121,44 @@ async def run_call(spec: CallSpec, ledger: LedgerPort, clock: Clock) -> Operatio
             now=clock.now(),
         )
         return await _drive(spec, ledger, clock, backend, op, fresh_arguments=spec.arguments)
+
+
+_FLAGS = {"tool": "--tool", "arguments digest": "--args", "server": "--server", "principal": "--principal"}
+
+
+def refuse_other_request(existing: Operation, spec: CallSpec) -> None:
+    """Refuse to resume call node ``spec.call_node`` for a request other than the one it holds.
+
+    Raises:
+        ConfigError: naming the differing field (tool, arguments digest, server, principal); in
+            particular a server other than the one the operation was created on is never polled.
+    """
+    asked = CallRequest(
+        call_node_id=CallNodeId(spec.call_node),
+        tool=spec.tool,
+        arguments=spec.arguments,
+        principal=Principal(spec.principal),
+    )
+    field = request_mismatch(existing, asked, server=spec.server)
+    if field is None:
+        return
+    held = {
+        "tool": f"{existing.tool.name} {existing.tool.version}",
+        "arguments digest": existing.request_digest,
+        "server": existing.server,
+        "principal": existing.principal,
+    }[field]
+    given = {
+        "tool": f"{spec.tool.name} {spec.tool.version}",
+        "arguments digest": asked.request_digest,
+        "server": spec.server,
+        "principal": spec.principal,
+    }[field]
+    raise ConfigError(
+        _FLAGS[field],
+        f"call node {spec.call_node} already holds another request: its {field} differs "
+        f"(the ledger has {held}, this call asks for {given}); use another call node",
+    )
 
 
 async def _drive(

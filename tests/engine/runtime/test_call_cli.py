@@ -156,3 +156,30 @@ def test_a_long_tool_without_tasks_is_refused_unless_its_sync_limit_fits(
     ran = finality(*base, "--call-node", "s2", "--sync-limit", "5", "--wait-budget", "30")
     assert ran.returncode == 0, ran.stderr
     assert json.loads(ran.stdout)["protocol"] == "legacy-sync"
+
+
+def test_a_reused_call_node_refuses_another_request_naming_the_field_and_never_polls_another_server(
+    mcp: RefServer, aip: RefServer, tmp_path: Path
+) -> None:
+    """q3 ran {"quarter": "Q3"}: other arguments, another tool or another server exit 2 naming the field
+    (never Q3's result with exit 0), and the other server is never asked anything."""
+    ledger = tmp_path / "l.duckdb"
+    first = call(mcp, ledger, "q3", args='{"quarter": "Q3"}')
+    assert first.returncode == 0, first.stderr
+    again = call(mcp, ledger, "q3", args='{"quarter": "Q3"}')
+    assert again.returncode == 0, again.stderr
+    other_args = call(mcp, ledger, "q3", args='{"quarter": "Q4"}')
+    assert other_args.returncode == 2
+    assert "arguments digest differs" in other_args.stderr
+    assert "Q3" not in other_args.stdout
+    other_tool = call(mcp, ledger, "q3", "--tool", "apply_batch_change", args='{"quarter": "Q3"}')
+    assert other_tool.returncode == 2
+    assert "tool differs" in other_tool.stderr
+    aip.reset()
+    other_server = finality(
+        "call", "--server", aip.url, "--tool", "generate_report", "--args", '{"quarter": "Q3"}',
+        "--call-node", "q3", "--ledger", str(ledger), "--json",
+    )  # fmt: skip
+    assert other_server.returncode == 2
+    assert "server differs" in other_server.stderr
+    assert aip.stats()["requests"] == {}
