@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import FrameType
 
@@ -286,12 +287,20 @@ def operator(shared: Shared, unknown_after_s: float, effects_after_s: float) -> 
                 after_s = unknown_after_s if entry["kind"] == "unknown" else effects_after_s
                 if now - first_seen.setdefault(entry_id, now) < after_s:
                     continue
-                if entry["kind"] == "unknown":
+                if (
+                    entry["kind"] == "unknown"
+                    and entry.get("task_id")
+                    and "not found" in str(entry["reason"])
+                ):
+                    # Bound to a task the server no longer has: nothing to bind again; absent.
+                    task_id = None
+                    reason = f"the server no longer has task {entry['task_id']}"
+                elif entry["kind"] == "unknown":
                     task_id = find_task(shared, client, str(entry["operation_id"]))
                     reason = (
                         f"found task {task_id} on the server by the call's arguments"
                         if task_id
-                        else "the server's execution log has no run of this call"
+                        else "the server's execution log has no unbound run of this call"
                     )
                     done = _quietly(
                         shared,
@@ -317,28 +326,55 @@ def operator(shared: Shared, unknown_after_s: float, effects_after_s: float) -> 
 
 
 def find_task(shared: Shared, client: ServiceClient, operation_id: str) -> str | None:
-    """The server task that ran this operation's call, found by its arguments."""
+    """The server task that ran this operation's call, found as a careful person would: a run of the
+    same arguments on the server the call went to, started at or after the call was recorded, whose
+    task no other operation is bound to; the earliest such.
+
+    (Taking the first run with equal arguments, as before, bound calls that repeat arguments to
+    another call's task: one already bound elsewhere, so the resolve was refused and the entry
+    stayed open past 15 minutes, or one the server had already deleted, so the operation went
+    straight back to UNKNOWN, for the whole run.)
+    """
     quoted = "'" + operation_id.replace("'", "''") + "'"
     rows = _quietly(
         shared,
         "operator",
         client.sql,
-        f"SELECT call_node_id, server, tool_name FROM op_identity WHERE operation_id = {quoted}",
+        f"SELECT call_node_id, server, tool_name, created_at FROM op_identity WHERE operation_id = {quoted}",
     )
     if not isinstance(rows, dict) or not rows.get("rows"):
         return None
-    call_node, server_url, tool = (str(v) for v in rows["rows"][0])
+    call_node, server_url, tool, created_raw = (str(v) for v in rows["rows"][0])
+    bound_rows = _quietly(
+        shared,
+        "operator",
+        client.sql,
+        f"SELECT task_id FROM task_bindings WHERE operation_id <> {quoted}",
+        max_rows=100_000,
+    )
+    if not isinstance(bound_rows, dict):
+        return None
+    bound = {str(r[0]).removeprefix("operations/") for r in bound_rows.get("rows", [])}
     with shared.lock:
         arguments = shared.arguments.get(call_node.removesuffix(SHADOW_SUFFIX))
     if arguments is None:
         return None
+    created_at = datetime.fromisoformat(created_raw) - timedelta(seconds=1)
     echo = {k: v for k, v in arguments.items() if k != "_sim"}
     for server in shared.servers.values():
         if endpoint(server) != server_url:
             continue
-        for run in server.stats()["executions"].get(tool, []):
-            if run["arguments"] == echo and run["task_id"]:
-                return str(run["task_id"])
+        runs = [
+            run
+            for run in server.stats()["executions"].get(tool, [])
+            if run["arguments"] == echo
+            and run["task_id"]
+            and str(run["task_id"]) not in bound
+            and datetime.fromisoformat(str(run["at"])) >= created_at
+        ]
+        runs.sort(key=lambda run: datetime.fromisoformat(str(run["at"])))
+        if runs:
+            return str(runs[0]["task_id"])
     return None
 
 
