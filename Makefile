@@ -17,7 +17,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy --strict engine rollout service console demo
+	$(VENV)/bin/mypy --strict engine rollout service console demo app.py pages
 
 unit: $(STAMP)
 	$(PY) -m pytest -q

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.errors import ServiceRefused, ServiceUnavailable
 from engine.ledger.duckdb import Ledger
 from engine.model import RECEIPT_STATES, LocalState
-from service.client import ServiceRefused, ServiceUnavailable
 from service.testing import ServiceProcess
 
 

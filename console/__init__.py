@@ -2,3 +2,5 @@
 
 No Streamlit here: pages render what these modules return. Nothing here writes a ledger.
 """
+
+__all__ = []

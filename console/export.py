@@ -40,3 +40,9 @@ def frame_to_parquet(frame: pd.DataFrame) -> bytes:
 
 def frame_to_csv(frame: pd.DataFrame) -> bytes:
     return _csv_bytes(frame)
+
+
+__all__ = [
+    "frame_to_csv",
+    "frame_to_parquet",
+]

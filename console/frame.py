@@ -22,7 +22,8 @@ import os
 import streamlit as st
 
 from console.insights import Insights
-from console.views import ConsoleError, GateView
+from console.views import GateView
+from engine.errors import ConsoleError
 
 logger = logging.getLogger("finality.console")
 
@@ -165,3 +166,11 @@ def main() -> None:
         st.error("This page failed; the error is in the console's log.")
     finally:
         st.session_state[_RUNNING] = False
+
+
+__all__ = [
+    "console_insights",
+    "gate_stamp",
+    "main",
+    "pages",
+]

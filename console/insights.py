@@ -82,20 +82,17 @@ from console.sources import (
     ServiceSource,
     Source,
 )
-from console.views import (
+from console.views import GateView, Json, RolloutStatus, SourceInfo, SqlResult, parse_rollout_status
+from engine.clock import Clock, SystemClock, monotonic_seconds
+from engine.errors import (
     ActionRefused,
     ConsoleError,
-    GateView,
-    Json,
     NotConfigured,
     QueryFailed,
     ReadOnlyConsole,
-    RolloutStatus,
-    SourceInfo,
-    SqlResult,
-    parse_rollout_status,
+    ServiceRefused,
+    ServiceUnavailable,
 )
-from engine.clock import Clock, SystemClock, monotonic_seconds
 from engine.ledger.gate_sql import (
     advance_clock,
     gate_inputs_from_recorded,
@@ -103,7 +100,7 @@ from engine.ledger.gate_sql import (
     recorded_run_from_rows,
 )
 from engine.revision import running_revision
-from service.client import ServiceClient, ServiceRefused, ServiceUnavailable
+from service.client import ServiceClient
 
 _T = TypeVar("_T")
 

@@ -506,3 +506,25 @@ CHARTS: Final[dict[str, tuple[str, ...]]] = {
     "Rollout control": ("audit_log",),
 }
 """Which named queries each page's charts and tables come from (the evidence bundle's index)."""
+
+
+__all__ = [
+    "ARMS",
+    "ARM_FALLBACK_SQL",
+    "ARM_JOIN_SQL",
+    "ARM_SQL",
+    "CANARY_ADAPTER_VERSION",
+    "CANCEL_SLO_S",
+    "CHARTS",
+    "LIVE_STATES",
+    "PROTOCOLS",
+    "QUERIES",
+    "ROLLOUT_ACTIONS",
+    "SQL_EXAMPLES",
+    "STATES",
+    "TERMINAL_SQL",
+    "UNKNOWN_SLO_S",
+    "NamedQuery",
+    "lit",
+    "lit_list",
+]

@@ -10,10 +10,18 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Final, Protocol
 
-from console.views import ActionRefused, Json, NotConfigured, QueryFailed, ReadOnlyConsole, SourceInfo
-from engine.errors import EngineError
+from console.views import Json, SourceInfo
+from engine.errors import (
+    ActionRefused,
+    EngineError,
+    NotConfigured,
+    QueryFailed,
+    ReadOnlyConsole,
+    ServiceRefused,
+    ServiceUnavailable,
+)
 from engine.ledger.sandbox import run_query
-from service.client import ServiceClient, ServiceRefused, ServiceUnavailable
+from service.client import ServiceClient
 
 ENV_SERVICE_URL: Final = "FINALITY_SERVICE_URL"
 
@@ -268,3 +276,18 @@ def _dialect_of_health(health: Mapping[str, object]) -> str | None:
         if text.startswith("duckdb"):
             return "duckdb"
     return None
+
+
+__all__ = [
+    "ENV_CACHE_S",
+    "ENV_GATE_CACHE_S",
+    "ENV_GATE_INTERVAL_S",
+    "ENV_LEDGER",
+    "ENV_SERVICE_URL",
+    "SERVICE_GATE_INTERVAL_S",
+    "SERVICE_RUN_SLACK_S",
+    "FileSource",
+    "PostgresSource",
+    "ServiceSource",
+    "Source",
+]

@@ -12,34 +12,9 @@ from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]
 
-from engine.errors import EngineError
-from engine.ledger.port import GateRecord
+from engine.model import GateRecord
 
 Json = dict[str, Any]
-
-
-class ConsoleError(EngineError):
-    """Root of the console's errors (shown to the user as a message, never a traceback)."""
-
-
-class NotConfigured(ConsoleError):
-    """Neither a service URL nor a ledger file was given."""
-
-
-class ReadOnlyConsole(ConsoleError):
-    """An action was asked of a console that reads a ledger file: only the running service writes."""
-
-
-class ActionRefused(ConsoleError):
-    """The service refused an action (its message says why)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class QueryFailed(ConsoleError):
-    """A query was refused or failed (analyst SQL, or a source that went away)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,3 +176,14 @@ def parse_rollout_status(raw: Json) -> RolloutStatus:
         audit=audit,
         raw=raw,
     )
+
+
+__all__ = [
+    "AuditCheck",
+    "GateView",
+    "Json",
+    "RolloutStatus",
+    "SourceInfo",
+    "SqlResult",
+    "parse_rollout_status",
+]

@@ -2,3 +2,5 @@
 
 Composes the engine, the service and the reference servers; nothing in ``engine`` imports it.
 """
+
+__all__ = []

@@ -33,8 +33,9 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from types import FrameType
 
+from engine.errors import ServiceRefused, ServiceUnavailable
 from refserver.testing import RefServer
-from service.client import ServiceClient, ServiceRefused, ServiceUnavailable
+from service.client import ServiceClient
 from service.testing import ServiceProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -599,3 +600,28 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+__all__ = [
+    "ACTOR_APPROVER",
+    "ACTOR_OPERATOR",
+    "ACTOR_RELEASE",
+    "FAULTS",
+    "FIRST_CALLS",
+    "ROOT",
+    "SHADOW_SUFFIX",
+    "Shared",
+    "approver",
+    "endpoint",
+    "explore_into",
+    "fault_plan",
+    "find_task",
+    "main",
+    "operator",
+    "plan_call",
+    "port_or_free",
+    "release_manager",
+    "start_console",
+    "workload",
+    "write_config",
+]

@@ -34,8 +34,8 @@ import pyarrow.compute as pc
 from engine.clock import Clock, SystemClock
 from engine.ledger import is_postgres, open_ledger
 from engine.ledger.gate_sql import WRITE_SETTLE_S
-from engine.ledger.port import ExplorerRun, GateRecord, LedgerPort
-from engine.model import SCHEMA_VERSION
+from engine.ledger.port import ExplorerRun, LedgerPort
+from engine.model import SCHEMA_VERSION, GateRecord
 
 CANARY_ADAPTER_VERSION = "finality-0.2"
 """The adapter version of operations routed through the new adapter (the canary arm)."""
@@ -904,3 +904,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+__all__ = [
+    "CANARY_ADAPTER_VERSION",
+    "CONTROL_ADAPTER_VERSION",
+    "PATHS",
+    "PROTOCOLS",
+    "TOOLS",
+    "UNKNOWN_AGES_MIN",
+    "SeedSummary",
+    "Step",
+    "main",
+    "seed_ledger",
+]

@@ -74,3 +74,10 @@ def check_acceptance(current: Operation | None, transition: Transition, payload:
         if have != got:
             raise ReceiptConflict(receipt.call_node_id, name, have, got)
     return receipt
+
+
+__all__ = [
+    "Json",
+    "check_acceptance",
+    "receipt_of",
+]

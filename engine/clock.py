@@ -32,3 +32,10 @@ class SystemClock:
 def monotonic_seconds() -> float:
     """A monotonic reading for measuring elapsed time (benchmarks, timeouts)."""
     return time.monotonic()
+
+
+__all__ = [
+    "Clock",
+    "SystemClock",
+    "monotonic_seconds",
+]

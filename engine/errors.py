@@ -1,9 +1,11 @@
-"""The engine's exception tree. Callers catch by type; retryability is the type, never the message.
+"""The engine's exception tree, the one tree of the whole project (service, console, rollout, tests
+helpers included). Callers catch by type; retryability is the type, never the message.
 
 EngineError
 ├── InvalidTransition        a bug or a peer violation: carries state and event
 ├── LedgerError
 │   ├── StaleWrite           compare-and-swap lost: the row moved since it was read
+│   │   └── LeaseLost        a fenced write refused: the lease was taken over or the epoch raised
 │   ├── ReceiptConflict      acceptTerminal refused: names the mismatching field
 │   ├── DuplicateOperation   a second operation for a call node, key or server task id
 │   ├── LedgerUnavailable    the file cannot be opened or written
@@ -12,19 +14,39 @@ EngineError
 ├── InvalidRecord            an operation record with missing or malformed fields
 ├── ConfigError              bad configuration or usage: names the offending key
 ├── NegotiationError         the server/tool cannot run this call the way it was asked
-│   └── CancelUnsupported    the server declared no cancel: refused before anything is recorded
 ├── BackendError             talking to a server failed
 │   ├── BackendUnavailable   retryable: connection lost, timeout, 429/503 (carries retry_after)
+│   │   └── SessionExpired   an MCP session the server forgot: re-initialize
 │   ├── BackendRejected      not retryable: the server refused the request
 │   ├── NotFoundOnServer     the server does not know the operation
 │   └── ProtocolViolation    the peer broke its wire contract (malformed or foreign reply)
 ├── BudgetExhausted          the caller's wait budget ran out (the operation goes on)
-└── SqlRefused               analyst SQL that would write or reach outside the snapshot
+├── SqlRefused               analyst SQL that would write or reach outside the snapshot
+├── CancelNotAllowed         a cancel the operation cannot take now
+├── StaleRound               an answer for an input round that is not open
+├── ResubmitNotAllowed       a resubmission nothing proves safe
+├── RolloutRefused           a rollout action not allowed now (HTTP status, blocking gates)
+├── ServiceError             a service request that cannot be carried out (HTTP status)
+├── ServiceUnavailable       the service cannot be reached (client side)
+├── ServiceRefused           the service answered an error status (client side)
+├── ServiceProcessError      a service subprocess did not start or stop (tests, benchmarks)
+├── ClusterError             the throwaway PostgreSQL could not be started or reached
+├── StateLimit               the explorer's pruned search met its state limit
+├── Nondeterminism           the explorer found the simulation not deterministic
+└── ConsoleError             shown to a console user as a message, never a traceback
+    ├── NotConfigured        neither a service URL nor a ledger was given
+    ├── ReadOnlyConsole      an action asked of a console that reads a ledger read-only
+    ├── ActionRefused        the service refused an action
+    └── QueryFailed          a query refused or failed
 """
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.model import GateRecord
 
 
 class EngineError(Exception):
@@ -152,3 +174,142 @@ class BudgetExhausted(EngineError):
 
 class SqlRefused(EngineError):
     pass
+
+
+class CancelNotAllowed(EngineError):
+    """A cancel this operation cannot take now (terminal, or the server has no cancel capability)."""
+
+
+class StaleRound(EngineError):
+    """An answer for an input round that is no longer open (answered, closed or superseded)."""
+
+
+class ResubmitNotAllowed(EngineError):
+    """A resubmission nothing proves safe: only the server's proof or a person's recorded action allows one."""
+
+
+class SessionExpired(BackendUnavailable):
+    """HTTP 404 on a request that carried a session id: the server forgot the session; re-initialize."""
+
+
+class RolloutRefused(EngineError):
+    """The action is not allowed now; ``status`` is the HTTP status, ``failing`` the gates that block it."""
+
+    def __init__(self, status: int, message: str, failing: tuple[GateRecord, ...] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.failing = failing
+
+
+class ServiceUnavailable(EngineError):
+    """The service cannot be reached (connection refused, timed out)."""
+
+
+class ServiceRefused(EngineError):
+    """The service answered with an error status; ``status`` and ``message`` say which and why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+class ServiceError(EngineError):
+    """A request to the service that cannot be carried out; ``status`` is the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ServiceProcessError(EngineError):
+    """A service subprocess (tests, benchmarks) did not start or stop as asked; says why."""
+
+
+class ConsoleError(EngineError):
+    """Root of the console's errors (shown to the user as a message, never a traceback)."""
+
+
+class NotConfigured(ConsoleError):
+    """Neither a service URL nor a ledger file was given."""
+
+
+class ReadOnlyConsole(ConsoleError):
+    """An action was asked of a console that reads a ledger file: only the running service writes."""
+
+
+class ActionRefused(ConsoleError):
+    """The service refused an action (its message says why)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class QueryFailed(ConsoleError):
+    """A query was refused or failed (analyst SQL, or a source that went away)."""
+
+
+class ClusterError(EngineError):
+    """The throwaway PostgreSQL server could not be found, started or reached; says why."""
+
+
+class LeaseLost(StaleWrite):
+    """A fenced write refused: the operation's lease was taken over (or released), or the epoch was raised.
+
+    A ``StaleWrite``, so code that reloads on a lost compare-and-swap does the right thing; an
+    executor that sees it should drop the operation (another executor owns it now).
+    """
+
+    def __init__(self, operation_id: str, expected_version: int, detail: str) -> None:
+        super().__init__(operation_id, expected_version, f"lease lost: {detail}")
+
+
+class StateLimit(EngineError):
+    """A scenario has more distinct states than the search may expand."""
+
+
+class Nondeterminism(EngineError):
+    """The same choices led to a different set of enabled steps: the simulation is not deterministic."""
+
+
+__all__ = [
+    "ActionRefused",
+    "BackendError",
+    "BackendRejected",
+    "BackendUnavailable",
+    "BudgetExhausted",
+    "CancelNotAllowed",
+    "CancelUnsupported",
+    "ClusterError",
+    "ConfigError",
+    "ConsoleError",
+    "DuplicateOperation",
+    "EngineError",
+    "InvalidRecord",
+    "InvalidTransition",
+    "LeaseLost",
+    "LedgerCorrupt",
+    "LedgerError",
+    "LedgerUnavailable",
+    "NegotiationError",
+    "Nondeterminism",
+    "NotConfigured",
+    "NotFoundOnServer",
+    "ProtocolViolation",
+    "QueryFailed",
+    "ReadOnlyConsole",
+    "ReceiptConflict",
+    "ResubmitNotAllowed",
+    "RolloutRefused",
+    "SchemaTooNew",
+    "ServiceError",
+    "ServiceProcessError",
+    "ServiceRefused",
+    "ServiceUnavailable",
+    "SessionExpired",
+    "SqlRefused",
+    "StaleRound",
+    "StaleWrite",
+    "StateLimit",
+]

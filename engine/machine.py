@@ -468,3 +468,8 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
 
         case _:
             assert_never(event)
+
+
+__all__ = [
+    "step",
+]

@@ -579,3 +579,77 @@ def new_operation(
         updated_at=now,
         role=role,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class GateRecord:
+    """One gate's verdict as ``gate_runs`` stores it."""
+
+    gate: str
+    passed: bool
+    value: float | None
+    threshold: float | None
+    verdict: str
+    inputs: dict[str, object]
+
+
+__all__ = [
+    "POLLING_STATES",
+    "RECEIPT_STATES",
+    "RECONCILIATION_STATES",
+    "SCHEMA_VERSION",
+    "AcceptTerminal",
+    "AwaitApproval",
+    "CallNodeId",
+    "CallRequest",
+    "CancelAcknowledged",
+    "CancelConfirmed",
+    "CancelRefusedTerminal",
+    "CancelRequested",
+    "Digest",
+    "Effect",
+    "Epoch",
+    "EpochRaised",
+    "Event",
+    "FetchResult",
+    "FetchStarted",
+    "FlagEffectReconciliation",
+    "GateRecord",
+    "IdempotencyKey",
+    "InlineResultReturned",
+    "InputAnswered",
+    "LocalState",
+    "LookUp",
+    "LookupFound",
+    "LookupProvedAbsent",
+    "LookupUnavailable",
+    "NotFound",
+    "NotFoundClass",
+    "OpenReconciliation",
+    "Operation",
+    "OperationId",
+    "Poll",
+    "Principal",
+    "Protocol",
+    "Receipt",
+    "Reconciled",
+    "Resubmitted",
+    "ResultRejected",
+    "ResultVerified",
+    "Role",
+    "SendCancel",
+    "SendInput",
+    "ServerStatus",
+    "StatusObserved",
+    "SubmissionLost",
+    "Submit",
+    "Submitted",
+    "TaskId",
+    "ToolRef",
+    "Transition",
+    "canonical_json",
+    "digest_bytes",
+    "digest_of",
+    "new_operation",
+    "submission_key",
+]

@@ -41,3 +41,8 @@ def running_revision() -> str:
     if diff is not None and diff.returncode == 0 and diff.stdout:
         revision += "+dirty." + hashlib.sha256(diff.stdout).hexdigest()[:12]
     return revision
+
+
+__all__ = [
+    "running_revision",
+]

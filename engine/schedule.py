@@ -135,3 +135,13 @@ def busiest_window(sent: list[datetime], window: timedelta = timedelta(seconds=1
             start += 1
         best = max(best, end - start + 1)
     return best
+
+
+__all__ = [
+    "PollPolicy",
+    "RateWindow",
+    "busiest_window",
+    "next_poll_at",
+    "poll_delay",
+    "retry_delay",
+]

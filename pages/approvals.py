@@ -8,7 +8,7 @@ import streamlit as st
 
 from console.frame import console_insights
 from console.insights import Insights
-from console.views import ConsoleError
+from engine.errors import ConsoleError
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 

@@ -7,7 +7,7 @@ import streamlit as st
 from console.frame import console_insights, gate_stamp
 from console.insights import Insights
 from console.queries import PROTOCOLS
-from console.views import ConsoleError
+from engine.errors import ConsoleError
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 

@@ -8,7 +8,7 @@ from console.export import frame_to_csv, frame_to_parquet
 from console.frame import console_insights
 from console.insights import Insights
 from console.queries import SQL_EXAMPLES
-from console.views import ConsoleError
+from engine.errors import ConsoleError
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 

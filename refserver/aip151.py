@@ -430,3 +430,19 @@ def _header_epoch(request: Request) -> int | None:
         return int(raw)
     except ValueError as exc:
         raise AipError(400, f"{EPOCH_HEADER} must be an integer", "INVALID_EPOCH") from exc
+
+
+__all__ = [
+    "CODE_CANCELLED",
+    "CODE_INTERNAL",
+    "DOMAIN",
+    "EPOCH_HEADER",
+    "ERROR_INFO_TYPE",
+    "METADATA_TYPE",
+    "RESULT_TYPE",
+    "Aip151",
+    "AipError",
+    "error_info",
+    "error_json",
+    "parse_filter",
+]

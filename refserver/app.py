@@ -109,3 +109,10 @@ def build_app(
     )
     app.state.ctx = ctx
     return app
+
+
+__all__ = [
+    "Admin",
+    "ProtocolRoutes",
+    "build_app",
+]

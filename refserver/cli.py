@@ -163,3 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 0
+
+
+__all__ = [
+    "build_parser",
+    "main",
+    "parse_options",
+    "serve",
+]

@@ -67,3 +67,11 @@ class WallAnchor:
     def iso(self, mono: float) -> str:
         """ISO 8601 in UTC with millisecond precision and a ``Z`` suffix."""
         return self.at(mono).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+__all__ = [
+    "Clock",
+    "FakeClock",
+    "SystemClock",
+    "WallAnchor",
+]

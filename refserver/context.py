@@ -149,3 +149,14 @@ class ServerContext:
         if task.faults.take(Fault.CREATE_RESPONSE_LOST, "create"):
             return Delivery.BROKEN, delay_s
         return Delivery.NORMAL, delay_s
+
+
+__all__ = [
+    "EPOCH_META_KEY",
+    "SERVER_NAME",
+    "SERVER_VERSION",
+    "Options",
+    "Protocol",
+    "ServerContext",
+    "Unauthenticated",
+]

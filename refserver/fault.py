@@ -287,3 +287,19 @@ class FaultBook:
 
     def remaining(self) -> dict[str, int]:
         return {f.value: a.remaining for f, a in sorted(self._armed.items())}
+
+
+__all__ = [
+    "Fault",
+    "FaultBook",
+    "FaultError",
+    "FaultParams",
+    "FaultPlan",
+    "FaultRequest",
+    "FaultRule",
+    "FiredFault",
+    "parse_fault_ref",
+    "parse_fault_refs",
+    "parse_params",
+    "parse_rule",
+]

@@ -209,3 +209,29 @@ def reply(
     if prefers_sse(request):
         return EventStream(_stream(sse_chunks(message, delivery), delay_s), headers)
     return Reply(message, 200, headers, delivery=delivery, delay_s=delay_s)
+
+
+__all__ = [
+    "INTERNAL_ERROR",
+    "INVALID_PARAMS",
+    "INVALID_REQUEST",
+    "METHOD_NOT_FOUND",
+    "PARSE_ERROR",
+    "SERVER_ERROR",
+    "Message",
+    "RequestId",
+    "RpcFault",
+    "RpcNotification",
+    "RpcRequest",
+    "RpcResponse",
+    "epoch_of",
+    "error_message",
+    "fault_reply",
+    "meta_of",
+    "optional_int",
+    "parse_message",
+    "reply",
+    "require_str",
+    "result_message",
+    "sse_chunks",
+]

@@ -437,3 +437,10 @@ class Mcp2025:
         if offset + size < len(tasks):
             body["nextCursor"] = _encode_cursor(offset + size)
         return reply(request, result_message(message.id, body))
+
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Handler",
+    "Mcp2025",
+]

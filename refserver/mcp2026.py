@@ -394,3 +394,20 @@ class Mcp2026:
             delivery=delivery,
             delay_s=delay_s,
         )
+
+
+__all__ = [
+    "CLIENT_CAPABILITIES_META",
+    "HEADER_MISMATCH",
+    "MISSING_REQUIRED_CLIENT_CAPABILITY",
+    "PROTOCOL_VERSION",
+    "PROTOCOL_VERSION_META",
+    "SERVER_INFO_META",
+    "SUPPORTED_VERSIONS",
+    "TASKS_EXTENSION",
+    "UNSUPPORTED_PROTOCOL_VERSION",
+    "Envelope",
+    "Handler",
+    "Mcp2026",
+    "check_envelope",
+]

@@ -127,3 +127,15 @@ def valid_elicit_result(value: object) -> Mapping[str, Any] | None:
     if content is not None and not isinstance(content, Mapping):
         return None
     return value
+
+
+__all__ = [
+    "RELATED_TASK_KEY",
+    "ToolCall",
+    "call_tool_result",
+    "elicitation_params",
+    "failure_fault",
+    "parse_tool_call",
+    "tool_json",
+    "valid_elicit_result",
+]

@@ -110,3 +110,16 @@ def parse_sim(raw: object, *, default_duration_ms: float, time_scale: float) -> 
         result_bytes=_count(raw, "result_bytes", None),
         faults=faults,
     )
+
+
+__all__ = [
+    "DEFAULT_POLL_INTERVAL_MS",
+    "DEFAULT_TTL_MS",
+    "SHORT_CALL_MS",
+    "SIM_KEY",
+    "SimError",
+    "SimOutcome",
+    "SimSpec",
+    "parse_sim",
+    "split_arguments",
+]

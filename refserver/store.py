@@ -319,3 +319,12 @@ class TaskStore:
             "input_rounds_answered": task.rounds_answered,
             "faults_armed": task.faults.remaining(),
         }
+
+
+__all__ = [
+    "Execution",
+    "KeyConflict",
+    "StoreConfig",
+    "Submission",
+    "TaskStore",
+]

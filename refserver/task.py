@@ -385,3 +385,17 @@ class Task:
 def outcome_is_result(outcome: Outcome | None) -> bool:
     """Whether there is a stored result or error to fetch (a cancelled task has none)."""
     return isinstance(outcome, ToolOutput | ToolFailure)
+
+
+__all__ = [
+    "ELICITATION_SCHEMA",
+    "TERMINAL",
+    "AnswerResult",
+    "CancelRejected",
+    "InputRound",
+    "Retention",
+    "Status",
+    "Task",
+    "View",
+    "outcome_is_result",
+]

@@ -267,3 +267,10 @@ class RefServer:
     def reset(self) -> None:
         """Forget all tasks, executions and counters; restore the initial fault plan."""
         self._admin("POST", "/admin/reset", {})
+
+
+__all__ = [
+    "PROTOCOLS",
+    "RefServer",
+    "RefServerError",
+]

@@ -166,3 +166,18 @@ def declined_outcome(tool: str, echo: Mapping[str, Any], round_number: int, acti
     return ToolOutput(
         f"{tool} stopped: input round {round_number} was answered with {action!r}", structured, True
     )
+
+
+__all__ = [
+    "CATALOG",
+    "OUTPUT_SCHEMA",
+    "Outcome",
+    "TaskSupport",
+    "ToolFailure",
+    "ToolOutput",
+    "ToolSpec",
+    "canonical_json",
+    "declined_outcome",
+    "digest_of",
+    "planned_outcome",
+]

@@ -139,3 +139,17 @@ def prefers_sse(request: Request) -> bool:
     sse = q.get("text/event-stream", 0.0)
     plain = max(q.get("application/json", 0.0), q.get("application/*", 0.0), q.get("*/*", 0.0))
     return sse > plain
+
+
+__all__ = [
+    "ABORT",
+    "GARBAGE_BODY",
+    "Abort",
+    "Delivery",
+    "EventStream",
+    "Reply",
+    "accepts_sse",
+    "dumps",
+    "prefers_sse",
+    "sse_event",
+]

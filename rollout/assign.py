@@ -151,3 +151,17 @@ def flip_report(keys: Iterable[Key], salt: str, from_bp: int, to_bp: int) -> Fli
             flips.append(ArmFlip(key.call_node, key.operation_id, key.state, key.in_flight, before, after))
     flips.sort(key=lambda f: f.call_node)
     return FlipReport(from_bp, to_bp, considered, tuple(flips))
+
+
+__all__ = [
+    "BUCKETS",
+    "Arm",
+    "ArmFlip",
+    "FlipReport",
+    "Key",
+    "arm_for",
+    "bp_to_percent",
+    "bucket",
+    "flip_report",
+    "percent_to_bp",
+]

@@ -172,3 +172,17 @@ def verify(rows: Sequence[AuditEvent], anchor: Anchor | None) -> AuditReport:
         elif anchor.state != last.after_state:
             problems.append("rollout_state differs from the state the last event left; it was edited")
     return AuditReport(len(rows), tuple(problems))
+
+
+__all__ = [
+    "GENESIS",
+    "Anchor",
+    "AuditEvent",
+    "AuditReport",
+    "canonical",
+    "instant",
+    "next_event",
+    "row_hash",
+    "text_digest",
+    "verify",
+]

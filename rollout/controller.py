@@ -15,12 +15,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from engine.clock import Clock
-from engine.errors import StaleWrite
+from engine.errors import RolloutRefused, StaleWrite
 from engine.model import RECEIPT_STATES, LocalState, Operation
 from rollout.assign import Arm, Key, flip_report
 from rollout.audit import GENESIS, Anchor, AuditEvent, AuditReport, canonical, next_event, verify
 from rollout.gates import GateReport, Thresholds, evaluate
-from rollout.plan import Decision, Request, RolloutRefused, RolloutState, Stage, decide, describe_gate
+from rollout.plan import Decision, Request, RolloutState, Stage, decide, describe_gate
 from rollout.route import Route, ToolPaths
 from rollout.shadow import Side, compare, content_digest
 
@@ -394,3 +394,12 @@ class RolloutController:
             },
             "recent_events": events,
         }
+
+
+__all__ = [
+    "FLIP_LIST_LIMIT",
+    "ActionResult",
+    "RolloutController",
+    "gate_json",
+    "verify_ledger",
+]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.ledger.port import GateRecord
+from engine.model import GateRecord
 
 GATES = (
     "terminal_divergence",
@@ -180,3 +180,11 @@ def evaluate(inputs: dict[str, dict[str, object]], thresholds: Thresholds = Thre
             )
         )
     return GateReport(out)
+
+
+__all__ = [
+    "GATES",
+    "GateReport",
+    "Thresholds",
+    "evaluate",
+]

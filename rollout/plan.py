@@ -15,9 +15,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Final, assert_never
 
-from engine.errors import EngineError
-from engine.ledger.port import GateRecord
-from engine.model import Protocol
+from engine.errors import RolloutRefused
+from engine.model import GateRecord, Protocol
 from rollout.assign import BUCKETS, bp_to_percent
 from rollout.gates import GateReport
 
@@ -136,15 +135,6 @@ class Decision:
     """A gate failed and the request's override let the promotion through."""
     failing: tuple[GateRecord, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)
-
-
-class RolloutRefused(EngineError):
-    """The action is not allowed now; ``status`` is the HTTP status, ``failing`` the gates that block it."""
-
-    def __init__(self, status: int, message: str, failing: tuple[GateRecord, ...] = ()) -> None:
-        super().__init__(message)
-        self.status = status
-        self.failing = failing
 
 
 def describe_gate(record: GateRecord) -> str:
@@ -302,3 +292,17 @@ def decide(
             "override requested but not needed: every gate passed" if promotion else "no gates apply"
         )
     return Decision(state, after, promotion, blocked, failing, tuple(notes))
+
+
+__all__ = [
+    "FIRST_CANARY_BP",
+    "LIVE_STAGES",
+    "Action",
+    "Decision",
+    "Request",
+    "RolloutState",
+    "Stage",
+    "ToolInfo",
+    "decide",
+    "describe_gate",
+]

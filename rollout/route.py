@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from engine.errors import RolloutRefused
 from rollout.assign import Arm, arm_for, bucket
-from rollout.plan import RolloutRefused, RolloutState, Stage, ToolInfo
+from rollout.plan import RolloutState, Stage, ToolInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +104,10 @@ class Router:
             f"{chosen!r} are refused; existing operations keep being polled, cancelled and reconciled. "
             f"Enable it with `finality rollout enable-protocol {version}`.",
         )
+
+
+__all__ = [
+    "Route",
+    "Router",
+    "ToolPaths",
+]

@@ -74,3 +74,13 @@ def compare(primary: Side, shadow: Side) -> ShadowDiff:
     if primary.content_digest != shadow.content_digest:
         differences.append("result")
     return ShadowDiff(primary, shadow, tuple(differences))
+
+
+__all__ = [
+    "SHADOW_SUFFIX",
+    "ShadowDiff",
+    "Side",
+    "compare",
+    "content_digest",
+    "shadow_call_node",
+]

@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine.errors import EngineError, InvalidRecord, SqlRefused
+from engine.errors import EngineError, InvalidRecord, RolloutRefused, ServiceError, SqlRefused
 from engine.ledger.port import LedgerPort
 from engine.ledger.postgres import PgLedger
 from engine.runtime.report import operation_report
@@ -56,8 +56,7 @@ from rollout.assign import percent_to_bp
 from rollout.controller import verify_ledger
 from rollout.plan import Action as RolloutAction
 from rollout.plan import Request as RolloutRequest
-from rollout.plan import RolloutRefused
-from service.executor import Executor, ServiceError
+from service.executor import Executor
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -403,3 +402,11 @@ def build_rollout_routes(executor: Executor, ledger: LedgerPort) -> list[Route]:
         Route("/api/v1/rollout/assignments", _guard(assignments)),
         Route("/api/v1/rollout/{action}", _guard(act), methods=["POST"]),
     ]
+
+
+__all__ = [
+    "JSON",
+    "Handler",
+    "build_api",
+    "build_rollout_routes",
+]

@@ -173,3 +173,8 @@ class BatchingLedger:
     @property
     def pending(self) -> int:
         return len(self._pending) + len(self._polls) + len(self._held) + len(self._accepts)
+
+
+__all__ = [
+    "BatchingLedger",
+]

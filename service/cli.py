@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from engine.adapters.config import AdapterOptions
 from engine.clock import SystemClock
 from engine.errors import BackendError, ConfigError, EngineError, LedgerError, NegotiationError
-from service.client import ServiceRefused as ServiceRefusedError
+from engine.errors import ServiceRefused as ServiceRefusedError
 
 if TYPE_CHECKING:  # both ledgers (DuckDB, PostgreSQL) offer this port
     from engine.ledger.port import LedgerPort
@@ -577,3 +577,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+__all__ = [
+    "EXIT_NO_RECEIPT",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "build_parser",
+    "cmd_audit",
+    "cmd_call",
+    "cmd_gates",
+    "cmd_rollout",
+    "cmd_serve",
+    "cmd_service",
+    "cmd_show",
+    "main",
+]

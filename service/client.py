@@ -9,20 +9,9 @@ from typing import Any
 
 import httpx
 
-from engine.errors import EngineError
+from engine.errors import ServiceRefused, ServiceUnavailable
 
 Json = dict[str, Any]
-
-
-class ServiceUnavailable(EngineError):
-    pass
-
-
-class ServiceRefused(EngineError):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
 
 
 class ServiceClient:
@@ -147,3 +136,9 @@ class ServiceClient:
             return self._http.get("/metrics").text
         except httpx.HTTPError as exc:
             raise ServiceUnavailable(f"cannot reach the Finality service at {self.base_url}: {exc}") from exc
+
+
+__all__ = [
+    "Json",
+    "ServiceClient",
+]

@@ -293,3 +293,13 @@ def load_config(path: str | Path) -> ServiceConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), f"not valid TOML: {exc}") from exc
     return parse_config(data)
+
+
+__all__ = [
+    "PollConfig",
+    "ServerConfig",
+    "ServiceConfig",
+    "ToolConfig",
+    "load_config",
+    "parse_config",
+]

@@ -44,13 +44,27 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-import httpx
-
-from engine.adapters import AdapterOptions, CallMode, discover, open_backend, plan_call
+from engine.adapters import (
+    AdapterOptions,
+    CallMode,
+    HttpClient,
+    discover,
+    open_backend,
+    open_client,
+    plan_call,
+)
 from engine.adapters.base import Backend, Capabilities, Json
 from engine.clock import Clock, monotonic_seconds
-from engine.errors import DuplicateOperation, EngineError, NegotiationError
-from engine.ledger.port import BatchOutcome, Fence, LeaseLost, LeasingLedgerPort, LedgerPort
+from engine.errors import (
+    DuplicateOperation,
+    EngineError,
+    LeaseLost,
+    NegotiationError,
+    RolloutRefused,
+    ServiceError,
+    StaleRound,
+)
+from engine.ledger.port import BatchOutcome, Fence, LeasingLedgerPort, LedgerPort
 from engine.ledger.postgres import PgLedger
 from engine.machine import step
 from engine.model import (
@@ -72,12 +86,12 @@ from engine.model import (
     request_mismatch,
 )
 from engine.runtime.call import ADAPTER_VERSION
-from engine.runtime.driver import Driver, StaleRound, Wake
+from engine.runtime.driver import Driver, Wake
 from engine.runtime.limiter import Limiter, SharedLimiter
 from engine.schedule import PollPolicy
 from rollout.assign import Arm, bucket
 from rollout.controller import RolloutController
-from rollout.plan import Action, Request, RolloutRefused
+from rollout.plan import Action, Request
 from rollout.route import Route, Router, ToolPaths
 from rollout.shadow import SHADOW_SUFFIX, shadow_call_node
 from service.batching import BatchingLedger
@@ -111,14 +125,6 @@ def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class ServiceError(EngineError):
-    """A request to the service that cannot be carried out; ``status`` is the HTTP status to answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
 @dataclass
 class _Server:
     config: ServerConfig
@@ -137,7 +143,7 @@ class Executor:
     clock: Clock
     rng: random.Random = field(default_factory=random.Random)
     epoch: Epoch = field(default_factory=lambda: Epoch(1))
-    client: httpx.AsyncClient | None = None
+    client: HttpClient | None = None
     lease_s: float | None = None
     """Share the ledger with other executors (PostgreSQL only): lease length in seconds; None: alone."""
     owner: str = field(default_factory=owner_name)
@@ -231,9 +237,7 @@ class Executor:
             # No more connections than requests the limiter lets out at once: httpcore scans every
             # pooled connection for expiry on each request, so a larger pool only costs CPU.
             pool = MAX_IN_FLIGHT_REQUESTS + 16
-            self.client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool)
-            )
+            self.client = open_client(pool=pool)
         per_server = {s.url: s.qps for s in self.config.servers.values()}
         limiter: Limiter
         if isinstance(self._leasing, PgLedger):
@@ -1312,3 +1316,15 @@ class Executor:
             "adopted_since_start": self.stats["adopted"],
         }
         return status
+
+
+__all__ = [
+    "CLAIM_BATCH",
+    "FLUSH_BATCH",
+    "FLUSH_DELAY",
+    "MAX_IN_FLIGHT_REQUESTS",
+    "MAX_RUNNING",
+    "Executor",
+    "S",
+    "owner_name",
+]

@@ -109,7 +109,7 @@ async def serve(
             if web.done():
                 await web
                 raise RuntimeError("control API failed to start")
-            await asyncio.sleep(0.02)
+            await SystemClock().sleep(timedelta(milliseconds=20))
         bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
         print(f"READY http://{host}:{bound}", flush=True)
         await stop.wait()
@@ -141,3 +141,12 @@ async def record_gates(executor: Executor, ledger: LedgerPort, interval: timedel
         except Exception:  # one bad evaluation must not end the periodic record
             logger.exception("periodic gate evaluation failed")
         await executor.clock.sleep(interval)
+
+
+__all__ = [
+    "SNAPSHOT_MAX_AGE",
+    "PgSql",
+    "SnapshotSql",
+    "record_gates",
+    "serve",
+]

@@ -18,14 +18,11 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
+from engine.errors import ServiceProcessError
 from refserver.testing import RefServer
 from service.client import ServiceClient
 
 _ROOT = Path(__file__).resolve().parents[2]
-
-
-class ServiceProcessError(RuntimeError):
-    pass
 
 
 def free_port() -> int:
@@ -227,3 +224,12 @@ side_effect_free = true
 server = "ext"
 {extra}
 """
+
+
+__all__ = [
+    "ServiceProcess",
+    "all_terminal",
+    "config_text",
+    "free_port",
+    "wait_until",
+]

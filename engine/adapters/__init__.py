@@ -30,15 +30,31 @@ from engine.model import Protocol
 # A refused credential, as HTTP status (MCP) or canonical code name (AIP-193).
 _REFUSALS = frozenset({401, 403, "UNAUTHENTICATED", "PERMISSION_DENIED"})
 
+HttpClient = httpx.AsyncClient
+"""The pooled HTTP client every adapter talks through (one per process; the caller closes it)."""
+
+
+def open_client(*, pool: int | None = None) -> HttpClient:
+    """A pooled HTTP client for the adapters; ``pool`` caps connections (kept-alive ones too).
+
+    Callers above the adapters use this instead of importing httpx, so that wire concerns stay here.
+    """
+    if pool is None:
+        return httpx.AsyncClient()
+    return httpx.AsyncClient(limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool))
+
+
 __all__ = [
     "AdapterOptions",
     "AipPaths",
     "CallMode",
     "CallPlan",
     "ClientInfo",
+    "HttpClient",
     "Timeouts",
     "discover",
     "open_backend",
+    "open_client",
     "plan_call",
 ]
 

@@ -416,3 +416,14 @@ async def probe(url: str, *, client: httpx.AsyncClient, token: str | None, optio
     except ValidationError:
         return False
     return True
+
+
+__all__ = [
+    "ADAPTER_VERSION",
+    "CODE_CANCELLED",
+    "EPOCH_HEADER",
+    "ERROR_INFO_TYPE",
+    "Aip151Backend",
+    "AipOperation",
+    "probe",
+]

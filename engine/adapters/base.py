@@ -171,3 +171,20 @@ class Backend(TypingProtocol):
     async def answer_input(self, op: Operation, request_key: str, response: Json) -> None: ...
 
     async def aclose(self) -> None: ...
+
+
+__all__ = [
+    "Backend",
+    "CancelResult",
+    "Capabilities",
+    "Created",
+    "Inline",
+    "InputRequest",
+    "Json",
+    "Outcome",
+    "ServerView",
+    "SubmitRequest",
+    "SubmitResult",
+    "TaskSupport",
+    "ToolInfo",
+]

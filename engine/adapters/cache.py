@@ -35,3 +35,8 @@ class InlineOutcomes:
                 f"operation {op.operation_id} ran without a task and this adapter no longer holds its outcome"
             )
         return outcome
+
+
+__all__ = [
+    "InlineOutcomes",
+]

@@ -102,3 +102,12 @@ class AdapterOptions:
             raise ConfigError("max_body_bytes", f"must be positive, got {self.max_body_bytes}")
         if self.max_pages <= 0:
             raise ConfigError("max_pages", f"must be positive, got {self.max_pages}")
+
+
+__all__ = [
+    "MIB",
+    "AdapterOptions",
+    "AipPaths",
+    "ClientInfo",
+    "Timeouts",
+]

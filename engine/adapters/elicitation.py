@@ -95,3 +95,14 @@ def check_answer(method: str | None, response: Json) -> None:
         v2025.ElicitResult.model_validate(response)
     except ValidationError as exc:
         raise ConfigError("input response", f"not an elicitation result: {summarize(exc)}") from exc
+
+
+__all__ = [
+    "ELICIT",
+    "INPUT_METHODS",
+    "ROUND_KEY_SEPARATOR",
+    "check_answer",
+    "input_request_of",
+    "round_key",
+    "wire_id_of",
+]

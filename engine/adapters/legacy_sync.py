@@ -129,3 +129,9 @@ class LegacySyncBackend:
     async def aclose(self) -> None:
         """End the MCP session. The shared HTTP client belongs to the caller and stays open."""
         await self._session.close()
+
+
+__all__ = [
+    "ADAPTER_VERSION",
+    "LegacySyncBackend",
+]

@@ -42,7 +42,6 @@ from engine.adapters.transport import (
     RequestId,
     RpcError,
     ServerRequest,
-    SessionExpired,
     StreamableHttp,
 )
 from engine.adapters.verify import (
@@ -63,6 +62,7 @@ from engine.errors import (
     NegotiationError,
     NotFoundOnServer,
     ProtocolViolation,
+    SessionExpired,
 )
 from engine.model import Operation, Principal, Protocol, ServerStatus, TaskId
 
@@ -629,3 +629,21 @@ async def probe(
         return await session.ensure()
     finally:
         await session.close()
+
+
+__all__ = [
+    "ADAPTER_VERSION",
+    "HANDSHAKE_VERSIONS",
+    "INVALID_PARAMS",
+    "PROTOCOL_VERSION",
+    "Handshake",
+    "M",
+    "Mcp2025Backend",
+    "Session",
+    "parse_wire",
+    "probe",
+    "require_result",
+    "task_id_of",
+    "tool_infos",
+    "view_of",
+]

@@ -554,3 +554,23 @@ async def probe(
     if PROTOCOL_VERSION not in discovered.supported_versions:
         return None
     return TASKS_EXTENSION in (discovered.capabilities.extensions or {})
+
+
+__all__ = [
+    "ADAPTER_VERSION",
+    "CLIENT_CAPABILITIES_META",
+    "CLIENT_INFO_META",
+    "INVALID_PARAMS",
+    "MISSING_CAPABILITY",
+    "PROTOCOL_VERSION",
+    "PROTOCOL_VERSION_META",
+    "TASKS_EXTENSION",
+    "UNSUPPORTED_VERSION",
+    "DetailedTask",
+    "ExtError",
+    "ExtInputRequest",
+    "ExtTask",
+    "Mcp2026Backend",
+    "TaskStatus",
+    "probe",
+]

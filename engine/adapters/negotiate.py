@@ -74,3 +74,10 @@ def plan_call(
             f"{wait_budget}; refusing"
         )
     return CallPlan(tool, CallMode.SYNC, f"{why_not}; synchronous limit {sync_limit} fits {wait_budget}")
+
+
+__all__ = [
+    "CallMode",
+    "CallPlan",
+    "plan_call",
+]

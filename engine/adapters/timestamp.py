@@ -26,3 +26,9 @@ def millis(value: int | None) -> timedelta | None:
     if value is None or value < 0:
         return None
     return timedelta(milliseconds=value)
+
+
+__all__ = [
+    "millis",
+    "parse_instant",
+]

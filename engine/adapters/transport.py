@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from engine.adapters.base import Json
 from engine.adapters.config import AdapterOptions
-from engine.errors import BackendRejected, BackendUnavailable, ConfigError, ProtocolViolation
+from engine.errors import BackendRejected, BackendUnavailable, ConfigError, ProtocolViolation, SessionExpired
 
 SESSION_HEADER = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER = "MCP-Protocol-Version"
@@ -291,10 +291,6 @@ class SseParser:
 # -------------------------------------------------------------------- MCP Streamable HTTP transport
 
 
-class SessionExpired(BackendUnavailable):
-    """HTTP 404 on a request that carried a session id: the server forgot the session; re-initialize."""
-
-
 class StreamableHttp:
     """JSON-RPC over MCP Streamable HTTP against one endpoint, through the caller's pooled client.
 
@@ -490,3 +486,25 @@ class StreamableHttp:
         except (BackendUnavailable, ConfigError):
             pass
         self.session_id = None
+
+
+__all__ = [
+    "PROTOCOL_VERSION_HEADER",
+    "SESSION_HEADER",
+    "Reply",
+    "RequestId",
+    "RpcError",
+    "ServerRequest",
+    "SseParser",
+    "StreamableHttp",
+    "bearer",
+    "check_reply_id",
+    "classify",
+    "guarded",
+    "httpx_timeout",
+    "media_type",
+    "parse_json",
+    "read_capped",
+    "retry_after",
+    "unavailable_for_status",
+]

@@ -214,3 +214,17 @@ def _check_output_schema(payload: Json, schema: Json | None) -> None:
         raise ProtocolViolation(
             f"structuredContent does not match the tool's outputSchema at {where}: {exc.message}"
         ) from exc
+
+
+__all__ = [
+    "EPOCH_META",
+    "RELATED_TASK_META",
+    "Expectation",
+    "PayloadKind",
+    "RpcStatus",
+    "epoch_echo_of",
+    "error_outcome",
+    "related_task_of",
+    "summarize",
+    "verify_outcome",
+]

@@ -18,9 +18,9 @@ from datetime import datetime
 from typing import TextIO
 
 from engine.clock import SystemClock, monotonic_seconds
-from engine.errors import EngineError
+from engine.errors import EngineError, StateLimit
 from engine.explore.explorer import MAX_STEPS, STRATEGIES, PairResult, explore, selected_pairs
-from engine.explore.prune import MAX_STATES, StateLimit, explore_all_pruned
+from engine.explore.prune import MAX_STATES, explore_all_pruned
 from engine.explore.result import CODES, render_trace
 from engine.explore.rules import ENGINE, RULES
 from engine.explore.scenario import FINDINGS, SCENARIOS, Scenario, scenario_named
@@ -350,3 +350,14 @@ def _replay(spec: str, code: str, rules: object, out: TextIO, err: TextIO) -> in
         return EXIT_USAGE
     print(trace, file=out)
     return EXIT_DIVERGENT if "DIVERGENCE" in trace else EXIT_OK
+
+
+__all__ = [
+    "DEFAULT_PERMUTATIONS",
+    "EXIT_DIVERGENT",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "build_parser",
+    "main",
+    "replay_command",
+]

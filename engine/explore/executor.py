@@ -524,3 +524,17 @@ def request_key(request: Request, rank: dict[int, int]) -> tuple[object, ...]:
         request.generation,
         request.input_key,
     )
+
+
+__all__ = [
+    "MAX_FETCH_ATTEMPTS",
+    "MAX_INPUT_RESENDS",
+    "Host",
+    "Json",
+    "Memory",
+    "Pending",
+    "Reactions",
+    "S",
+    "SimExecutor",
+    "request_key",
+]

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.clock import monotonic_seconds
-from engine.explore.prune import StateLimit, explore_pruned
+from engine.errors import Nondeterminism, StateLimit
+from engine.explore.prune import explore_pruned
 from engine.explore.result import CODES, DUCKDB_SHARE, Failing, PairResult, new_world, render_trace, replay
 from engine.explore.rules import ENGINE, Rules
 from engine.explore.scenario import Scenario
@@ -38,10 +39,6 @@ SHORTEST_SEARCH_STATES = 5_000
 """Distinct states the search for the shortest divergent interleaving of a sampled pair may run."""
 MAX_STEPS = 250
 """Steps after which a run counts as unsettled (no scenario needs more than a few dozen)."""
-
-
-class Nondeterminism(RuntimeError):
-    """The same choices led to a different set of enabled steps: the simulation is not deterministic."""
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.clock import monotonic_seconds
+from engine.errors import StateLimit
 from engine.explore.result import Failing, PairResult, render_trace
 from engine.explore.rules import ENGINE, Rules
 from engine.explore.scenario import Scenario
@@ -25,10 +26,6 @@ from engine.model import Protocol
 MAX_STATES = 3_000_000
 """Distinct states one scenario/protocol pair may expand before the search gives up."""
 MAX_DEPTH = 400
-
-
-class StateLimit(RuntimeError):
-    """A scenario has more distinct states than the search may expand."""
 
 
 @dataclass(slots=True)
@@ -146,3 +143,12 @@ def explore_all_pruned(
 ) -> list[PairResult]:
     """``explore_pruned`` for each pair."""
     return [explore_pruned(s, p, rules=rules, max_states=max_states) for s, p in pairs]
+
+
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_STATES",
+    "Summary",
+    "explore_all_pruned",
+    "explore_pruned",
+]

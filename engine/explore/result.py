@@ -123,3 +123,15 @@ def render_trace(
     body = world.lines or []
     tail = [f"  DIVERGENCE {kind}: {detail}" for kind, detail in findings]
     return "\n".join([head, *body, *tail])
+
+
+__all__ = [
+    "CODES",
+    "DUCKDB_SHARE",
+    "Failing",
+    "Finding",
+    "PairResult",
+    "new_world",
+    "render_trace",
+    "replay",
+]

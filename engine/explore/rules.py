@@ -151,3 +151,14 @@ def _make() -> dict[str, Rules]:
 RULES: dict[str, Rules] = _make()
 ENGINE = RULES["engine"]
 BROKEN: tuple[str, ...] = tuple(name for name in RULES if name != "engine")
+
+
+__all__ = [
+    "BROKEN",
+    "ENGINE",
+    "RULES",
+    "Rules",
+    "StepFn",
+    "clear_caches",
+    "memoised",
+]

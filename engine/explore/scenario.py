@@ -221,3 +221,14 @@ def scenario_named(name: str) -> Scenario:
         if scenario.name == name:
             return scenario
     raise KeyError(name)
+
+
+__all__ = [
+    "ALL",
+    "FINDINGS",
+    "MCP",
+    "SCENARIOS",
+    "P",
+    "Scenario",
+    "scenario_named",
+]

@@ -386,3 +386,19 @@ def value_key(value: ReplyValue) -> object:
         outcome = value_key(value.outcome) if value.outcome is not None else None
         return ("view", value.task_id, value.status, value.expires_at, request, outcome)
     return value
+
+
+__all__ = [
+    "TERMINAL",
+    "Failure",
+    "Json",
+    "Kind",
+    "Message",
+    "P",
+    "Reply",
+    "ReplyValue",
+    "Request",
+    "SimServer",
+    "SimTask",
+    "value_key",
+]

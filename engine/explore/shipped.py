@@ -817,3 +817,17 @@ def _peek(msg: Message) -> str:
     assert msg.reply is not None
     text = msg.reply.body().decode("utf-8", "replace")
     return (text[:60] + "...") if len(text) > 60 else text
+
+
+__all__ = [
+    "DURATION_MS",
+    "LEDGERS",
+    "MAX_UNKNOWNS",
+    "PRINCIPAL",
+    "Action",
+    "Finding",
+    "Incarnation",
+    "Kinds",
+    "S",
+    "WireWorld",
+]

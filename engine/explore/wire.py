@@ -527,3 +527,26 @@ class Recording:
 
 def task_id_of(value: str | None) -> TaskId | None:
     return TaskId(value) if value is not None else None
+
+
+__all__ = [
+    "START",
+    "Approval",
+    "DuckPort",
+    "EngineClock",
+    "Gate",
+    "Json",
+    "Kind",
+    "MemPort",
+    "Message",
+    "Network",
+    "Recording",
+    "ServerClock",
+    "Stream",
+    "VirtualLoop",
+    "VirtualTime",
+    "Write",
+    "kind_of",
+    "settle",
+    "task_id_of",
+]

@@ -689,3 +689,18 @@ class World:
         else:
             remote = f"{task.task_id} {task.status}" + (" (deleted)" if task.deleted else "")
         return f"{local} / {remote}"
+
+
+__all__ = [
+    "MAX_UNKNOWNS",
+    "OP_ID",
+    "OTHER_ID",
+    "REUSED_TASK",
+    "SERVER",
+    "Action",
+    "Divergence",
+    "Finding",
+    "Json",
+    "S",
+    "World",
+]

@@ -9,23 +9,23 @@ beyond the backends' own ``open``.
 
 from __future__ import annotations
 
+from engine.errors import LeaseLost
 from engine.ledger.duckdb import Ledger
 from engine.ledger.port import (
     BatchOutcome,
     ExplorerRun,
     Fence,
-    GateRecord,
     GroupOutcome,
     HeldOutcome,
     Json,
     Lease,
-    LeaseLost,
     LeasingLedgerPort,
     LedgerPort,
     PollRecord,
     WriteGroup,
 )
 from engine.ledger.postgres import PgLedger
+from engine.model import GateRecord
 
 POSTGRES_SCHEMES: tuple[str, ...] = ("postgresql://", "postgres://")
 

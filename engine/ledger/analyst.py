@@ -189,3 +189,10 @@ def _run(
 
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+__all__ = [
+    "check_query",
+    "first_keyword",
+    "run_query",
+]

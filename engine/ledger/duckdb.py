@@ -40,7 +40,6 @@ from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
 from engine.ledger.port import (
     BatchOutcome,
     ExplorerRun,
-    GateRecord,
     GroupOutcome,
     HeldOutcome,
     Json,
@@ -77,6 +76,7 @@ from engine.model import (
     CallNodeId,
     Digest,
     Epoch,
+    GateRecord,
     IdempotencyKey,
     LocalState,
     Operation,
@@ -1682,3 +1682,8 @@ def _check_file(path: Path, read_only: bool) -> None:
         raise LedgerUnavailable(f"folder {parent} for ledger {path.name} does not exist")
     if not os.access(parent, os.W_OK):
         raise LedgerUnavailable(f"folder {parent} is not writable; cannot create ledger {path.name}")
+
+
+__all__ = [
+    "Ledger",
+]

@@ -287,3 +287,12 @@ class MemLedger:
             tuple(self.answers),
             tuple(self.entries),
         )
+
+
+__all__ = [
+    "Entry",
+    "Held",
+    "Json",
+    "MemLedger",
+    "OutboxEntry",
+]

@@ -15,9 +15,9 @@ import pyarrow as pa
 
 from engine.errors import (
     LedgerError,
-    StaleWrite,
 )
 from engine.model import (
+    GateRecord,
     LocalState,
     Operation,
     Receipt,
@@ -61,18 +61,6 @@ class ExplorerRun:
     run). Only ``shipped`` runs count toward the terminal_divergence gate."""
     revision: str | None
     """The git revision of the code that ran (``engine.revision.running_revision``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class GateRecord:
-    """One gate's verdict as ``gate_runs`` stores it."""
-
-    gate: str
-    passed: bool
-    value: float | None
-    threshold: float | None
-    verdict: str
-    inputs: dict[str, object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,12 +282,16 @@ class Lease:
     expires_at: datetime | None
 
 
-class LeaseLost(StaleWrite):
-    """A fenced write refused: the operation's lease was taken over (or released), or the epoch was raised.
-
-    A ``StaleWrite``, so code that reloads on a lost compare-and-swap does the right thing; an
-    executor that sees it should drop the operation (another executor owns it now).
-    """
-
-    def __init__(self, operation_id: str, expected_version: int, detail: str) -> None:
-        super().__init__(operation_id, expected_version, f"lease lost: {detail}")
+__all__ = [
+    "BatchOutcome",
+    "ExplorerRun",
+    "Fence",
+    "GroupOutcome",
+    "HeldOutcome",
+    "Json",
+    "Lease",
+    "LeasingLedgerPort",
+    "LedgerPort",
+    "PollRecord",
+    "WriteGroup",
+]

@@ -35,6 +35,7 @@ from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import (
     DuplicateOperation,
     InvalidRecord,
+    LeaseLost,
     LedgerCorrupt,
     LedgerError,
     LedgerUnavailable,
@@ -48,12 +49,10 @@ from engine.ledger.port import (
     BatchOutcome,
     ExplorerRun,
     Fence,
-    GateRecord,
     GroupOutcome,
     HeldOutcome,
     Json,
     Lease,
-    LeaseLost,
     PollRecord,
     WriteGroup,
 )
@@ -74,6 +73,7 @@ from engine.model import (
     CallNodeId,
     Digest,
     Epoch,
+    GateRecord,
     LocalState,
     Operation,
     OperationId,
@@ -2073,3 +2073,16 @@ def _ensure_analyst_role(con: Connection, role: str) -> None:
         except pg_errors.InsufficientPrivilege as exc:
             logger.warning("analyst SQL is unavailable on this ledger: cannot set up role %s: %s", role, exc)
             return
+
+
+__all__ = [
+    "ANALYST_ROLE",
+    "LEASE_COLUMNS",
+    "MIGRATIONS",
+    "SEND_SLOTS_TABLE",
+    "SUPPORTED_SCHEMA",
+    "Connection",
+    "Cursor",
+    "PgLedger",
+    "redact",
+]

@@ -241,3 +241,11 @@ def _string_list(value: object) -> list[str]:
     if not isinstance(value, list | tuple):
         raise InvalidRecord(f"expected a list of strings, got {value!r}")
     return [str(v) for v in value]
+
+
+__all__ = [
+    "REQUIRED_RECORD_FIELDS",
+    "event_detail",
+    "operation_from_record",
+    "operation_to_record",
+]

@@ -208,3 +208,11 @@ def close_sandboxes() -> None:
     _local.sandbox = None
     if cached is not None:
         cached[1].close()
+
+
+__all__ = [
+    "QueryResult",
+    "check_query",
+    "close_sandboxes",
+    "run_query",
+]

@@ -530,3 +530,10 @@ _TABLES: Final = frozenset(
         "shadow_diffs",
     }
 )
+
+
+__all__ = [
+    "EXPLORER_CODE_MIGRATION",
+    "MIGRATIONS",
+    "SUPPORTED_SCHEMA",
+]

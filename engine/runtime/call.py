@@ -14,9 +14,15 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-import httpx
-
-from engine.adapters import AdapterOptions, CallMode, discover, open_backend, plan_call
+from engine.adapters import (
+    AdapterOptions,
+    CallMode,
+    HttpClient,
+    discover,
+    open_backend,
+    open_client,
+    plan_call,
+)
 from engine.adapters.base import Backend, Json
 from engine.clock import Clock
 from engine.errors import ConfigError, NegotiationError
@@ -66,7 +72,7 @@ class CallSpec:
     seed: int | None = None
 
 
-async def choose_protocol(spec: CallSpec, client: httpx.AsyncClient) -> Protocol:
+async def choose_protocol(spec: CallSpec, client: HttpClient) -> Protocol:
     if spec.protocol == "auto":
         return await discover(spec.server, client, spec.token, options=spec.options)
     try:
@@ -84,7 +90,7 @@ async def run_call(spec: CallSpec, ledger: LedgerPort, clock: Clock) -> Operatio
             of a server that declares no cancel.
         ConfigError: bad arguments.
     """
-    async with httpx.AsyncClient() as client:
+    async with open_client() as client:
         existing = ledger.by_call_node(spec.call_node)
         if existing is not None:
             refuse_other_request(existing, spec)
@@ -221,3 +227,11 @@ async def _drive(
     finally:
         await backend.aclose()
     return ledger.get(op.operation_id) or op
+
+
+__all__ = [
+    "ADAPTER_VERSION",
+    "CallSpec",
+    "choose_protocol",
+    "run_call",
+]

@@ -33,12 +33,14 @@ from engine.errors import (
     BackendError,
     BackendRejected,
     BackendUnavailable,
+    CancelNotAllowed,
     CancelUnsupported,
     DuplicateOperation,
-    EngineError,
     NegotiationError,
     NotFoundOnServer,
     ProtocolViolation,
+    ResubmitNotAllowed,
+    StaleRound,
     StaleWrite,
 )
 from engine.ledger.port import HeldOutcome, PollRecord
@@ -642,13 +644,9 @@ class Driver:
         await self._request(op, "input", lambda: self.backend.answer_input(op, key, response))
 
 
-class CancelNotAllowed(EngineError):
-    pass
-
-
-class StaleRound(EngineError):
-    pass
-
-
-class ResubmitNotAllowed(EngineError):
-    pass
+__all__ = [
+    "MAX_FETCH_ATTEMPTS",
+    "UNKNOWN_PROBE_INTERVAL",
+    "Driver",
+    "Wake",
+]

@@ -226,3 +226,13 @@ class SharedLimiter(Limiter):
                     self._pruned_at = now
                     with contextlib.suppress(Exception):  # best effort: old rows only cost space
                         await asyncio.to_thread(self._prune, self._first_slot(now - PRUNE_EVERY))
+
+
+__all__ = [
+    "PRUNE_EVERY",
+    "BookSlots",
+    "Limiter",
+    "PriorityGate",
+    "SharedLimiter",
+    "slot_grid",
+]

@@ -67,3 +67,9 @@ def operation_report(ledger: LedgerPort, call_node_id: str) -> Json | None:
             for row in ledger.transitions(op.operation_id)
         ],
     }
+
+
+__all__ = [
+    "Json",
+    "operation_report",
+]

@@ -81,3 +81,13 @@ def make_operation(
         now=now,
         role=role,
     )
+
+
+__all__ = [
+    "BATCH_TOOL",
+    "EPOCH_START",
+    "REPORT_TOOL",
+    "FakeClock",
+    "make_operation",
+    "make_request",
+]

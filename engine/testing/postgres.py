@@ -26,7 +26,7 @@ from typing import Final
 import psycopg
 from psycopg import sql
 
-from engine.errors import EngineError
+from engine.errors import ClusterError
 
 WANTED_MAJOR: Final = 15
 """The major version the project tests against; another one is used only when 15 is absent."""
@@ -45,10 +45,6 @@ _SETTINGS: Final = (
     "max_wal_size = 512MB",
     "log_min_messages = warning",
 )
-
-
-class ClusterError(EngineError):
-    """The throwaway PostgreSQL server could not be found, started or reached; says why."""
 
 
 def _has_tools(folder: Path) -> bool:
@@ -340,3 +336,12 @@ def shared_cluster() -> TemporaryPostgres:
             atexit.register(cluster.stop)
             _shared = cluster
         return _shared
+
+
+__all__ = [
+    "WANTED_MAJOR",
+    "TemporaryPostgres",
+    "find_bindir",
+    "free_port",
+    "shared_cluster",
+]

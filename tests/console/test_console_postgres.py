@@ -26,8 +26,8 @@ from streamlit.testing.v1 import AppTest
 from console.insights import Insights
 from console.queries import SQL_EXAMPLES
 from console.sources import FileSource, PostgresSource, ServiceSource
-from console.views import QueryFailed, ReadOnlyConsole
 from demo.seed import seed_ledger
+from engine.errors import QueryFailed, ReadOnlyConsole
 from engine.ledger import open_ledger
 from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
 from engine.ledger.postgres import PgLedger

@@ -13,7 +13,8 @@ import pytest
 from console.insights import Insights
 from console.queries import QUERIES, lit
 from console.sources import FileSource
-from console.views import NotConfigured, ReadOnlyConsole, parse_rollout_status
+from console.views import parse_rollout_status
+from engine.errors import NotConfigured, ReadOnlyConsole
 from engine.ledger.duckdb import Ledger
 from rollout.gates import evaluate
 

@@ -34,6 +34,7 @@ from ledger_kit import (
 from engine.errors import (
     DuplicateOperation,
     InvalidRecord,
+    LeaseLost,
     LedgerError,
     LedgerUnavailable,
     ReceiptConflict,
@@ -47,11 +48,9 @@ from engine.ledger.duckdb import Ledger
 from engine.ledger.port import (
     ExplorerRun,
     Fence,
-    GateRecord,
     GroupOutcome,
     HeldOutcome,
     Lease,
-    LeaseLost,
     LedgerPort,
     PollRecord,
     WriteGroup,
@@ -65,6 +64,7 @@ from engine.model import (
     Epoch,
     EpochRaised,
     FetchStarted,
+    GateRecord,
     InputAnswered,
     LocalState,
     Protocol,

@@ -26,7 +26,7 @@ import pytest
 from console.insights import Insights
 from console.queries import ARMS, CHARTS, PROTOCOLS, SQL_EXAMPLES
 from console.sources import ServiceSource
-from console.views import ConsoleError
+from engine.errors import ConsoleError
 from service.client import ServiceClient
 
 ROOT = Path(__file__).resolve().parents[2]

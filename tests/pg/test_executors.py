@@ -19,11 +19,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from engine.errors import ServiceRefused, ServiceUnavailable
 from engine.ledger import open_ledger
 from engine.model import RECEIPT_STATES
 from engine.schedule import busiest_window
 from refserver.testing import RefServer
-from service.client import ServiceClient, ServiceRefused, ServiceUnavailable
+from service.client import ServiceClient
 from service.testing import ServiceProcess
 
 CALLS = 3000

@@ -13,14 +13,14 @@ import psycopg
 import pyarrow as pa
 import pytest
 
-from engine.errors import LedgerCorrupt, LedgerError, LedgerUnavailable
+from engine.errors import ClusterError, LedgerCorrupt, LedgerError, LedgerUnavailable
 from engine.ledger import is_postgres, open_ledger
 from engine.ledger import postgres as pg_ledger
 from engine.ledger.duckdb import Ledger
 from engine.ledger.port import Fence
 from engine.ledger.postgres import ANALYST_ROLE, SUPPORTED_SCHEMA, PgLedger
 from engine.testing import make_operation
-from engine.testing.postgres import ClusterError, TemporaryPostgres, free_port
+from engine.testing.postgres import TemporaryPostgres, free_port
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 

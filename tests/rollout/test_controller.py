@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import RolloutRefused
 from engine.ledger.duckdb import Ledger
 from engine.ledger.port import ExplorerRun, PollRecord
 from engine.revision import running_revision
 from engine.testing import EPOCH_START, FakeClock
 from rollout.controller import RolloutController, verify_ledger
-from rollout.plan import Action, Request, RolloutRefused, Stage
+from rollout.plan import Action, Request, Stage
 from rollout.route import ToolPaths
 
 TOOLS = {

@@ -8,18 +8,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.ledger.port import GateRecord
+from engine.errors import RolloutRefused
+from engine.model import GateRecord
 from rollout.gates import GateReport
-from rollout.plan import (
-    FIRST_CANARY_BP,
-    Action,
-    Request,
-    RolloutRefused,
-    RolloutState,
-    Stage,
-    ToolInfo,
-    decide,
-)
+from rollout.plan import FIRST_CANARY_BP, Action, Request, RolloutState, Stage, ToolInfo, decide
 
 TOOLS = {
     "generate_report": ToolInfo("generate_report", side_effect_free=True, new_path=True),

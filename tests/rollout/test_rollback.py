@@ -19,11 +19,12 @@ import pytest
 from rollout_kit import created, executions, parsed_config, settle, states, stop
 
 from engine.clock import SystemClock
+from engine.errors import ServiceError
 from engine.ledger.duckdb import Ledger
 from engine.model import RECEIPT_STATES, LocalState, Role
 from refserver.testing import RefServer
 from rollout.plan import Action, Request
-from service.executor import Executor, ServiceError
+from service.executor import Executor
 
 CALLS = 1000
 AFTER = 50

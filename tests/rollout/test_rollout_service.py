@@ -12,12 +12,13 @@ import httpx
 import pytest
 from rollout_kit import created, executions
 
+from engine.errors import ServiceRefused
 from engine.ledger.duckdb import Ledger
 from engine.model import Role
 from refserver.testing import RefServer
 from rollout.assign import arm_for
 from service.cli import main
-from service.client import ServiceClient, ServiceRefused
+from service.client import ServiceClient
 from service.testing import ServiceProcess, all_terminal, wait_until
 
 SALT = "rollout-test"

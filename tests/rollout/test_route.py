@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from engine.errors import RolloutRefused
 from rollout.assign import Arm, arm_for
-from rollout.plan import RolloutRefused, RolloutState, Stage
+from rollout.plan import RolloutState, Stage
 from rollout.route import Router, ToolPaths
 
 TOOLS = {

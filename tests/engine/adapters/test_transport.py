@@ -24,8 +24,8 @@ from adapter_fakes import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.adapters.transport import SessionExpired, SseParser, StreamableHttp, retry_after
-from engine.errors import BackendRejected, BackendUnavailable, ConfigError, ProtocolViolation
+from engine.adapters.transport import SseParser, StreamableHttp, retry_after
+from engine.errors import BackendRejected, BackendUnavailable, ConfigError, ProtocolViolation, SessionExpired
 
 LIMIT = timedelta(seconds=5)
 

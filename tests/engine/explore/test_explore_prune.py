@@ -6,9 +6,10 @@ import io
 
 import pytest
 
+from engine.errors import StateLimit
 from engine.explore import RULES, explore_pair, scenario_named
 from engine.explore.cli import EXIT_OK, EXIT_USAGE, main
-from engine.explore.prune import StateLimit, explore_pruned
+from engine.explore.prune import explore_pruned
 from engine.model import Protocol
 
 P = Protocol

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import ServiceRefused
 from refserver.testing import RefServer
-from service.client import ServiceRefused
 from service.testing import ServiceProcess, all_terminal, config_text, wait_until
 
 TIME_SCALE = 0.05

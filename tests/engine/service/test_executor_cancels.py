@@ -10,11 +10,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.clock import SystemClock
+from engine.errors import ServiceError
 from engine.ledger.duckdb import Ledger
 from engine.model import LocalState
 from refserver.testing import RefServer
 from service.config import parse_config
-from service.executor import Executor, ServiceError
+from service.executor import Executor
 from service.testing import config_text
 
 LONG = {"duration_ms": 600_000, "ttl_ms": 3_600_000}  # scaled by the servers' time scale: 30 s

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
+from engine.errors import ServiceRefused
 from refserver.testing import RefServer
-from service.client import ServiceClient, ServiceRefused
+from service.client import ServiceClient
 from service.testing import ServiceProcess, wait_until
 
 # Over before the first poll, kept on the server for the whole test; the result echoes an old epoch,

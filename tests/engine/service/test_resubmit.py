@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import ServiceRefused
 from refserver.testing import RefServer
-from service.client import ServiceClient, ServiceRefused
+from service.client import ServiceClient
 from service.testing import ServiceProcess, all_terminal, config_text, wait_until
 
 TIME_SCALE = 0.05

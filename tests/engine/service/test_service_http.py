@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from engine.errors import ServiceRefused
 from engine.ledger.duckdb import Ledger
 from engine.schedule import busiest_window
 from refserver.testing import RefServer
-from service.client import ServiceClient, ServiceRefused
+from service.client import ServiceClient
 from service.testing import ServiceProcess, all_terminal, wait_until
 
 
@@ -187,7 +188,7 @@ def test_bad_config_is_refused_at_start_naming_the_key(tmp_path: Path) -> None:
 
 def test_client_reports_an_unreachable_service() -> None:
     """A CLI pointed at no service says so instead of crashing."""
-    from service.client import ServiceUnavailable
+    from engine.errors import ServiceUnavailable
 
     with ServiceClient("http://127.0.0.1:9", timeout=2) as client, pytest.raises(ServiceUnavailable):
         client.health()
