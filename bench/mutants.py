@@ -57,8 +57,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "driver-blind-resubmit",
         "driver",
         "engine/runtime/driver.py",
-        "                case S.SUBMISSION_UNKNOWN:\n                    return await self._look_up(op)",
-        "                case S.SUBMISSION_UNKNOWN:\n                    mem.fresh_submit = True\n"
+        "                case Step.LOOK_UP:\n                    return await self._look_up(op)",
+        "                case Step.LOOK_UP:\n                    mem.fresh_submit = True\n"
         "                    return await self._submit(op, mem)",
         "after a lost create response, send the create again instead of looking it up by key",
         True,
@@ -97,6 +97,17 @@ MUTANTS: tuple[Mutant, ...] = (
         True,
         "not-found-before-expiry",
         ("tests/integration/test_race_polling.py", "tests/engine/runtime"),
+    ),
+    Mutant(
+        "driver-restart-resends",
+        "driver",
+        "engine/runtime/driver.py",
+        "        if not mem.fresh_submit:\n            # Found in SUBMITTING without having sent it",
+        "        if False:\n            # Found in SUBMITTING without having sent it",
+        "an executor restarted in SUBMITTING sends the create again instead of looking it up",
+        True,
+        "crash-restart",
+        ("tests/integration/test_race_submission.py", "tests/engine/runtime"),
     ),
     # ------------------------------------------------------------------ MCP 2025-11-25 adapter
     Mutant(
@@ -279,7 +290,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "ledger-cas-ignores-version",
         "ledger CAS SQL",
-        "engine/ledger.py",
+        "engine/ledger/duckdb.py",
         'f"UPDATE op_state SET {assignments} WHERE operation_id = ? AND row_version = ? AND cancel_generation = ?",',
         'f"UPDATE op_state SET {assignments} WHERE operation_id = ? AND row_version >= 0 * ? AND cancel_generation >= 0 * ?",',
         "the compare-and-swap UPDATE matches any row version and cancel generation",
@@ -290,7 +301,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "ledger-batch-cas-ignores-version",
         "ledger CAS SQL",
-        "engine/ledger.py",
+        "engine/ledger/duckdb.py",
         '"WHERE operation_id = ? AND row_version = ? AND cancel_generation = ?",',
         '"WHERE operation_id = ? AND row_version >= 0 * ? AND cancel_generation >= 0 * ?",',
         "the grouped compare-and-swap matches any row version and cancel generation",
@@ -302,7 +313,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "executor-old-epoch-kept",
         "service executor",
-        "engine/service/executor.py",
+        "service/executor.py",
         "        if op.epoch < self.epoch:\n            # A value from before a rollback; the ledger holds the adopted one.\n"
         "            op = self.ledger.get(op.operation_id) or op",
         "        if op.epoch < self.epoch:\n            # A value from before a rollback; the ledger holds the adopted one.\n"
@@ -326,7 +337,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "executor-ledger-epoch-ignored",
         "service executor",
-        "engine/service/executor.py",
+        "service/executor.py",
         "        if recorded is not None and recorded != self.epoch:",
         "        if False:",
         "a restarted executor ignores the execution epoch the ledger recorded",
@@ -338,7 +349,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "rollout-adopt-skipped-on-restart",
         "rollout adoption",
-        "engine/service/executor.py",
+        "service/executor.py",
         "        if behind:\n            # A rollback raised the epoch but stopped before adopting these: finish it now.",
         "        if False:\n            # A rollback raised the epoch but stopped before adopting these: finish it now.",
         "operations left behind by an interrupted rollback are never adopted",
@@ -360,7 +371,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "rollout-taken-over-not-adopted",
         "rollout adoption",
-        "engine/service/executor.py",
+        "service/executor.py",
         "        behind = [op for op in claimed if op.epoch < self.epoch]",
         "        behind = [op for op in claimed if op.epoch < self.epoch - 1]",
         "operations claimed behind the epoch are adopted only two epochs late",

@@ -46,6 +46,7 @@ from engine.model import (
     Transition,
     digest_of,
 )
+from engine.runtime.plan import Step, next_step
 
 S = LocalState
 Json = dict[str, object]
@@ -109,6 +110,8 @@ class Memory:
     """The last terminal outcome this process held (the driver fetches from it first)."""
     refetch: bool = False
     """A held copy was refused: fetch from the server from now on."""
+    proved_absent: bool = False
+    """This process's own lookup proved the submission absent (``Driver._Memory.proved_absent``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,30 +142,17 @@ class SimExecutor:
     # ------------------------------------------------------------------------------------ plan
 
     def plan(self, op: Operation) -> str | None:
-        """The one action ``Driver.advance`` would take now, or None (parked, fenced or awaiting)."""
-        if op.epoch != self.epoch:
+        """The one action ``Driver.advance`` would take now (``engine.runtime.plan.next_step``, the
+        table the driver itself uses), or None (parked, fenced or awaiting a reply)."""
+        due = next_step(
+            op, epoch=self.epoch, fresh_submit=self.mem.fresh_submit, cancel_sent=self.mem.cancel_sent
+        )
+        if due in (Step.FENCED, Step.WAIT, Step.DONE):
             return None
         busy = bool(self.pending)
-        state = op.state
-        if state is S.SUBMITTING:
-            return None if busy else ("submit" if self.mem.fresh_submit else "resume-submitting")
-        if state is S.SUBMISSION_UNKNOWN:
-            return None if busy else "lookup"
-        if state is S.NOT_FOUND_SAFE or state is S.NEVER_CREATED:
-            return None if busy else "resubmit"
-        if state is S.WORKING:
+        if due is Step.POLL or due is Step.PROBE:
             return self._poll_plan(op, busy)
-        if state is S.CANCEL_REQUESTED:
-            if self.mem.cancel_sent < op.cancel_generation:
-                return None if busy else "cancel"
-            return self._poll_plan(op, busy)
-        if state is S.TERMINAL_OBSERVED or state is S.EXPIRED_WITH_RECEIPT:
-            return None if busy else "fetch-start"
-        if state is S.FETCHING_RESULT:
-            return None if busy else "fetch"
-        if state is S.UNKNOWN and op.task_id is not None:
-            return self._poll_plan(op, busy)
-        return None
+        return None if busy else due.value
 
     def _poll_plan(self, op: Operation, busy: bool) -> str | None:
         if self.mem.resend_input and op.state is S.WORKING and not busy:
@@ -210,7 +200,8 @@ class SimExecutor:
                 host.commit(op, SubmissionLost(op.epoch, "executor restarted while submitting"))
             case "lookup":
                 if self.reactions.new_key_on_unknown:
-                    host.commit(op, LookupProvedAbsent(op.epoch))
+                    after = host.commit(op, LookupProvedAbsent(op.epoch))
+                    self.mem.proved_absent = after.state is S.NOT_FOUND_SAFE
                 elif not host.lookup_by_key:
                     # The adapter refuses before sending anything: a person must find the task.
                     reason = "cannot look the submission up by key; find it by key, digest and time window"
@@ -218,6 +209,7 @@ class SimExecutor:
                 else:
                     self._send(op, Kind.LOOKUP, key=op.idempotency_key)
             case "resubmit":
+                mem.proved_absent = False
                 after = host.commit(op, Resubmitted(op.epoch))
                 if after.state is S.SUBMITTING:
                     mem.fresh_submit = True
@@ -318,7 +310,8 @@ class SimExecutor:
                 if isinstance(value, ServerView):
                     self._bind(op, value, request, LookupFound(value.task_id, op.epoch))
                 elif value is Failure.ABSENT:
-                    host.commit(op, LookupProvedAbsent(op.epoch), request=request)
+                    after = host.commit(op, LookupProvedAbsent(op.epoch), request=request)
+                    self.mem.proved_absent = after.state is S.NOT_FOUND_SAFE
                 else:
                     reason = f"cannot look the submission up by key ({value}); find it by key, digest and time window"
                     host.commit(op, LookupUnavailable(op.epoch, reason), request=request)

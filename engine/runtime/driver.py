@@ -78,6 +78,7 @@ from engine.model import (
     Transition,
 )
 from engine.runtime.limiter import Limiter
+from engine.runtime.plan import Step, next_step
 from engine.schedule import PollPolicy, poll_delay, retry_delay
 
 logger = logging.getLogger(__name__)
@@ -272,50 +273,48 @@ class Driver:
     async def advance(self, op: Operation) -> Wake:
         """Carry out the one action the operation's state calls for; say when to come back."""
         now = self.clock.now()
-        if op.epoch != self.epoch:
+        known = self._memory.get(op.operation_id)
+        due = next_step(
+            op,
+            epoch=self.epoch,
+            fresh_submit=known is not None and known.fresh_submit,
+            cancel_sent=known.cancel_sent if known is not None else 0,
+            proved_absent=known is not None and known.proved_absent,
+        )
+        if due is Step.FENCED:
             # Another executor epoch owns it; a fenced driver never talks to the server for it.
             # Every event below is stamped with ``self.epoch``, the epoch its request went out
             # under, so a reply that arrives after a rollback is fenced by ``step``.
             return Wake(op, None)
         mem = self._mem(op)
         try:
-            match op.state:
-                case S.SUBMITTING:
+            match due:
+                case Step.SUBMIT | Step.RESUME_SUBMITTING:
                     return await self._submit(op, mem)
-                case S.SUBMISSION_UNKNOWN:
+                case Step.LOOK_UP:
                     return await self._look_up(op)
-                case S.NOT_FOUND_SAFE | S.NEVER_CREATED:
-                    if op.state is S.NOT_FOUND_SAFE and not mem.proved_absent:
-                        # A person's "absent" (or a proof this process no longer remembers) never
-                        # resubmits by itself: that is a person's separate action (``resubmit``).
-                        return Wake(op, None)
+                case Step.RESUBMIT:
                     mem.proved_absent = False
                     op = self.commit(op, Resubmitted(self.epoch))
                     if op.state is S.SUBMITTING:
                         mem.fresh_submit = True
                     return Wake(op, now)
-                case S.WORKING:
+                case Step.POLL:
                     return await self._poll(op, mem)
-                case S.CANCEL_REQUESTED:
-                    if mem.cancel_sent < op.cancel_generation:
-                        return await self._send_cancel(op, mem)
-                    return await self._poll(op, mem)
-                case S.INPUT_REQUIRED:
-                    return Wake(op, None)
-                case S.TERMINAL_OBSERVED | S.EXPIRED_WITH_RECEIPT:
+                case Step.SEND_CANCEL:
+                    return await self._send_cancel(op, mem)
+                case Step.FETCH_START:
                     return Wake(self.commit(op, FetchStarted(self.epoch)), now)
-                case S.FETCHING_RESULT:
+                case Step.FETCH:
                     return await self._fetch(op, mem)
-                case S.UNKNOWN:
-                    if op.task_id is None or (op.server_status is not None and op.server_status.terminal):
-                        # Nothing to find (no server id), or the server already said how it ended
-                        # and its result could not be verified: asking again would only repeat the
-                        # failure and close the person's entry behind their back. A person decides.
-                        return Wake(op, None)
+                case Step.PROBE:
                     return await self._probe_unknown(op)
-                case S.ACCEPTED | S.CANCELLED_ACCEPTED:
+                case Step.WAIT:
+                    return Wake(op, None)
+                case Step.DONE:
                     self.forget(op)
                     return Wake(op, None)
+            raise AssertionError(f"no action for {due}")  # unreachable: every Step is handled above
         except BackendUnavailable as exc:
             mem.failures += 1
             delay = retry_delay(self.policy, mem.failures, exc.retry_after, self.rng)

@@ -137,17 +137,13 @@ def test_runs_that_end_parked_have_told_a_person_and_are_not_divergent() -> None
     assert [kind for kind, _ in world.finish()] == [Divergence.LOST]
 
 
-def test_the_open_finding_on_rollback_with_a_creation_epoch_echo_is_reported() -> None:
-    """Known engine issue: the fenced result makes the operation cycle through UNKNOWN for ever.
-
-    When this starts failing, the engine was fixed: move the scenario into the catalogue.
-    """
-    scenario = FINDINGS[0]
-    result = explore_pair(scenario, P.MCP_2026_07_28, budget=200)
-    assert result.divergent > 0
-    assert set(result.kinds) == {Divergence.UNSETTLED}
-    assert result.trace is not None
-    assert "UNKNOWN entered" in result.trace
+def test_a_rollback_on_a_server_echoing_the_creation_epoch_parks_once_instead_of_cycling() -> None:
+    """Formerly an open finding (UNKNOWN -> FETCHING_RESULT for ever): the model now plans with the
+    driver's own table (``engine.runtime.plan``), which leaves a terminal UNKNOWN to a person."""
+    result = explore_pair(scenario_named("rollback-creation-echo"), P.MCP_2026_07_28, budget=200)
+    assert result.divergent == 0, result.trace
+    assert result.parked > 0
+    assert not FINDINGS
 
 
 def test_leaving_unknown_on_a_repeated_status_raises_the_row_version() -> None:
