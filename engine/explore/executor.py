@@ -144,8 +144,13 @@ class SimExecutor:
     def plan(self, op: Operation) -> str | None:
         """The one action ``Driver.advance`` would take now (``engine.runtime.plan.next_step``, the
         table the driver itself uses), or None (parked, fenced or awaiting a reply)."""
+        mem = self.mem
         due = next_step(
-            op, epoch=self.epoch, fresh_submit=self.mem.fresh_submit, cancel_sent=self.mem.cancel_sent
+            op,
+            epoch=self.epoch,
+            fresh_submit=mem.fresh_submit,
+            cancel_sent=mem.cancel_sent,
+            proved_absent=mem.proved_absent,
         )
         if due in (Step.FENCED, Step.WAIT, Step.DONE):
             return None
@@ -478,6 +483,7 @@ class SimExecutor:
             mem.poll_mark,
             mem.held,
             mem.refetch,
+            mem.proved_absent,
         )
         twin.pending = dict(self.pending)
         twin.alive = self.alive
@@ -498,6 +504,7 @@ class SimExecutor:
             mem.poll_mark is not None and mem.poll_mark == mark,
             value_key(mem.held) if mem.held is not None else None,
             mem.refetch,
+            mem.proved_absent,
             tuple(
                 (rank[rid], request_key(p.request, rank), p.op, p.probe)
                 for rid, p in sorted(self.pending.items())
