@@ -31,7 +31,7 @@ postgres:
 test: lint typecheck browser postgres unit
 
 demo: $(STAMP)
-	$(PY) -m demo.living
+	$(PY) -m demo.living $(ARGS)
 
 bench: $(STAMP)
 	$(PY) bench/run_all.py $(BENCH_ARGS)

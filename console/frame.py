@@ -118,8 +118,38 @@ def _reevaluate(insights: Insights) -> None:
         st.session_state["app_gates_error"] = f"Re-evaluation failed: {exc}"
 
 
+def acting_name() -> str:
+    """Who the console acts as: the one name every action records as its actor ("" while none is given).
+
+    Today the name typed in the sidebar (kept in the page's URL as ``?actor=``, so a reload keeps it);
+    a signed-in identity (the authentication issue's ``console.auth``) is to be returned from here,
+    and every page and dialog asks only this function.
+    """
+    return str(st.session_state.get("app_actor", "")).strip()
+
+
+def acting_as(what: str = "this action") -> bool:
+    """Show who is acting (in a dialog or form) and return whether a name is given; without one,
+    say what is missing instead: the action is not offered under a made-up actor."""
+    name = acting_name()
+    if name:
+        st.caption(f"Acting as **{name}** (recorded as the actor of {what}).")
+        return True
+    st.warning("Type your name in the sidebar first: it is recorded as the actor of " + what + ".")
+    return False
+
+
 def _set_actor() -> None:
     st.session_state["app_actor"] = st.session_state["app_actor_input"].strip()
+    _keep_actor_in_url()
+
+
+def _keep_actor_in_url() -> None:
+    name = st.session_state.get("app_actor", "")
+    if name and name != os.environ.get("FINALITY_ACTOR", "").strip():  # the environment's name needs no URL
+        st.query_params["actor"] = name
+    elif "actor" in st.query_params:
+        del st.query_params["actor"]
 
 
 def main() -> None:
@@ -137,8 +167,12 @@ def main() -> None:
     st.session_state["app_insights"] = insights
     st.session_state["app_refresh_s"] = float(os.environ.get("FINALITY_CONSOLE_REFRESH_S", "10"))
     # The actor lives under a plain key (widget keys are dropped on pages where the widget is not drawn).
-    st.session_state.setdefault("app_actor", os.environ.get("FINALITY_ACTOR", ""))
+    # A reload starts a new session: the name comes back from the URL (``?actor=``).
+    st.session_state.setdefault(
+        "app_actor", (st.query_params.get("actor") or os.environ.get("FINALITY_ACTOR", "")).strip()
+    )
     st.session_state.setdefault("app_actor_input", st.session_state["app_actor"])
+    _keep_actor_in_url()  # a page switch drops the query string: put the name back
 
     with st.sidebar:
         info = insights.info
@@ -153,8 +187,13 @@ def main() -> None:
             if info.note:
                 st.warning(info.note)
         st.text_input(
-            "Your name (recorded as the actor of every action)", key="app_actor_input", on_change=_set_actor
+            "Your name (recorded as the actor of every action)",
+            key="app_actor_input",
+            on_change=_set_actor,
+            placeholder="required before any action",
         )
+        if not acting_name():
+            st.caption(":orange[No name yet: actions stay disabled until you give one.]")
 
     st.session_state[_RUNNING] = True
     try:
@@ -168,9 +207,38 @@ def main() -> None:
         st.session_state[_RUNNING] = False
 
 
+# Where each gate's and alert's operations are: the page and its query string (Operations applies
+# ``state`` as its filter). A gate with no operations behind it (coverage, a rate, a share) has none.
+GATE_LINKS: dict[str, tuple[str, dict[str, str]]] = {
+    "terminal_divergence": ("pages/gate_compliance.py", {}),
+    "cancel_confirmation": ("pages/operations.py", {"state": "CANCEL_REQUESTED"}),
+    "unknown_reconciliation": ("pages/reconciliation.py", {}),
+    "duplicate_operations": ("pages/operations.py", {}),
+}
+
+
+def link(page: str, label: str, params: dict[str, str] | None = None) -> None:
+    """A link to another console page, with its filter in the query string (and the acting name kept)."""
+    query = dict(params or {})
+    name = acting_name()
+    if name and name != os.environ.get("FINALITY_ACTOR", "").strip():
+        query["actor"] = name
+    st.page_link(page, label=label, query_params=query or None)
+
+
+def facts(pairs: list[tuple[str, object]]) -> None:
+    """Labelled values on one line, never cut off (a row of ``st.metric`` truncates long values)."""
+    st.markdown(" · ".join(f"{label} **{value}**" for label, value in pairs))
+
+
 __all__ = [
+    "GATE_LINKS",
+    "acting_as",
+    "acting_name",
     "console_insights",
+    "facts",
     "gate_stamp",
+    "link",
     "main",
     "pages",
 ]

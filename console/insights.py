@@ -415,6 +415,14 @@ class Insights:
 
     # cancel latency -------------------------------------------------------------------------
 
+    def cancel_span(self, *, since: datetime, until: datetime) -> datetime | None:
+        """When the first confirmed cancel in ``[since, until)`` was accepted (None: there is none)."""
+        frame = self._named("cancel_span", since=since, until=until)
+        if frame.empty or _missing(frame.iloc[0]["first_at"]):
+            return None
+        first: datetime = frame.iloc[0]["first_at"].to_pydatetime()
+        return first
+
     def cancel_latency_over_time(
         self,
         *,
@@ -615,7 +623,9 @@ class Insights:
     # approvals ------------------------------------------------------------------------------
 
     def approvals_pending(self, *, limit: int = 200) -> pd.DataFrame:
-        return self._named("approvals_pending", limit=_limit(limit))
+        """Rounds a person can answer now, newest first: the operation is in INPUT_REQUIRED at this very
+        round and the deadline has not passed (a round whose operation moved on is not listed)."""
+        return self._named("approvals_pending", now=self.now(), limit=_limit(limit))
 
     def approvals_answered(self, *, limit: int = 50) -> pd.DataFrame:
         return self._named("approvals_answered", limit=_limit(limit))
@@ -656,6 +666,18 @@ class Insights:
         result = self.source.rollout(action, body)
         self.clear_cache()
         return result
+
+    def shadow_summary(self) -> pd.DataFrame | None:
+        """Per tool: the old path and the new one, pairs compared and diverged (None: no shadow table)."""
+        if not self.has_table("shadow_diffs"):
+            return None
+        return self._named("shadow_summary")
+
+    def shadow_diverged(self, *, limit: int = 100) -> pd.DataFrame | None:
+        """Diverged shadow pairs, newest first, with both sides' call nodes (None: no shadow table)."""
+        if not self.has_table("shadow_diffs"):
+            return None
+        return self._named("shadow_diverged", limit=_limit(limit))
 
     def audit_log(self, *, limit: int = 200) -> pd.DataFrame | None:
         """The rollout audit log (newest first), or None while the ledger has no ``rollout_events`` table."""
@@ -718,6 +740,9 @@ class Insights:
             "explorer_runs": self.explorer_runs,
             "approvals_pending": self.approvals_pending,
         }
+        if self.has_table("shadow_diffs"):
+            produced["shadow_summary"] = lambda: self._named("shadow_summary")
+            produced["shadow_diverged"] = lambda: self._named("shadow_diverged", limit=5000)
         index_lines = ["# The SQL behind each chart", ""]
         for page, names in CHARTS.items():
             index_lines.append(f"## {page}")

@@ -254,6 +254,15 @@ GROUP BY 1, 2 ORDER BY bucket, series""",
             },
         ),
         NamedQuery(
+            "cancel_span",
+            "When the confirmed cancels in a window begin and end (the chart's window fits them)",
+            """
+SELECT min(r.accepted_at) AS first_at, max(r.accepted_at) AS last_at, count(*) AS cancels
+FROM op_state s JOIN receipts r USING (operation_id)
+WHERE s.cancel_requested_at IS NOT NULL AND r.accepted_at >= {since} AND r.accepted_at < {until}""",
+            times=("first_at", "last_at"),
+        ),
+        NamedQuery(
             "cancel_latency_summary",
             "Cancel confirmation latency per protocol and arm",
             f"""
@@ -305,7 +314,7 @@ FROM a GROUP BY 1, 2 ORDER BY kind, age_bin_min""",
             "Open reconciliation entries, oldest first",
             f"""
 SELECT r.entry_id, r.kind, r.operation_id, i.call_node_id, i.protocol, i.tool_name, s.state,
-       r.task_id, r.idempotency_key, r.reason, r.opened_at,
+       r.task_id, r.idempotency_key, r.reason, r.candidates, r.opened_at,
        {secs("{now}", "r.opened_at")} AS age_s,
        {secs("{now}", "r.opened_at")} > {UNKNOWN_SLO_S} AS over_15_min
 FROM reconciliation r JOIN op_identity i USING (operation_id) JOIN op_state s USING (operation_id)
@@ -420,13 +429,15 @@ ORDER BY occurred_at, ord NULLS LAST, kind, what""",
         ),
         NamedQuery(
             "approvals_pending",
-            "Pending input_required approvals",
+            "Answerable approvals (the operation waits on this very round, before its deadline), newest first",
             """
 SELECT a.operation_id, a.input_round, i.call_node_id, i.tool_name, i.protocol, s.state,
        s.input_round AS current_round, a.message, a.requested_schema, a.schema_digest, a.deadline, a.opened_at,
        a.request_key
 FROM approvals a JOIN op_identity i USING (operation_id) JOIN op_state s USING (operation_id)
-WHERE a.status = 'pending' ORDER BY a.opened_at, a.operation_id, a.input_round LIMIT {limit}""",
+WHERE a.status = 'pending' AND s.state = 'INPUT_REQUIRED' AND s.input_round = a.input_round
+  AND (a.deadline IS NULL OR a.deadline > {now})
+ORDER BY a.opened_at DESC, a.operation_id, a.input_round LIMIT {limit}""",
             times=("deadline", "opened_at"),
         ),
         NamedQuery(
@@ -437,6 +448,31 @@ SELECT operation_id, input_round, actor, answer, opened_at, answered_at,
        {secs("answered_at", "opened_at")} AS waited_s
 FROM approvals WHERE status = 'answered' ORDER BY answered_at DESC, operation_id, input_round LIMIT {{limit}}""",
             times=("opened_at", "answered_at"),
+        ),
+        NamedQuery(
+            "shadow_summary",
+            "Shadow comparisons per tool: the old path and the new one, compared and diverged",
+            """
+SELECT d.tool_name, pi.protocol AS old_path, si.protocol AS new_path, pi.server AS old_server,
+       si.server AS new_server, count(*) AS compared, count(*) FILTER (WHERE d.diverged) AS diverged,
+       max(d.recorded_at) AS last_compared_at
+FROM shadow_diffs d JOIN op_identity pi ON pi.operation_id = d.primary_operation_id
+JOIN op_identity si ON si.operation_id = d.shadow_operation_id
+GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3""",
+            times=("last_compared_at",),
+        ),
+        NamedQuery(
+            "shadow_diverged",
+            "Diverged shadow pairs, newest first (status, result digest and latency on each side)",
+            """
+SELECT d.recorded_at, d.tool_name, pi.call_node_id AS old_call_node, si.call_node_id AS new_call_node,
+       d.primary_status AS old_status, d.shadow_status AS new_status,
+       d.primary_result_digest AS old_result_digest, d.shadow_result_digest AS new_result_digest,
+       d.primary_latency_ms AS old_latency_ms, d.shadow_latency_ms AS new_latency_ms, d.differences
+FROM shadow_diffs d JOIN op_identity pi ON pi.operation_id = d.primary_operation_id
+JOIN op_identity si ON si.operation_id = d.shadow_operation_id
+WHERE d.diverged ORDER BY d.recorded_at DESC, d.primary_operation_id LIMIT {limit}""",
+            times=("recorded_at",),
         ),
         NamedQuery(
             "tables",
@@ -494,7 +530,12 @@ SQL_EXAMPLES: Final[dict[str, str]] = {
 
 CHARTS: Final[dict[str, tuple[str, ...]]] = {
     "Overview": ("arms", "in_flight", "alerts"),
-    "Cancel latency": ("cancel_latency_over_time", "cancel_latency_summary", "slowest_cancels"),
+    "Cancel latency": (
+        "cancel_span",
+        "cancel_latency_over_time",
+        "cancel_latency_summary",
+        "slowest_cancels",
+    ),
     "UNKNOWN and reconciliation": (
         "unknown_age_histogram",
         "reconciliation_aging",
@@ -503,7 +544,7 @@ CHARTS: Final[dict[str, tuple[str, ...]]] = {
     "Gate compliance": ("gate_history", "explorer_coverage", "explorer_runs"),
     "Operations": ("filter_options", "operations", "operations_by_state", "operation", "operation_timeline"),
     "Approvals": ("approvals_pending", "approvals_answered"),
-    "Rollout control": ("audit_log",),
+    "Rollout control": ("audit_log", "shadow_summary", "shadow_diverged"),
 }
 """Which named queries each page's charts and tables come from (the evidence bundle's index)."""
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]
 
+from engine.errors import ActionRefused
 from engine.model import GateRecord
 
 Json = dict[str, Any]
@@ -178,12 +179,178 @@ def parse_rollout_status(raw: Json) -> RolloutStatus:
     )
 
 
+# How each gate's value and threshold read to a person: (format a number, comparison that passes).
+# One place: the console's tables, its what-if and `finality gates` all print through ``gate_value``.
+def _count(noun: str) -> Any:
+    return lambda v: f"{v:.0f} {noun}"
+
+
+_GATE_FORMATS: dict[str, tuple[Any, str]] = {
+    "terminal_divergence": (_count("divergent"), "≤"),
+    "duplicate_operations": (_count("duplicated"), "≤"),
+    "poll_amplification": (lambda v: f"{v:.0f} req/s", "≤"),
+    "cancel_confirmation": (lambda v: f"{v:.1f} s" if v < 100 else f"{v:.0f} s", "<"),
+    "unknown_reconciliation": (lambda v: f"{v / 60:.1f} min", "≤"),
+    "traceability": (lambda v: f"{v:.1%}", "≥"),
+}
+
+
+def gate_value(gate: str, value: float | None) -> str:
+    """A gate's value with its unit at a readable precision (``12.4 s``, ``3.2 min``, ``99.8%``); ``—`` for none."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "—"
+    fmt = _GATE_FORMATS.get(gate)
+    return fmt[0](float(value)) if fmt else f"{float(value):g}"
+
+
+def gate_threshold(gate: str, threshold: float | None) -> str:
+    """The passing side of a gate's threshold with its unit (``< 60.0 s``, ``≤ 15.0 min``)."""
+    if threshold is None:
+        return "—"
+    fmt = _GATE_FORMATS.get(gate)
+    return f"{fmt[1]} {gate_value(gate, threshold)}" if fmt else f"{float(threshold):g}"
+
+
+@dataclass(frozen=True, slots=True)
+class AnswerField:
+    """One field of an approval's requested schema, as a form shows it."""
+
+    name: str
+    kind: str
+    """``boolean``, ``number``, ``integer``, ``enum`` or ``string``."""
+    title: str
+    required: bool
+    options: tuple[str, ...] = ()
+
+
+def answer_fields(schema_text: object) -> list[AnswerField]:
+    """The fields a form asks for, from the round's requested JSON schema (an object schema; anything
+    else yields no fields and the page falls back to a JSON answer)."""
+    try:
+        schema = json.loads(schema_text) if isinstance(schema_text, str) else schema_text
+    except json.JSONDecodeError:
+        return []
+    if not isinstance(schema, dict) or not isinstance(schema.get("properties"), dict):
+        return []
+    required = set(schema.get("required") or [])
+    out: list[AnswerField] = []
+    for name, spec in schema["properties"].items():
+        spec = spec if isinstance(spec, dict) else {}
+        kind = str(spec.get("type", "string"))
+        options: tuple[str, ...] = ()
+        if isinstance(spec.get("enum"), list):
+            kind, options = "enum", tuple(str(v) for v in spec["enum"])
+        if kind not in ("boolean", "number", "integer", "enum"):
+            kind = "string"
+        out.append(AnswerField(str(name), kind, str(spec.get("title") or name), name in required, options))
+    return out
+
+
+def decision_field(fields: list[AnswerField]) -> AnswerField | None:
+    """The boolean field Approve / Reject set (one named like ``approve``, else the only boolean)."""
+    booleans = [f for f in fields if f.kind == "boolean"]
+    named = [f for f in booleans if f.name.lower().startswith(("approv", "accept", "confirm", "allow"))]
+    if named:
+        return named[0]
+    return booleans[0] if len(booleans) == 1 else None
+
+
+def build_answer(fields: list[AnswerField], values: dict[str, object]) -> dict[str, object]:
+    """The answer object from a form's values: empty optional fields are left out; a required one
+    left empty is refused here, naming it (the service checks the schema again)."""
+    out: dict[str, object] = {}
+    for f in fields:
+        value = values.get(f.name)
+        if value is None or (isinstance(value, str) and not value.strip()):
+            if f.required:
+                raise ActionRefused(422, f"'{f.title}' ({f.name}) is required")
+            continue
+        if f.kind == "integer":
+            value = int(float(str(value)))
+        elif f.kind == "number":
+            value = float(str(value))
+        out[f.name] = value
+    return out
+
+
+def candidate_ids(text: object) -> list[str]:
+    """The candidate task ids an entry recorded (a JSON list; anything else reads as none or one)."""
+    if text is None or (isinstance(text, float) and text != text):
+        return []
+    try:
+        value = json.loads(text) if isinstance(text, str) else text
+    except json.JSONDecodeError:
+        return [str(text)] if str(text).strip() else []
+    if isinstance(value, list):
+        return [str(v.get("task_id", v) if isinstance(v, dict) else v) for v in value]
+    return [] if value in (None, "") else [str(value)]
+
+
+def candidates_summary(text: object, *, sample: int = 3) -> str:
+    """``none`` or ``N: a, b, c (+N-3 more)``: a count and a few ids, never hundreds."""
+    ids = candidate_ids(text)
+    if not ids:
+        return "none"
+    shown = ", ".join(i if len(i) <= 14 else i[:13] + "…" for i in ids[:sample])
+    return f"{len(ids)}: {shown}" + (f" (+{len(ids) - sample} more)" if len(ids) > sample else "")
+
+
+def next_step(kind: str, task_id: object, candidates: object) -> str:
+    """What a person should do next with an open entry (by its kind and what it already knows)."""
+    if kind == "effects":
+        return "Check what the cancelled work changed on the server; undo or accept it, then resolve saying which."
+    known = "" if task_id is None or (isinstance(task_id, float) and task_id != task_id) else str(task_id)
+    if known:
+        return f"Ask the server for task {known}: bind it if it answers, declare it absent if the server says none."
+    n = len(candidate_ids(candidates))
+    if n:
+        return (
+            f"Check the {n} candidate task{'s' if n > 1 else ''} on the server: bind the one that ran this call "
+            "(its arguments match), or declare it absent."
+        )
+    return (
+        "Find the call on the server by its submission key or arguments: bind the task found, or declare it "
+        "absent when the server proves it never ran."
+    )
+
+
+def fitting_window(first_at: datetime | None, now: datetime, windows: dict[str, Any]) -> str:
+    """The shortest of ``windows`` (name -> timedelta, shortest first) that holds data since ``first_at``:
+    a demo minutes old gets the last hour, a week-old ledger the last 7 days."""
+    names = list(windows)
+    if first_at is None:
+        return names[-1]
+    for name in names:
+        if now - windows[name] <= first_at:
+            return name
+    return names[-1]
+
+
+def fitting_bucket(window: Any, buckets: dict[str, Any], *, min_buckets: int = 24) -> str:
+    """The widest of ``buckets`` (shortest first) that still cuts ``window`` into ``min_buckets`` or more
+    (one bucket per window draws a point, not a line)."""
+    names = list(buckets)
+    fitting = [n for n in names if window / buckets[n] >= min_buckets]
+    return fitting[-1] if fitting else names[0]
+
+
 __all__ = [
+    "AnswerField",
     "AuditCheck",
     "GateView",
     "Json",
     "RolloutStatus",
     "SourceInfo",
     "SqlResult",
+    "answer_fields",
+    "build_answer",
+    "candidate_ids",
+    "candidates_summary",
+    "decision_field",
+    "fitting_bucket",
+    "fitting_window",
+    "gate_threshold",
+    "gate_value",
+    "next_step",
     "parse_rollout_status",
 ]

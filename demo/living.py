@@ -6,8 +6,13 @@ into a fresh ledger; starts ``finality serve`` on that ledger and, through the r
 the report tool and then opens a 5 % canary (the service records a gate run every 10 s); runs a
 workload (calls, cancels, a person answering approvals after a while, an operator reconciling
 UNKNOWN and leftover-effect entries); and starts the Streamlit console, whose URL it prints. Ctrl-C
-(or SIGTERM) stops every process it started. Within 30 seconds every console chart has data. A demo
-harness, not part of the engine.
+(or SIGTERM) stops every process it started, and the demo ends by itself when the service dies.
+Within 30 seconds every console chart has data. A demo harness, not part of the engine.
+
+The simulated people (approver, operator, release manager) are announced at start and can be left
+out (``--no-bots``, or ``--bots approver,release``) so that a person does the approvals and the
+reconciliations in the console. What they do is counted and printed as one summary line every
+``--summary-s`` seconds, not one line per action.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -155,9 +161,26 @@ class Shared:
     lock: threading.Lock = field(default_factory=threading.Lock)
     arguments: dict[str, dict[str, object]] = field(default_factory=dict)
     """Call node -> the arguments it was submitted with (an operator finds a lost task by them)."""
+    counts: Counter[str] = field(default_factory=Counter)
+    """What the simulated people did since the start (the periodic summary line prints it)."""
+    unreachable: threading.Event = field(default_factory=threading.Event)
+    """Set when a call found the service not answering (the main loop then checks whether it died)."""
 
     def say(self, who: str, text: str) -> None:
         print(f"[{who}] {text}", flush=True)
+
+    def count(self, what: str, n: int = 1) -> None:
+        with self.lock:
+            self.counts[what] += n
+
+    def summary(self, elapsed_s: float) -> str:
+        with self.lock:
+            c = dict(self.counts)
+        return (
+            f"[demo {int(elapsed_s) // 60:02d}:{int(elapsed_s) % 60:02d}] submitted {c.get('submitted', 0)}, "
+            f"cancelled {c.get('cancelled', 0)}; approver answered {c.get('answered', 0)}; operator resolved "
+            f"{c.get('resolved unknown', 0)} UNKNOWN and {c.get('resolved effects', 0)} leftover-effect entries"
+        )
 
 
 def _quietly(
@@ -170,8 +193,8 @@ def _quietly(
         if exc.status != 409:
             shared.say(who, f"refused: {exc.message}")
     except ServiceUnavailable:
-        if not shared.stop.is_set():
-            shared.say(who, "the service does not answer")
+        # Said once by the main loop, which also ends the demo if the service died.
+        shared.unreachable.set()
     return None
 
 
@@ -190,9 +213,10 @@ def workload(shared: Shared, seed: int, rate: float) -> None:
             now = time.monotonic()
             while cancels and cancels[0][0] <= now:
                 _, node = heapq.heappop(cancels)
-                _quietly(
+                if _quietly(
                     shared, "workload", client.cancel, node, actor="demo-user", reason="closed the report tab"
-                )
+                ):
+                    shared.count("cancelled")
             if now < next_at:
                 shared.stop.wait(min(next_at - now, 0.2))
                 continue
@@ -203,11 +227,10 @@ def workload(shared: Shared, seed: int, rate: float) -> None:
             arguments: dict[str, object] = {"job": n, "customer": f"c{rng.randrange(40)}", "_sim": sim}
             with shared.lock:
                 shared.arguments[node] = arguments
-            if (
-                _quietly(shared, "workload", client.submit, call_node=node, tool=tool, arguments=arguments)
-                and cancel_after is not None
-            ):
-                heapq.heappush(cancels, (time.monotonic() + cancel_after, node))
+            if _quietly(shared, "workload", client.submit, call_node=node, tool=tool, arguments=arguments):
+                shared.count("submitted")
+                if cancel_after is not None:
+                    heapq.heappush(cancels, (time.monotonic() + cancel_after, node))
 
 
 def plan_call(n: int, rng: random.Random) -> tuple[str, dict[str, object], float | None]:
@@ -258,15 +281,23 @@ def approver(shared: Shared, seed: int, delay: tuple[float, float]) -> None:
             for approval in pending:
                 key = (str(approval["operation_id"]), int(str(approval["input_round"])))
                 due.setdefault(key, now + rng.uniform(*delay))
-                if due[key] <= now:
-                    _quietly(
-                        shared,
-                        "approver",
-                        client.answer,
-                        *key,
-                        actor=ACTOR_APPROVER,
-                        answer={"approved": True},
-                    )
+                if due[key] <= now and _quietly(
+                    shared,
+                    "approver",
+                    client.answer,
+                    *key,
+                    actor=ACTOR_APPROVER,
+                    answer=approving_answer(approval.get("requested_schema")),
+                ):
+                    shared.count("answered")
+
+
+def approving_answer(schema: object) -> dict[str, object]:
+    """What the simulated approver answers: yes, in the requested schema's own boolean field."""
+    from console.views import answer_fields, decision_field
+
+    decision = decision_field(answer_fields(schema))
+    return {decision.name if decision is not None else "approve": True}
 
 
 def operator(shared: Shared, unknown_after_s: float, effects_after_s: float) -> None:
@@ -323,7 +354,7 @@ def operator(shared: Shared, unknown_after_s: float, effects_after_s: float) -> 
                         reason="checked the batch: the partial change was rolled back by hand",
                     )
                 if done:
-                    shared.say("operator", f"resolved {entry['kind']} entry {entry_id}")
+                    shared.count(f"resolved {entry['kind']}")
 
 
 def find_task(shared: Shared, client: ServiceClient, operation_id: str) -> str | None:
@@ -424,6 +455,43 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+BOTS = ("approver", "operator", "release")
+"""The simulated people ``--bots`` chooses from."""
+_ANNOUNCE = {
+    "approver": f"approver ({ACTOR_APPROVER}) answers each approval 4-10 s after it opens",
+    "operator": f"operator ({ACTOR_OPERATOR}) resolves UNKNOWN entries after 10 s, leftover effects after 3 s",
+    "release": f"release manager ({ACTOR_RELEASE}) opens the 5 % canary once shadow pairs compare",
+}
+
+
+def chosen_bots(args: argparse.Namespace) -> tuple[str, ...]:
+    if args.no_bots:
+        return ()
+    names = tuple(n.strip() for n in args.bots.split(",") if n.strip())
+    unknown = [n for n in names if n not in BOTS]
+    if unknown:
+        raise SystemExit(f"--bots: unknown {unknown}; choose from {', '.join(BOTS)}")
+    return names
+
+
+def announce(bots: tuple[str, ...]) -> str:
+    """Who acts besides the workload, and a first thing for a person to try."""
+    lines = ["simulated people: " + ("; ".join(_ANNOUNCE[b] for b in bots) if bots else "none (--no-bots)")]
+    if bots:
+        lines.append(
+            "  (leave them out with `make demo ARGS=--no-bots`, or pick some: --bots approver,release)"
+        )
+    if "approver" not in bots:
+        lines.append("  try first: open Approvals in the console and Approve or Reject a waiting round")
+    elif "operator" not in bots:
+        lines.append("  try first: open UNKNOWN and reconciliation and resolve an entry")
+    else:
+        lines.append(
+            "  try first: open Rollout control and roll back the canary (a typed reason, the epoch goes up)"
+        )
+    return "\n".join(lines)
+
+
 def start_console(data: Path, service_url: str, ledger: Path, port: int) -> subprocess.Popen[bytes]:
     env = dict(os.environ, FINALITY_SERVICE_URL=service_url, FINALITY_LEDGER=str(ledger))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
@@ -487,8 +555,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-console", action="store_true")
     parser.add_argument("--seconds", type=float, help="stop by itself after this long")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--no-bots", action="store_true", help="no simulated people: you answer and reconcile"
+    )
+    parser.add_argument(
+        "--bots",
+        default=",".join(BOTS),
+        help=f"which simulated people act (comma-separated: {', '.join(BOTS)})",
+    )
+    parser.add_argument("--summary-s", type=float, default=30.0, help="seconds between summary lines")
     args = parser.parse_args(argv)
+    bots = chosen_bots(args)
+    # Both alike, installed explicitly: a background job inherits SIGINT ignored, and then a Ctrl-C
+    # to the group killed the children while this loop went on.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     data = Path(args.data)
     if data.exists():
         shutil.rmtree(data)
@@ -516,6 +597,7 @@ def main(argv: list[str] | None = None) -> int:
     threads: list[threading.Thread] = []
     pool = concurrent.futures.ThreadPoolExecutor(len(servers))
     started_at = time.monotonic()
+    exit_code = 0
     try:
         # The explorer writes the fresh ledger while the servers come up; the service opens it after.
         explorer = explore_into(ledger, 10_000)
@@ -545,11 +627,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         print("rollout: shadow on generate_report; a 5 % canary follows once the gates pass", flush=True)
         people: list[tuple[Callable[..., None], tuple[object, ...]]] = [
-            (workload, (shared, args.seed, args.rate)),
-            (approver, (shared, args.seed + 1, (4.0, 10.0))),
-            (operator, (shared, 10.0, 3.0)),
-            (release_manager, (shared, 1, 8.0)),
+            (workload, (shared, args.seed, args.rate))
         ]
+        if "approver" in bots:
+            people.append((approver, (shared, args.seed + 1, (4.0, 10.0))))
+        if "operator" in bots:
+            people.append((operator, (shared, 10.0, 3.0)))
+        if "release" in bots:
+            people.append((release_manager, (shared, 1, 8.0)))
+        print(announce(bots), flush=True)
         for target, target_args in people:
             thread = threading.Thread(target=target, args=target_args, name=target.__name__, daemon=True)
             thread.start()
@@ -560,8 +646,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n  Finality console: http://127.0.0.1:{port}\n", flush=True)
         print(f"ready in {time.monotonic() - started_at:.1f} s. Ctrl-C stops everything.", flush=True)
         deadline = time.monotonic() + args.seconds if args.seconds else None
+        next_summary = time.monotonic() + args.summary_s
         while deadline is None or time.monotonic() < deadline:
             time.sleep(0.5)
+            assert service is not None
+            assert shared is not None
+            if not service_alive(service, shared):
+                print(f"the service died (status {service.returncode()}); stopping the demo", flush=True)
+                exit_code = 1
+                break
+            if time.monotonic() >= next_summary:
+                next_summary += args.summary_s
+                print(shared.summary(time.monotonic() - started_at), flush=True)
             if console is not None and console.poll() is not None:
                 print(
                     f"the console exited (status {console.returncode}); see {data / 'console.log'}",
@@ -595,7 +691,26 @@ def main(argv: list[str] | None = None) -> int:
         for server in servers.values():
             server.stop()
         print("demo stopped; data kept under", data, flush=True)
-    return 0
+    return exit_code
+
+
+def service_alive(service: ServiceProcess, shared: Shared) -> bool:
+    """False once the service process has exited, or stopped answering its health route (3 tries)."""
+    if service.returncode() is not None:
+        return False
+    if not shared.unreachable.is_set():
+        return True
+    shared.unreachable.clear()
+    for _ in range(3):
+        try:
+            with ServiceClient(service.url, timeout=5) as client:
+                client.health()
+            return True
+        except (ServiceUnavailable, ServiceRefused):
+            if service.returncode() is not None:
+                return False
+    print("the service does not answer its health route", flush=True)
+    return False
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from console.frame import console_insights
+from console.frame import acting_as, acting_name, console_insights
 from console.insights import Insights
 from console.queries import CHARTS, QUERIES
 
@@ -20,12 +20,15 @@ st.write(
 st.text_input(
     "Decision this evidence is for", placeholder="e.g. promote canary 5 % -> 25 %", key="evidence_decision"
 )
+decision = str(st.session_state.get("evidence_decision", "")).strip()
+actor = acting_name()
+acting_as("this bundle")
 
 
 def _bundle() -> bytes:
-    return insights.evidence_bundle(
-        decision=st.session_state.get("evidence_decision", ""), actor=st.session_state.get("app_actor", "")
-    )
+    # Built from the values of this run, bound here: Streamlit may call a download's producer outside
+    # the page's run, where the session's widgets read as empty (the bundle said decision '' then).
+    return insights.evidence_bundle(decision=decision, actor=actor)
 
 
 stamp = insights.now().strftime("%Y%m%dT%H%M%SZ")

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import pandas as pd  # type: ignore[import-untyped]
 import plotly.graph_objects as go
 import streamlit as st
 
 from console.frame import console_insights, gate_stamp
 from console.insights import Insights
+from console.views import gate_threshold, gate_value
 from rollout.gates import Thresholds
+
+
+def _fail_red(value: object) -> str:
+    return "color: white; background-color: #c62828" if value == "FAIL" else "color: #1b5e20"
+
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
@@ -64,10 +71,66 @@ def live() -> None:
                 )
                 if not part.empty
             ],
-            layout={"height": 300},
+            layout={"height": 340, "margin": {"t": 40}},
         )
+        # Rollout actions as vertical marks, labelled with the action, within the runs' time span.
+        audit = insights.audit_log(limit=200)
+        if audit is not None and not audit.empty and "recorded_at" in audit.columns:
+            first, last = history["evaluated_at"].min(), history["evaluated_at"].max()
+            shown = audit[(audit["recorded_at"] >= first) & (audit["recorded_at"] <= last)]
+            fig.update_layout(
+                shapes=[
+                    {
+                        "type": "line",
+                        "yref": "paper",
+                        "y0": 0,
+                        "y1": 1,
+                        "x0": at,
+                        "x1": at,
+                        "line": {"color": "#555555", "dash": "dot", "width": 1},
+                    }
+                    for at in shown["recorded_at"]
+                ],
+                annotations=[
+                    {
+                        "yref": "paper",
+                        "y": 1.0,
+                        "yanchor": "bottom",
+                        "x": at,
+                        "text": f"{action} ({actor})",
+                        "showarrow": False,
+                        "textangle": -20,
+                        "font": {"size": 10},
+                    }
+                    for at, action, actor in zip(
+                        shown["recorded_at"], shown["action"], shown["actor"], strict=True
+                    )
+                ],
+            )
+            if not shown.empty:
+                st.caption("Dotted lines: rollout actions from the audit log (action and actor).")
         st.plotly_chart(fig, key="gates_history_chart")
-        st.dataframe(history.tail(60), hide_index=True, key="gates_history")
+        table = history.sort_values(["run_id", "gate"], ascending=[False, True]).head(60)
+        shown_table = pd.DataFrame(
+            {
+                "run": table["run_id"],
+                "evaluated at": table["evaluated_at"].dt.strftime("%Y-%m-%d %H:%M:%S"),
+                "result": table["passed"].map(lambda v: "PASS" if bool(v) else "FAIL"),
+                "gate": table["gate"],
+                "value": [gate_value(g, v) for g, v in zip(table["gate"], table["value"], strict=True)],
+                "passes when": [
+                    gate_threshold(g, t) for g, t in zip(table["gate"], table["threshold"], strict=True)
+                ],
+                "verdict": table["verdict"],
+            }
+        )
+        st.caption("Newest run first.")
+        st.dataframe(
+            shown_table.style.map(_fail_red, subset=["result"]),
+            hide_index=True,
+            key="gates_history",
+            width="stretch",
+        )
 
 
 live()
@@ -100,13 +163,23 @@ what_if = Thresholds(
     min_traceable_share=float(state["gates_traceable"]),
 )
 if_view = now_view.with_thresholds(what_if)
-compare = now_view.frame()[["gate", "passed", "value", "threshold"]].rename(
-    columns={"passed": "passes now", "threshold": "threshold now"}
+compare = pd.DataFrame(
+    {
+        "gate": [r.gate for r in now_view.results],
+        "value": [gate_value(r.gate, r.value) for r in now_view.results],
+        "now": ["PASS" if r.passed else "FAIL" for r in now_view.results],
+        "passes when (now)": [gate_threshold(r.gate, r.threshold) for r in now_view.results],
+        "what if": ["PASS" if r.passed else "FAIL" for r in if_view.results],
+        "passes when (what if)": [gate_threshold(r.gate, r.threshold) for r in if_view.results],
+        "verdict (what if)": [r.verdict for r in if_view.results],
+    }
 )
-compare["passes with these thresholds"] = [r.passed for r in if_view.results]
-compare["threshold (what if)"] = [r.threshold for r in if_view.results]
-compare["verdict (what if)"] = [r.verdict for r in if_view.results]
-st.dataframe(compare, hide_index=True, key="gates_what_if")
+st.dataframe(
+    compare.style.map(_fail_red, subset=["now", "what if"]),
+    hide_index=True,
+    key="gates_what_if",
+    width="stretch",
+)
 st.write(
     "**All gates would pass.**"
     if if_view.passed

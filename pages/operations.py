@@ -7,7 +7,7 @@ from datetime import UTC, datetime, time, timedelta
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import console_insights
+from console.frame import console_insights, facts
 from console.insights import Insights
 from console.queries import ARMS, STATES
 
@@ -22,6 +22,15 @@ RANGES = {
 }
 
 st.title("Operations")
+# A link from a gate or an alert carries its filter (``?state=UNKNOWN``, ``?key=<call node>``):
+# applied once per link, then the widgets are the person's again.
+_linked = (tuple(st.query_params.get_all("state")), st.query_params.get("key", ""))
+if any(_linked) and st.session_state.get("operations_link") != _linked:
+    st.session_state["operations_link"] = _linked
+    st.session_state["operations_states"] = [s for s in _linked[0] if s in STATES]
+    st.session_state["operations_range"] = "everything"
+    if _linked[1]:
+        st.session_state["operations_key"] = _linked[1]
 options = insights.filter_options()
 c1, c2, c3, c4, c5 = st.columns(5)
 c1.multiselect("State", STATES, key="operations_states")
@@ -91,12 +100,16 @@ if key.strip():
     if op is None:
         st.warning(f"No operation for {key!r}.")
     else:
-        m1, m2, m3, m4, m5 = st.columns(5)
-        m1.metric("State", str(op["state"]))
-        m2.metric("Protocol", str(op["protocol"]))
-        m3.metric("Arm", str(op["arm"]))
-        m4.metric("Epoch", str(op["epoch"]))
-        m5.metric("Cancel generation", str(op["cancel_generation"]))
+        facts(
+            [
+                ("State", op["state"]),
+                ("Protocol", op["protocol"]),
+                ("Tool", op.get("tool_name")),
+                ("Arm", op["arm"]),
+                ("Epoch", op["epoch"]),
+                ("Cancel generation", op["cancel_generation"]),
+            ]
+        )
         timeline = insights.timeline(key)
         if not timeline.empty:
             fig = go.Figure(

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd  # type: ignore[import-untyped]
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import console_insights, gate_stamp
+from console.frame import GATE_LINKS, console_insights, facts, gate_stamp, link
 from console.insights import Insights
 from console.queries import CANCEL_SLO_S, UNKNOWN_SLO_S
 from engine.errors import ConsoleError
+from console.views import gate_threshold, gate_value
+
+
+def _fail_red(value: object) -> str:
+    return "color: white; background-color: #c62828" if value == "FAIL" else "color: #1b5e20"
+
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
@@ -36,10 +43,13 @@ def live() -> None:
         if status is None:
             st.caption("No rollout status (the service has no rollout API, or this console reads a file).")
         else:
-            a, b, c = st.columns(3)
-            a.metric("Stage", status.stage)
-            b.metric("Canary", f"{status.percentage:g} %" if status.percentage is not None else "-")
-            c.metric("Epoch", status.epoch if status.epoch is not None else "-")
+            facts(
+                [
+                    ("Stage", status.stage.replace("_", " ")),
+                    ("Canary", f"{status.percentage:g} %" if status.percentage is not None else "-"),
+                    ("Epoch", status.epoch if status.epoch is not None else "-"),
+                ]
+            )
             if status.disabled_protocols:
                 st.error("Disabled protocols: " + ", ".join(status.disabled_protocols))
         arms = insights.arms()
@@ -50,18 +60,26 @@ def live() -> None:
         passed = sum(r.passed for r in gates.results)
         st.markdown(f"**{passed} of {len(gates.results)} pass**")
         gate_stamp(insights, gates, "overview_reevaluate")
-        rows = [
-            {
-                "gate": r.gate,
-                "verdict": "PASS" if r.passed else "FAIL",
-                "value": r.value,
-                "threshold": r.threshold,
-                "detail": r.verdict,
-                "raw inputs": json.dumps(r.inputs, default=str, sort_keys=True),
-            }
-            for r in gates.results
-        ]
-        st.dataframe(rows, hide_index=True, key="overview_gates")
+        rows = pd.DataFrame(
+            [
+                {
+                    "result": "PASS" if r.passed else "FAIL",
+                    "gate": r.gate,
+                    "value": gate_value(r.gate, r.value),
+                    "passes when": gate_threshold(r.gate, r.threshold),
+                    "detail": r.verdict,
+                    "raw inputs": json.dumps(r.inputs, default=str, sort_keys=True),
+                }
+                for r in gates.results
+            ]
+        )
+        st.dataframe(
+            rows.style.map(_fail_red, subset=["result"]),
+            hide_index=True,
+            key="overview_gates",
+            width="stretch",
+            column_config={"detail": st.column_config.TextColumn(width="large")},
+        )
 
     st.subheader("Alerts")
     alerts = alerts_soon.result()
@@ -72,21 +90,29 @@ def live() -> None:
             f"{alerts['unknown_over_slo']:.0f} UNKNOWN operation(s) open longer than {UNKNOWN_SLO_S / 60:.0f} min "
             f"(oldest {alerts['unknown_oldest_s'] / 60:.1f} min)"
         )
+        link("pages/reconciliation.py", "Open entries, oldest first →")
     if alerts.get("cancels_over_slo"):
         found = True
         st.error(f"{alerts['cancels_over_slo']:.0f} cancel(s) unconfirmed after {CANCEL_SLO_S:.0f} s")
+        link("pages/operations.py", "Operations waiting on a cancel →", {"state": "CANCEL_REQUESTED"})
     if alerts.get("approvals_overdue"):
         found = True
         st.warning(f"{alerts['approvals_overdue']:.0f} approval(s) past their deadline")
+        link("pages/operations.py", "Operations waiting for input →", {"state": "INPUT_REQUIRED"})
     if alerts.get("approvals_pending"):
         found = True
         st.info(f"{alerts['approvals_pending']:.0f} approval(s) waiting for an answer")
+        link("pages/approvals.py", "Answer them →")
     if alerts.get("effects_open"):
         found = True
         st.info(f"{alerts['effects_open']:.0f} leftover-effect check(s) open")
+        link("pages/reconciliation.py", "Check them →")
     for gate in gates.failing():
         found = True
         st.warning(f"Gate {gate.gate} fails: {gate.verdict}")
+        if gate.gate in GATE_LINKS:
+            page, params = GATE_LINKS[gate.gate]
+            link(page, f"What is behind {gate.gate} →", params)
     if not found:
         st.success("No alerts")
 

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import pandas as pd  # type: ignore[import-untyped]
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import console_insights
+from console.frame import acting_as, acting_name, console_insights
 from console.insights import Insights
 from console.queries import UNKNOWN_SLO_S
 from engine.errors import ConsoleError
+from console.views import candidates_summary, next_step
+
+BIN_MIN = 5
+CAP_MIN = 240
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
@@ -23,20 +28,33 @@ st.multiselect("Kinds", ["unknown", "effects"], default=["unknown", "effects"], 
 @st.fragment(run_every=st.session_state["app_refresh_s"])
 def live() -> None:
     kinds = st.session_state["reconciliation_kinds"] or ["unknown"]
-    hist = insights.unknown_age_histogram(kinds=kinds)
+    hist = insights.unknown_age_histogram(kinds=kinds, bin_min=BIN_MIN, cap_min=CAP_MIN)
     if hist.empty:
         st.success("No open entries.")
     else:
         line_at = UNKNOWN_SLO_S / 60
         fig = go.Figure(
             [
-                go.Bar(x=part["age_bin_min"], y=part["entries"], name=str(kind))
+                # A bar spans its bin (a bar is drawn centred on x): [start, start + bin).
+                go.Bar(
+                    x=part["age_bin_min"].astype(float) + BIN_MIN / 2,
+                    y=part["entries"],
+                    width=BIN_MIN * 0.95,
+                    name=str(kind),
+                )
                 for kind, part in hist.groupby("kind")
             ],
             layout={
                 "barmode": "stack",
                 "height": 300,
-                "xaxis_title": "age (minutes, 5-minute bins; last bin 240+)",
+                "xaxis": {
+                    "title": f"age (minutes, {BIN_MIN}-minute bins; last bin {CAP_MIN}+)",
+                    "range": [
+                        0,
+                        max(float(hist["age_bin_min"].max()) + BIN_MIN, UNKNOWN_SLO_S / 60 + BIN_MIN),
+                    ],
+                    "dtick": BIN_MIN if float(hist["age_bin_min"].max()) <= 60 else 30,
+                },
                 "yaxis_title": "entries",
                 # The 15-minute line as a plain layout shape (add_vline costs more than the chart).
                 "shapes": [
@@ -56,15 +74,47 @@ def live() -> None:
             },
         )
         st.plotly_chart(fig, key="reconciliation_histogram")
-    st.subheader("Aging (oldest first)")
+    st.subheader("Open entries, oldest first")
     aging = insights.reconciliation_aging(kinds=kinds)
-    st.dataframe(aging, hide_index=True, key="reconciliation_aging")
     st.session_state["reconciliation_open_ids"] = [int(x) for x in aging["entry_id"].tolist()]
+    if aging.empty:
+        return
+    table = pd.DataFrame(
+        {
+            "age (min)": (aging["age_s"].astype(float) / 60).round(1),
+            "over 15 min": aging["over_15_min"].map(lambda v: "OVER" if v else ""),
+            "kind": aging["kind"],
+            "reason": aging["reason"],
+            "next step": [
+                next_step(str(k), t, c)
+                for k, t, c in zip(aging["kind"], aging["task_id"], aging["candidates"], strict=True)
+            ],
+            "candidates": aging["candidates"].map(candidates_summary),
+            "entry": aging["entry_id"],
+            "call node": aging["call_node_id"],
+            "tool": aging["tool_name"],
+            "protocol": aging["protocol"],
+            "state": aging["state"],
+            "task id": aging["task_id"],
+            "submission key": aging["idempotency_key"],
+        }
+    )
+    st.dataframe(
+        table,
+        hide_index=True,
+        key="reconciliation_aging",
+        width="stretch",
+        column_config={
+            "reason": st.column_config.TextColumn(width="medium"),
+            "next step": st.column_config.TextColumn(width="large"),
+        },
+    )
 
 
 live()
 
 st.subheader("Resolve an entry")
+acting_as("this resolution")
 with st.form("reconciliation_form", clear_on_submit=False):
     ids = st.session_state.get("reconciliation_open_ids", [])
     entry = st.selectbox("Entry", ids, key="reconciliation_entry")
@@ -75,7 +125,7 @@ with st.form("reconciliation_form", clear_on_submit=False):
     reason = st.text_area("Reason (required)", key="reconciliation_reason")
     submitted = st.form_submit_button("Resolve", type="primary", key="reconciliation_submit")
 if submitted:
-    actor = st.session_state.get("app_actor", "")
+    actor = acting_name()
     if entry is None:
         st.error("Pick an entry.")
     elif not actor.strip() or not reason.strip():

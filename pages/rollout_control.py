@@ -4,24 +4,46 @@ from __future__ import annotations
 
 import streamlit as st
 
-from console.frame import console_insights, gate_stamp
+from console.frame import acting_as, acting_name, console_insights, gate_stamp, link
 from console.insights import Insights
 from console.queries import PROTOCOLS
 from engine.errors import ConsoleError
+from console.views import RolloutStatus, gate_threshold, gate_value
+from rollout.plan import LIVE_STAGES, Stage
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
 st.title("Rollout control")
 
 
-def _actor() -> str:
-    return str(st.session_state.get("app_actor", "")).strip() or "console"
+# What a person can do next at each stage (display only: the service decides, by rollout.plan.decide,
+# and its refusal is shown as it comes). Rollback is offered exactly in rollout.plan.LIVE_STAGES.
+_NEXT = {
+    Stage.OFF: "next: Shadow (the new path runs beside the old one; nobody sees its results)",
+    Stage.SHADOW: "next: Set canary (a share of new calls takes the new path), or Roll back",
+    Stage.CANARY: "next: grow the canary or Promote to full (both need every gate to pass), or Roll back",
+    Stage.FULL: "every new call takes the new path; Roll back returns them to the old one",
+    Stage.ROLLED_BACK: "every new call takes the old path; Shadow starts again",
+}
+
+
+def pipeline(status: RolloutStatus) -> str:
+    """``off → shadow → **canary 5 %** → full`` with the current stage in bold (and ``rolled back``)."""
+    parts = []
+    for stage in (Stage.OFF, Stage.SHADOW, Stage.CANARY, Stage.FULL):
+        label = stage.value
+        if stage is Stage.CANARY and status.stage == Stage.CANARY and status.percentage is not None:
+            label = f"canary {status.percentage:g} %"
+        parts.append(f":blue-background[**{label}**]" if status.stage == stage.value else label)
+    back = "rolled back"
+    tail = f":red-background[**{back}**]" if status.stage == Stage.ROLLED_BACK.value else back
+    return " → ".join(parts) + " · " + tail
 
 
 def _act(action: str, reason: str, *, percentage: float | None = None, protocol: str | None = None) -> None:
     try:
         result = insights.rollout_action(
-            action, actor=_actor(), reason=reason, percentage=percentage, protocol=protocol
+            action, actor=acting_name(), reason=reason, percentage=percentage, protocol=protocol
         )
     except ConsoleError as exc:
         st.session_state["rollout_message"] = ("error", f"{action} refused: {exc}")
@@ -32,10 +54,26 @@ def _act(action: str, reason: str, *, percentage: float | None = None, protocol:
 
 @st.dialog("Roll back")
 def rollback_dialog() -> None:
+    status: RolloutStatus | None = st.session_state.get("rollout_status")
+    epoch = status.epoch if status is not None else None
     st.write(
-        "Rollback stops creating new operations on the new path, raises the execution epoch, and hands "
-        "in-flight operations to the old executor in the same ledger. It is recorded in the audit chain."
+        "Rollback stops creating new operations on the new path and hands in-flight operations to the "
+        "old executor in the same ledger. It is recorded in the audit chain."
     )
+    if epoch is not None:
+        st.markdown(
+            f"**Execution epoch {epoch} → {epoch + 1}**: a write fenced by epoch {epoch} is refused after it."
+        )
+    try:
+        arms = insights.arms()
+    except ConsoleError as exc:
+        st.caption(f"in-flight operations unavailable: {exc}")
+    else:
+        flying = ", ".join(f"{r.arm}: {int(r.in_flight)}" for r in arms.itertuples(index=False))
+        st.markdown(f"**Operations in flight per arm**: {flying or 'none'} (they finish on the old executor)")
+    st.markdown(f"**Stage** {status.stage if status else '?'} → rolled_back")
+    if not acting_as("this rollback"):
+        return
     reason = st.text_input("Reason (required, typed)", key="rollout_rollback_reason")
     confirm = st.button(
         "Roll back now", type="primary", disabled=not reason.strip(), key="rollout_rollback_confirm"
@@ -43,6 +81,84 @@ def rollback_dialog() -> None:
     if confirm:
         _act("rollback", reason)
         st.rerun()
+
+
+def shadow_panel() -> None:
+    """Shadow and canary: per tool which path is old and which new, pairs compared and diverged, the
+    diverged pairs with both operations, and the operations per arm."""
+    st.subheader("Shadow and canary")
+    summary = insights.shadow_summary()
+    if summary is None or summary.empty:
+        st.caption("No shadow comparison recorded yet.")
+    else:
+        st.dataframe(
+            summary.rename(
+                columns={
+                    "tool_name": "tool",
+                    "old_path": "old path",
+                    "new_path": "new path",
+                    "old_server": "old server",
+                    "new_server": "new server",
+                    "last_compared_at": "last compared",
+                }
+            ),
+            hide_index=True,
+            key="rollout_shadow_summary",
+            width="stretch",
+        )
+    diverged = insights.shadow_diverged(limit=50)
+    if diverged is not None and not diverged.empty:
+        st.markdown(f"**Diverged pairs** ({len(diverged)} newest)")
+        table = diverged.assign(
+            old_operation="/operations?key=" + diverged["old_call_node"].astype(str),
+            new_operation="/operations?key=" + diverged["new_call_node"].astype(str),
+        )[
+            [
+                "recorded_at",
+                "tool_name",
+                "old_operation",
+                "new_operation",
+                "old_status",
+                "new_status",
+                "old_result_digest",
+                "new_result_digest",
+                "old_latency_ms",
+                "new_latency_ms",
+                "differences",
+            ]
+        ]
+        st.dataframe(
+            table,
+            hide_index=True,
+            key="rollout_shadow_diverged",
+            width="stretch",
+            column_config={
+                "old_operation": st.column_config.LinkColumn("old operation", display_text=r"key=(.*)$"),
+                "new_operation": st.column_config.LinkColumn("new operation", display_text=r"key=(.*)$"),
+                "old_latency_ms": st.column_config.NumberColumn("old latency (ms)", format="%.0f"),
+                "new_latency_ms": st.column_config.NumberColumn("new latency (ms)", format="%.0f"),
+            },
+        )
+        for pair in diverged.head(5).itertuples(index=False):
+            a, b, c = st.columns([3, 3, 4])
+            with a:
+                link(
+                    "pages/operations.py",
+                    f"{pair.old_call_node} (old path)",
+                    {"key": str(pair.old_call_node)},
+                )
+            with b:
+                link(
+                    "pages/operations.py",
+                    f"{pair.new_call_node} (new path)",
+                    {"key": str(pair.new_call_node)},
+                )
+            c.caption(f"{pair.tool_name}: {pair.old_status} vs {pair.new_status} · {pair.differences}")
+    elif summary is not None and not summary.empty:
+        st.caption("No pair diverged.")
+    arms = insights.arms()
+    st.markdown("**Operations per arm**")
+    st.dataframe(arms, hide_index=True, key="rollout_arms")
 
 
 message = st.session_state.pop("rollout_message", None)
@@ -63,14 +179,19 @@ def live() -> None:
         status = None
         st.error(f"rollout status unavailable: {exc}")
     st.session_state["rollout_available"] = status is not None
+    st.session_state["rollout_status"] = status
     if status is None:
         st.info(
             "No rollout status: no rollout action is recorded yet, the service has no rollout API yet, "
             "or this console reads a ledger file."
         )
     else:
+        st.markdown(pipeline(status))
+        hint = _NEXT.get(Stage(status.stage)) if status.stage in set(Stage) else None
+        if hint:
+            st.caption(hint)
         c1, c2, c3, c4 = st.columns(4)
-        c1.metric("Stage", status.stage)
+        c1.metric("Stage", status.stage.replace("_", " "))
         c2.metric("Canary", f"{status.percentage:g} %" if status.percentage is not None else "-")
         c3.metric("Execution epoch", status.epoch if status.epoch is not None else "-")
         chain = status.audit
@@ -98,7 +219,24 @@ def live() -> None:
         f"**{sum(r.passed for r in gates.results)} of {len(gates.results)} pass** · "
         "a promotion is decided by the service on its own fresh evaluation, not on this view"
     )
+    st.dataframe(
+        [
+            {
+                "result": "PASS" if r.passed else "FAIL",
+                "gate": r.gate,
+                "value": gate_value(r.gate, r.value),
+                "passes when": gate_threshold(r.gate, r.threshold),
+                "verdict": r.verdict,
+            }
+            for r in gates.results
+        ],
+        hide_index=True,
+        key="rollout_gate_table",
+        width="stretch",
+    )
     gate_stamp(insights, gates, "rollout_reevaluate")
+
+    shadow_panel()
 
     st.subheader("Audit log")
     log = audit_soon.result()
@@ -110,12 +248,15 @@ def live() -> None:
 
 live()
 
-can_act = insights.info.writable and st.session_state.get("rollout_available", False)
+can_act = insights.info.writable and st.session_state.get("rollout_available", False) and bool(acting_name())
+current: RolloutStatus | None = st.session_state.get("rollout_status")
+stage = current.stage if current is not None else ""
 if not insights.info.writable:
     what = "PostgreSQL ledger" if insights.info.kind == "postgres" else "ledger file"
     st.warning(f"Read-only console ({what}): actions need the running service.")
 
 st.subheader("Actions")
+acting_as("every action below")
 a1, a2, a3 = st.columns(3)
 with a1:
     st.markdown("**Promote**")
@@ -125,29 +266,44 @@ with a1:
         st.error("Promotion is disabled while gates fail:\n\n" + "\n".join(f"- {f}" for f in failing))
     if st.button(
         "Promote",
-        disabled=bool(failing) or not can_act or not st.session_state["rollout_promote_reason"].strip(),
+        disabled=bool(failing)
+        or not can_act
+        or stage != Stage.CANARY
+        or not st.session_state["rollout_promote_reason"].strip(),
         key="rollout_promote",
     ):
         _act("promote", st.session_state["rollout_promote_reason"])
         st.rerun()
 with a2:
     st.markdown("**Shadow / canary**")
-    st.number_input(
-        "Canary percentage", min_value=0.0, max_value=100.0, value=5.0, step=1.0, key="rollout_pct"
+    # The field follows the stage: the current canary share, else the usual first step (5 %).
+    shown_pct = (
+        current.percentage if current is not None and stage == Stage.CANARY and current.percentage else 5.0
     )
+    if st.session_state.get("rollout_pct_stage") != stage:
+        st.session_state["rollout_pct"] = float(shown_pct)
+        st.session_state["rollout_pct_stage"] = stage
+    st.number_input("Canary percentage", min_value=0.0, max_value=100.0, step=1.0, key="rollout_pct")
     st.text_input("Reason", key="rollout_stage_reason")
     reason = st.session_state["rollout_stage_reason"].strip()
     b1, b2 = st.columns(2)
-    if b1.button("Shadow", disabled=not can_act or not reason, key="rollout_shadow"):
+    shadow_ok = stage in ("", Stage.OFF, Stage.SHADOW, Stage.ROLLED_BACK)
+    canary_ok = stage in ("", Stage.SHADOW, Stage.CANARY)
+    if b1.button("Shadow", disabled=not can_act or not reason or not shadow_ok, key="rollout_shadow"):
         _act("shadow", reason)
         st.rerun()
-    if b2.button("Set canary", disabled=not can_act or not reason, key="rollout_canary"):
+    if b2.button("Set canary", disabled=not can_act or not reason or not canary_ok, key="rollout_canary"):
         _act("canary", reason, percentage=float(st.session_state["rollout_pct"]))
         st.rerun()
 with a3:
     st.markdown("**Rollback**")
     st.caption("Stops new operations on the new path and raises the execution epoch.")
-    if st.button("Roll back…", type="primary", disabled=not can_act, key="rollout_rollback"):
+    live_stage = stage in {s.value for s in LIVE_STAGES}
+    if not live_stage and current is not None:
+        st.caption(f"Nothing to roll back at stage {stage.replace('_', ' ')}.")
+    if st.button(
+        "Roll back…", type="primary", disabled=not can_act or not live_stage, key="rollout_rollback"
+    ):
         rollback_dialog()
 
 st.subheader("Protocol kill switch")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
 from contextlib import closing
@@ -30,6 +31,14 @@ from engine.runtime.report import operation_report
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_NO_RECEIPT = 3
+
+DEFAULT_SERVICE_URL = "http://127.0.0.1:8700"
+"""Where ``finality serve`` listens unless told otherwise (its ``--port`` default)."""
+
+
+def default_service_url() -> str:
+    """The service the commands talk to: ``FINALITY_SERVICE_URL`` if set, else the local default port."""
+    return os.environ.get("FINALITY_SERVICE_URL", "").strip() or DEFAULT_SERVICE_URL
 
 
 def _seconds(text: str) -> timedelta:
@@ -90,10 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--ledger", required=True)
     show.add_argument("--json", action="store_true")
 
-    gates = sub.add_parser("gates", help="compute the six release gates from a ledger")
-    gates.add_argument("--ledger", required=True)
+    gates = sub.add_parser(
+        "gates", help="the six release gates: from the running service, or from a ledger file while none runs"
+    )
+    _service_or_ledger(gates)
     gates.add_argument("--json", action="store_true")
-    gates.add_argument("--qps", type=float, help="override the configured QPS cap")
+    gates.add_argument("--qps", type=float, help="override the configured QPS cap (ledger file only)")
     gates.add_argument("--no-record", action="store_true", help="do not append this evaluation to gate_runs")
 
     sub.add_parser(
@@ -120,7 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     def service_command(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--service", default="http://127.0.0.1:8700", help="control API base URL")
+        p.add_argument(
+            "--service",
+            default=default_service_url(),
+            help=f"control API base URL (default: $FINALITY_SERVICE_URL or {DEFAULT_SERVICE_URL})",
+        )
         p.add_argument("--json", action="store_true")
         return p
 
@@ -130,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--tool", required=True)
     submit.add_argument("--args", type=_json_object, default={})
     submit.add_argument("--principal")
-    ops = service_command("ops", "list operations")
+    ops = service_command("ops", "list operations (a table; --json for JSON lines)")
     ops.add_argument("--state")
     ops.add_argument("--protocol")
     ops.add_argument("--tool")
@@ -154,7 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     recon.add_argument("--task-id", help="bind an UNKNOWN operation to this server task")
     recon.add_argument("--absent", action="store_true", help="the server has no such operation")
     recon.add_argument("--all", action="store_true", help="include resolved entries")
-    sql = service_command("sql", "read-only SQL on a ledger snapshot")
+    sql = sub.add_parser(
+        "sql", help="read-only SQL: on the running service's snapshot, or on a ledger file while none runs"
+    )
+    _service_or_ledger(sql)
+    sql.add_argument("--json", action="store_true")
     sql.add_argument("query")
     sql.add_argument("--max-rows", type=int, default=1000)
     _rollout_parsers(sub)
@@ -162,6 +181,57 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ------------------------------------------------------------------------------------------ rollout
+
+
+def _service_or_ledger(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--service",
+        help=f"control API base URL (default: $FINALITY_SERVICE_URL or {DEFAULT_SERVICE_URL}, when it answers)",
+    )
+    parser.add_argument("--ledger", help="a ledger file or postgresql:// URL, read while no service holds it")
+
+
+def _pick_service(args: argparse.Namespace) -> str | None:
+    """The service URL to use, or None for ``--ledger``: an explicit ``--service`` wins; with only
+    ``--ledger``, the file (unless a service holds its lock: then that service); with neither, the
+    default service, and a message naming ``--ledger`` when it does not answer."""
+    from service.client import ServiceClient, ServiceUnavailable
+
+    if args.service:
+        return str(args.service)
+    url = default_service_url()
+    if args.ledger:
+        return None
+    try:
+        with ServiceClient(url, timeout=5.0) as client:
+            client.health()
+    except ServiceUnavailable as exc:
+        raise ConfigError(
+            "--service/--ledger", f"no service answers at {url} ({exc}); pass --ledger FILE to read a ledger"
+        ) from exc
+    return url
+
+
+def _ledger_or_service(args: argparse.Namespace, read: object) -> tuple[object, str | None]:
+    """Run ``read(ledger_target)``; when the file is locked by a running service that answers, say
+    so and return ``(None, url)`` so the caller asks that service instead."""
+    from service.client import ServiceClient, ServiceUnavailable
+
+    try:
+        return read(args.ledger), None  # type: ignore[operator]
+    except Exception as exc:  # DuckDB says "Could not set lock" with its own IOException
+        if "lock" not in str(exc).lower():
+            raise
+        url = default_service_url()
+        try:
+            with ServiceClient(url, timeout=5.0) as client:
+                client.health()
+        except ServiceUnavailable:
+            raise LedgerError(
+                f"{args.ledger} is locked by another process; pass --service URL of the service that holds it"
+            ) from exc
+        print(f"finality: {args.ledger} is held by the service at {url}; asking it instead", file=sys.stderr)
+        return None, url
 
 
 def _percent(text: str) -> float:
@@ -402,38 +472,169 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_gates(args: argparse.Namespace) -> int:
     from rollout.gates import Thresholds, evaluate
 
-    clock = SystemClock()
-    with closing(_open(args.ledger, read_only=args.no_record)) as ledger:
-        report = evaluate(ledger.gate_inputs(clock.now()), Thresholds(qps=args.qps))
-        run_id = None if args.no_record else ledger.record_gate_run(report.results, clock.now())
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "run_id": run_id,
-                    "passed": report.passed,
-                    "gates": [
-                        {
-                            "gate": r.gate,
-                            "passed": r.passed,
-                            "value": r.value,
-                            "threshold": r.threshold,
-                            "verdict": r.verdict,
-                            "inputs": r.inputs,
-                        }
-                        for r in report.results
-                    ],
-                },
-                default=str,
+    url = _pick_service(args)
+    body: dict[str, object] | None = None
+    if url is None:
+
+        def read(target: str) -> dict[str, object]:
+            clock = SystemClock()
+            with closing(_open(target, read_only=args.no_record)) as ledger:
+                report = evaluate(ledger.gate_inputs(clock.now()), Thresholds(qps=args.qps))
+                run_id = None if args.no_record else ledger.record_gate_run(report.results, clock.now())
+            return {
+                "run_id": run_id,
+                "passed": report.passed,
+                "gates": [_gate_json(r) for r in report.results],
+            }
+
+        found, url = _ledger_or_service(args, read)
+        body = found if isinstance(found, dict) else None
+    if body is None:
+        from service.client import ServiceClient
+
+        if args.qps is not None:
+            raise ConfigError(
+                "--qps", "a QPS override is evaluated on a ledger file (--ledger), not the service"
             )
-        )
+        assert url is not None
+        with ServiceClient(url) as client:
+            body = client.gates(record=not args.no_record)
+    passed = bool(body.get("passed"))
+    if args.json:
+        print(json.dumps(body, default=str))
     else:
-        for r in report.results:
-            mark = "PASS" if r.passed else "FAIL"
-            print(f"{mark}  {r.gate:24} {r.verdict}   (value {r.value}, threshold {r.threshold})")
-            print(f"      inputs: {json.dumps(r.inputs, default=str)}")
-        print("all gates pass" if report.passed else f"{len(report.failing())} gate(s) fail")
-    return EXIT_OK if report.passed else 1
+        _print_gates(body)
+    return EXIT_OK if passed else 1
+
+
+def _gate_json(r: object) -> dict[str, object]:
+    from engine.ledger.port import GateRecord
+
+    assert isinstance(r, GateRecord)
+    return {
+        "gate": r.gate,
+        "passed": r.passed,
+        "value": r.value,
+        "threshold": r.threshold,
+        "verdict": r.verdict,
+        "inputs": r.inputs,
+    }
+
+
+def _print_gates(body: dict[str, object]) -> None:
+    from console.views import gate_threshold, gate_value
+
+    gates = body.get("gates") or []
+    assert isinstance(gates, list)
+    rows = [
+        [
+            "PASS" if g.get("passed") else "FAIL",
+            str(g.get("gate")),
+            gate_value(str(g.get("gate")), g.get("value")),
+            gate_threshold(str(g.get("gate")), g.get("threshold")),
+            str(g.get("verdict")),
+        ]
+        for g in gates
+    ]
+    _print_table(["", "gate", "value", "passes when", "verdict"], rows)
+    failing = sum(1 for g in gates if not g.get("passed"))
+    run = f" (recorded as run #{body['run_id']})" if body.get("run_id") is not None else ""
+    print(("all gates pass" if not failing else f"{failing} gate(s) fail") + run)
+
+
+def _print_table(header: list[str], rows: list[list[str]], *, max_width: int = 60) -> None:
+    """Columns padded to their widest cell (a cell longer than ``max_width`` is cut with an ellipsis)."""
+    cut = [[c if len(c) <= max_width else c[: max_width - 1] + "…" for c in row] for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in cut) for i in range(len(header))]
+    for row in cut:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+_OPS_COLUMNS = ("call_node_id", "state", "protocol", "tool_name", "created_at", "updated_at")
+
+
+def _print_ops(rows: list[dict[str, object]]) -> None:
+    columns = [c for c in _OPS_COLUMNS if any(c in r for r in rows)] or list(_OPS_COLUMNS)
+    table = [
+        [_short_time(r.get(c)) if c.endswith("_at") else str(r.get(c) or "") for c in columns] for r in rows
+    ]
+    _print_table([c.removesuffix("_id").removesuffix("_name") for c in columns], table)
+    print(f"{len(rows)} operation(s), newest first (--json for every field)")
+
+
+def _short_time(value: object) -> str:
+    text = "" if value is None else str(value)
+    return text.replace("T", " ")[:19]
+
+
+def _print_reconciliation(entries: list[dict[str, object]]) -> None:
+    """One line per entry: id, kind, operation, age, reason and the candidates as a count and a sample."""
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    rows = []
+    for e in entries:
+        raw = e.get("candidates")
+        try:
+            candidates = json.loads(raw) if isinstance(raw, str) else (raw or [])
+        except json.JSONDecodeError:
+            candidates = [raw]
+        listed = candidates if isinstance(candidates, list) else [candidates]
+        sample = ", ".join(str(c) for c in listed[:3]) + (
+            f" (+{len(listed) - 3} more)" if len(listed) > 3 else ""
+        )
+        opened = e.get("opened_at")
+        age = ""
+        if opened is not None:
+            try:
+                at = datetime.fromisoformat(str(opened))
+                age = f"{(now - at).total_seconds() / 60:.1f} min"
+            except ValueError:
+                age = str(opened)
+        rows.append(
+            [
+                str(e.get("entry_id")),
+                str(e.get("kind")),
+                str(e.get("status")),
+                str(e.get("operation_id"))[:13],
+                age,
+                str(e.get("reason")),
+                f"{len(listed)}: {sample}" if listed else "none",
+            ]
+        )
+    _print_table(["entry", "kind", "status", "operation", "age", "reason", "candidates"], rows, max_width=48)
+    print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} (--json for every field and candidate)")
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    url = _pick_service(args)
+    result: dict[str, object] | None = None
+    if url is None:
+        from engine.ledger.sandbox import run_query
+
+        found, url = _ledger_or_service(
+            args, lambda target: run_query(target, args.query, max_rows=args.max_rows).as_json()
+        )
+        result = found if isinstance(found, dict) else None
+    if result is None:
+        from service.client import ServiceClient
+
+        assert url is not None
+        with ServiceClient(url) as client:
+            result = client.sql(args.query, max_rows=args.max_rows)
+    if args.json:
+        print(json.dumps(result, default=str))
+        return EXIT_OK
+    columns = result["columns"]
+    rows = result["rows"]
+    assert isinstance(columns, list)
+    assert isinstance(rows, list)
+    print("\t".join(str(c) for c in columns))
+    for row in rows:
+        print("\t".join("" if v is None else str(v) for v in row))
+    if result.get("truncated"):
+        print(f"(truncated at {len(rows)} rows)", file=sys.stderr)
+    return EXIT_OK
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -478,12 +679,14 @@ def cmd_service(args: argparse.Namespace) -> int:
                     args.json,
                 )
             case "ops":
-                _emit(
-                    client.operations(
-                        state=args.state, protocol=args.protocol, tool=args.tool, limit=args.limit
-                    ),
-                    args.json,
+                rows = client.operations(
+                    state=args.state, protocol=args.protocol, tool=args.tool, limit=args.limit
                 )
+                if args.json:
+                    for row in rows:
+                        print(json.dumps(row, default=str))
+                else:
+                    _print_ops(rows)
             case "get":
                 report = client.show(args.call_node)
                 _print_report(report, args.json)
@@ -498,7 +701,12 @@ def cmd_service(args: argparse.Namespace) -> int:
                 )
             case "reconcile":
                 if args.resolve is None:
-                    _emit(client.reconciliation(include_resolved=args.all), args.json)
+                    entries = client.reconciliation(include_resolved=args.all)
+                    if args.json:
+                        for entry in entries:
+                            print(json.dumps(entry, default=str))
+                    else:
+                        _print_reconciliation(entries)
                 else:
                     if not args.actor or not args.reason:
                         raise ConfigError("--actor/--reason", "resolving needs both an actor and a reason")
@@ -512,23 +720,26 @@ def cmd_service(args: argparse.Namespace) -> int:
                         ),
                         args.json,
                     )
-            case "sql":
-                result = client.sql(args.query, max_rows=args.max_rows)
-                if args.json:
-                    print(json.dumps(result, default=str))
-                else:
-                    print("\t".join(result["columns"]))
-                    for row in result["rows"]:
-                        print("\t".join("" if v is None else str(v) for v in row))
-                    if result["truncated"]:
-                        print(f"(truncated at {len(result['rows'])} rows)", file=sys.stderr)
     return EXIT_OK
 
 
-_SERVICE_COMMANDS = {"health", "submit", "ops", "get", "cancel", "approvals", "answer", "reconcile", "sql"}
+_SERVICE_COMMANDS = {"health", "submit", "ops", "get", "cancel", "approvals", "answer", "reconcile"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; a reader that closes the pipe early (``| head``) ends it quietly."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # Python would print a traceback flushing stdout at exit: point it at /dev/null instead.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["explore"]:
         from engine.explore.cli import main as explore_main
@@ -550,6 +761,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return cmd_serve(args)
             case "gates":
                 return cmd_gates(args)
+            case "sql":
+                return cmd_sql(args)
             case "rollout":
                 return cmd_rollout(args)
             case "audit":
@@ -580,6 +793,7 @@ if __name__ == "__main__":
 
 
 __all__ = [
+    "DEFAULT_SERVICE_URL",
     "EXIT_NO_RECEIPT",
     "EXIT_OK",
     "EXIT_USAGE",
@@ -591,5 +805,7 @@ __all__ = [
     "cmd_serve",
     "cmd_service",
     "cmd_show",
+    "cmd_sql",
+    "default_service_url",
     "main",
 ]

@@ -122,6 +122,10 @@ class ServiceProcess:
         self._stderr.seek(0)
         return self._stderr.read().decode(errors="replace")[-limit:]
 
+    def returncode(self) -> int | None:
+        """The process's exit status once it has exited (None while it runs or before ``start``)."""
+        return None if self._process is None else self._process.poll()
+
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs, exactly like a crash."""
         self._end(signal.SIGKILL)

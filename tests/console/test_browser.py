@@ -7,6 +7,7 @@ test-artifacts/.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -39,10 +40,37 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+DIVERGED_NODE = "report-diverged-7"
+
+
+def add_diverged_shadow_pair(ledger: Path) -> None:
+    """One diverged shadow pair between two seeded operations (the service records these as it runs;
+    here the ledger has one before the service opens it, so the panel has a pair to show)."""
+    import duckdb
+
+    with duckdb.connect(str(ledger)) as con:
+        (old, new) = (
+            r[0]
+            for r in con.execute(
+                "SELECT operation_id FROM op_identity ORDER BY operation_id LIMIT 2"
+            ).fetchall()
+        )
+        con.execute("UPDATE op_identity SET call_node_id = ? WHERE operation_id = ?", [DIVERGED_NODE, old])
+        con.execute(
+            "UPDATE op_identity SET call_node_id = ? WHERE operation_id = ?", [DIVERGED_NODE + "#shadow", new]
+        )
+        con.execute(
+            "INSERT INTO shadow_diffs VALUES (?, ?, ?, 'generate_report', 'completed', 'failed', 'sha256:aa', "
+            "'sha256:bb', NULL, NULL, 1200.0, 3400.0, 3, 5, TRUE, 'status differs', now())",
+            [old, new, DIVERGED_NODE],
+        )
+
+
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[ServiceProcess]:
     ledger = tmp_path / "browser.duckdb"
     seed_ledger(ledger, operations=500, seed=3)
+    add_diverged_shadow_pair(ledger)
     with RefServer("mcp-2025-11-25", time_scale=0.05) as server:
         config = tmp_path / "finality.toml"
         config.write_text(
@@ -207,7 +235,7 @@ def test_every_page_url_works_when_opened_first(tmp_path: Path) -> None:
                     )
                     assert page.get_by_test_id("stException").count() == 0, path
                     assert "Page not found" not in page.inner_text("body"), path
-                    assert page.url.rstrip("/") == f"{url}/{path}".rstrip("/")
+                    assert page.url.split("?")[0].rstrip("/") == f"{url}/{path}".rstrip("/")
                     if path == "rollout_control":
                         page.screenshot(path=str(ARTIFACTS / "console-opened-first.png"), full_page=True)
                 except Exception:
@@ -219,3 +247,108 @@ def test_every_page_url_works_when_opened_first(tmp_path: Path) -> None:
                     page.close()
         finally:
             browser.close()
+
+
+TRUNCATED_METRICS = """() => [...document.querySelectorAll('[data-testid="stMetricValue"] *, [data-testid="stMetricValue"]')]
+    .filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.innerText)"""
+
+
+def _bundle_manifest(download: object) -> dict[str, object]:
+    import zipfile
+
+    path = download.path()  # type: ignore[attr-defined]
+    with zipfile.ZipFile(path) as bundle:
+        return dict(json.loads(bundle.read("manifest.json")))
+
+
+def test_a_person_answers_sees_and_acts_on_every_page_at_1440x900(
+    console: str, service: ServiceProcess
+) -> None:
+    """Approve makes the round disappear (recorded with the actor); the cancel chart draws points; the
+    shadow panel lists the diverged pair; the rollback dialog names the epoch change; the evidence
+    bundle keeps decision and actor; no page shows a truncated metric. Screenshots of each page."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    ARTIFACTS.mkdir(exist_ok=True)
+    with service.client() as client:
+        client.rollout("shadow", {"actor": "browser-test", "reason": "shadow before the dialog"})
+        client.submit(
+            call_node="browser-approval",
+            tool="generate_report",
+            arguments={"_sim": {"input_rounds": 1, "duration_ms": 2000}},
+        )
+        wait_until(
+            lambda: client.show("browser-approval")["state"] == "INPUT_REQUIRED",
+            timeout=60,
+            what="the call to ask for input",
+        )
+        operation_id = str(client.show("browser-approval")["operation_id"])
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        page = browser.new_page(viewport={"width": 1440, "height": 900}, accept_downloads=True)
+        shot = "start"
+        try:
+            for path, heading in PAGE_URLS.items():
+                shot = path or "overview"
+                page.goto(f"{console}/{path}", timeout=60_000)
+                page.get_by_role("heading", name=heading, exact=True).wait_for(timeout=60_000)
+                page.wait_for_timeout(2500)  # let the live fragments draw (a page settles, not a test wait)
+                assert page.get_by_test_id("stException").count() == 0, path
+                assert page.evaluate(TRUNCATED_METRICS) == [], path
+                page.screenshot(path=str(ARTIFACTS / f"console-1440-{shot}.png"), full_page=True)
+
+            shot = "approvals-action"
+            page.goto(f"{console}/approvals", timeout=60_000)
+            card = page.locator(f".st-key-approval-{operation_id}-1")
+            card.get_by_role("button", name="Approve").click(timeout=60_000)
+            page.get_by_text("browser-approval round 1 answered as browser-test").wait_for(timeout=60_000)
+            sync_api.expect(
+                page.get_by_test_id("stVerticalBlockBorderWrapper").filter(
+                    has_text="call node `browser-approval`"
+                )
+            ).to_have_count(0, timeout=60_000)
+            page.screenshot(path=str(ARTIFACTS / "console-1440-approved.png"), full_page=True)
+
+            shot = "cancel-chart"
+            page.goto(f"{console}/cancel_latency", timeout=60_000)
+            chart = page.locator(".js-plotly-plot").first
+            chart.wait_for(timeout=60_000)
+            assert chart.locator(".scatterlayer .trace").count() >= 1
+            assert chart.locator(".scatterlayer path.point").count() >= 1
+
+            shot = "shadow-panel"
+            page.goto(f"{console}/rollout_control", timeout=60_000)
+            page.get_by_role("heading", name="Shadow and canary").wait_for(timeout=60_000)
+            page.get_by_text("Diverged pairs").wait_for(timeout=60_000)
+            page.get_by_role("link", name=f"{DIVERGED_NODE} (old path)").wait_for(timeout=30_000)
+            page.get_by_role("link", name=f"{DIVERGED_NODE}#shadow (new path)").wait_for(timeout=30_000)
+            epoch = _epoch(page)
+            page.get_by_role("button", name="Roll back…").click()
+            dialog = page.get_by_role("dialog")
+            dialog.get_by_text(f"Execution epoch {epoch} → {epoch + 1}").wait_for(timeout=30_000)
+            dialog.get_by_text("Acting as").wait_for(timeout=30_000)
+            page.screenshot(path=str(ARTIFACTS / "console-1440-rollback-dialog.png"), full_page=True)
+
+            shot = "evidence"
+            page.goto(f"{console}/evidence_bundle", timeout=60_000)
+            decision = page.get_by_label("Decision this evidence is for")
+            decision.fill("promote canary 5 % -> 25 %")
+            decision.press("Enter")
+            page.wait_for_timeout(1500)
+            with page.expect_download(timeout=120_000) as info:
+                page.get_by_role("button", name="Download evidence bundle (zip)").click()
+            manifest = _bundle_manifest(info.value)
+            assert manifest["decision"] == "promote canary 5 % -> 25 %"
+            assert manifest["actor"] == "browser-test"
+        except Exception:
+            page.screenshot(path=str(ARTIFACTS / f"console-1440-{shot}-failed.png"), full_page=True)
+            raise
+        finally:
+            browser.close()
+    with service.client() as client:
+        rows = client.sql(
+            f"SELECT status, actor, answer FROM approvals WHERE operation_id = '{operation_id}'"
+        )["rows"]
+    assert rows
+    assert rows[0][0] == "answered"
+    assert rows[0][1] == "browser-test"
+    assert json.loads(rows[0][2]) == {"approve": True}

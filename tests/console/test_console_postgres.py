@@ -144,6 +144,8 @@ FRAMES: dict[str, Callable[[Insights], pd.DataFrame]] = {
     # approvals
     "approvals_pending": lambda i: i.approvals_pending(),
     "approvals_answered": lambda i: i.approvals_answered(),
+    # the cancel chart's window
+    "cancel_span": lambda i: pd.DataFrame([{"first_at": i.cancel_span(since=SINCE, until=UNTIL)}]),
 }
 
 

@@ -113,3 +113,39 @@ def test_rollout_status_is_read_whatever_names_the_route_settles_on() -> None:
     assert status.disabled_protocols == ("mcp-2026-07-28",)
     assert status.remaining == {"mcp-2026-07-28": 4}
     assert status.audit.verified is True
+
+
+def test_approvals_list_only_answerable_rounds_newest_first(seeded_ledger: Path, tmp_path: Path) -> None:
+    """A pending round whose operation moved on (here: accepted) or whose deadline passed is not offered."""
+    import shutil
+
+    import duckdb
+
+    path = tmp_path / "approvals.duckdb"
+    shutil.copy(seeded_ledger, path)
+    with duckdb.connect(str(path)) as con:
+        pending = con.execute(
+            "SELECT operation_id FROM approvals WHERE status = 'pending' ORDER BY operation_id LIMIT 2"
+        ).fetchall()
+        moved_on, expired = pending[0][0], pending[1][0]
+        con.execute("UPDATE op_state SET state = 'ACCEPTED' WHERE operation_id = ?", [moved_on])
+        con.execute(
+            "UPDATE approvals SET deadline = now() - INTERVAL 1 MINUTE WHERE operation_id = ?", [expired]
+        )
+    listed = Insights(FileSource(path), cache_s=0).approvals_pending()
+    assert len(listed) > 0
+    assert moved_on not in set(listed["operation_id"])
+    assert expired not in set(listed["operation_id"])
+    assert set(listed["state"]) == {"INPUT_REQUIRED"}
+    assert (listed["input_round"] == listed["current_round"]).all()
+    assert listed["opened_at"].is_monotonic_decreasing
+
+
+def test_the_evidence_manifest_keeps_the_decision_and_the_actor(insights: Insights) -> None:
+    """Both typed values are in manifest.json, with the shadow comparison files listed."""
+    data = insights.evidence_bundle(decision="promote canary 5 % -> 25 %", actor="rosa")
+    with zipfile.ZipFile(io.BytesIO(data)) as bundle:
+        manifest = json.loads(bundle.read("manifest.json"))
+    assert manifest["decision"] == "promote canary 5 % -> 25 %"
+    assert manifest["actor"] == "rosa"
+    assert "queries/shadow_diverged.csv" in manifest["files"]

@@ -43,8 +43,11 @@ def test_overview_shows_six_gates_arms_alerts_and_in_flight(console: Open) -> No
         "unknown_reconciliation",
         "traceability",
     ]
-    assert {"value", "threshold", "raw inputs"} <= set(gates.columns)
-    assert "FAIL" in set(gates["verdict"])  # the seeded ledger has UNKNOWNs older than 15 minutes
+    assert {"result", "value", "passes when", "raw inputs"} <= set(gates.columns)
+    assert "FAIL" in set(gates["result"])  # the seeded ledger has UNKNOWNs older than 15 minutes
+    by_gate = dict(zip(gates["gate"], gates["value"], strict=True))
+    assert by_gate["unknown_reconciliation"].endswith(" min")  # the gate is in minutes, and so is its value
+    assert dict(zip(gates["gate"], gates["passes when"], strict=True))["cancel_confirmation"] == "< 60.0 s"
     assert set(frame(at, "in_flight")["arm"]) >= {"canary", "control", "shadow"}
     assert any("UNKNOWN operation(s) open longer than 15 min" in e.value for e in at.error)
     assert charts(at), "the in-flight chart is drawn"
@@ -58,7 +61,8 @@ def test_cancel_latency_draws_percentiles_with_the_60_s_line_and_keeps_filters(c
     assert "p99" in spec
     at.selectbox(key="cancel_latency_by").set_value("arm").run()
     assert not at.exception
-    assert at.selectbox(key="cancel_latency_window").value == "last 7 days"
+    assert at.selectbox(key="cancel_latency_window").value == "fits the data"
+    assert "Showing the last 7 days in 6 hours buckets." in texts(at)  # the seeded week, not one bucket
     assert "canary p99" in charts(at)[0] or "control p99" in charts(at)[0]
     summary = frame(at, "over_60s")
     assert {"p50_s", "p95_s", "p99_s", "over_60s"} <= set(summary.columns)
@@ -73,10 +77,12 @@ def test_reconciliation_shows_ages_against_15_minutes_and_refuses_writes_without
     """Open entries by age with the 15-minute line; resolving from a read-only console is refused clearly."""
     at = console("pages/reconciliation.py")
     assert "15 min" in charts(at)[0]
-    aging = frame(at, "over_15_min")
-    assert aging["over_15_min"].any()
-    assert not aging["over_15_min"].all()
-    assert aging["age_s"].is_monotonic_decreasing
+    aging = frame(at, "next step")
+    assert list(aging.columns[:5]) == ["age (min)", "over 15 min", "kind", "reason", "next step"]
+    assert (aging["over 15 min"] == "OVER").any()
+    assert not (aging["over 15 min"] == "OVER").all()
+    assert aging["age (min)"].is_monotonic_decreasing
+    assert aging["next step"].str.len().min() > 20
     at.text_area(key="reconciliation_reason").set_value("found it by key")
     at.button(key="reconciliation_submit").click().run()
     assert any("read-only" in e.value for e in at.error)
@@ -88,14 +94,26 @@ def test_gate_compliance_shows_history_coverage_and_a_what_if(console: Open) -> 
     coverage = at.metric[0].value
     assert "interleavings" in coverage
     assert coverage.endswith("0 divergent")
-    assert len(frame(at, "evaluated_at")) > 0
+
+
+def test_gate_history_reads_newest_first_and_the_what_if_in_the_tables_units(console: Open) -> None:
+    """The history table starts at the newest run with PASS/FAIL words; the what-if shows thresholds with units."""
+    at = console("pages/gate_compliance.py")
+    history = frame(at, "evaluated at")
+    assert len(history) > 0
+    assert history["run"].is_monotonic_decreasing  # newest run first
+    assert set(history["result"]) <= {"PASS", "FAIL"}
     assert "gate(s) would still fail" in texts(at)
     at.number_input(key="gates_cancel_p99").set_value(1e9)
     at.number_input(key="gates_unknown_min").set_value(1e9).run()
-    assert "All gates would pass." in texts(at)
-    what_if = frame(at, "passes with these thresholds")
-    assert what_if["passes with these thresholds"].all()
-    assert not what_if["passes now"].all()
+    what_if = frame(at, "what if")
+    # The divergence gate has no shipped-code explorer run on this seed: no threshold makes it pass.
+    others = what_if[what_if["gate"] != "terminal_divergence"]
+    assert (others["what if"] == "PASS").all()
+    assert (what_if["now"] == "FAIL").any()
+    assert dict(zip(what_if["gate"], what_if["passes when (now)"], strict=True))[
+        "unknown_reconciliation"
+    ] == ("≤ 15.0 min")
 
 
 def test_operations_filter_and_one_call_nodes_timeline(console: Open) -> None:
@@ -115,14 +133,18 @@ def test_operations_filter_and_one_call_nodes_timeline(console: Open) -> None:
     assert at.multiselect(key="operations_states").value == ["CANCELLED_ACCEPTED"]
 
 
-def test_approvals_lists_rounds_and_binds_an_answer_to_its_round(console: Open) -> None:
-    """Pending rounds are listed per operation and round; answering needs the service (refused read-only)."""
+def test_approvals_offer_approve_and_reject_with_the_question_and_deadline(console: Open) -> None:
+    """Each answerable round reads its question, call node, tool and countdown, with Approve and Reject;
+    answering needs the service (refused read-only)."""
     at = console("pages/approvals.py")
-    pending = frame(at, "deadline")
-    assert len(pending) > 0
-    assert {"operation_id", "input_round", "deadline"} <= set(pending.columns)
-    assert "round 1" in at.selectbox(key="approvals_choice").value
-    at.button(key="approvals_send").click().run()
+    text = texts(at)
+    assert "deadline **in " in text
+    assert "call node `" in text
+    assert "NaT" not in text
+    approve = [b for b in at.button if b.label == "Approve"]
+    assert approve
+    assert len([b for b in at.button if b.label == "Reject"]) == len(approve)
+    approve[0].click().run()
     assert any("read-only" in e.value for e in at.error)
 
 

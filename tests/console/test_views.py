@@ -1,0 +1,116 @@
+"""What the console's values read like to a person: gate units, approval forms, reconciliation summaries."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from console.views import (
+    ActionRefused,
+    answer_fields,
+    build_answer,
+    candidates_summary,
+    decision_field,
+    fitting_bucket,
+    fitting_window,
+    gate_threshold,
+    gate_value,
+    next_step,
+)
+
+SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {
+            "approve": {"type": "boolean", "title": "Approve this step"},
+            "note": {"type": "string", "title": "Note"},
+            "region": {"type": "string", "enum": ["eu", "us"]},
+            "copies": {"type": "integer"},
+        },
+        "required": ["approve", "region"],
+    }
+)
+
+
+def test_gate_values_read_with_their_units_at_a_readable_precision() -> None:
+    """Seconds, minutes, requests per second and shares read with units, not as bare floats."""
+    assert gate_value("cancel_confirmation", 11.7934) == "11.8 s"
+    assert gate_threshold("cancel_confirmation", 60.0) == "< 60.0 s"
+    assert gate_value("unknown_reconciliation", 189.06) == "3.2 min"
+    assert gate_threshold("unknown_reconciliation", 900.0) == "≤ 15.0 min"
+    assert gate_value("poll_amplification", 18.0) == "18 req/s"
+    assert gate_value("traceability", 0.3151) == "31.5%"
+    assert gate_value("duplicate_operations", 0.0) == "0 duplicated"
+    assert gate_value("cancel_confirmation", None) == "—"
+
+
+def test_an_approval_schema_becomes_approve_reject_and_a_form_for_the_other_fields() -> None:
+    """The boolean ``approve`` is what Approve / Reject set; the other fields are asked by the form."""
+    fields = answer_fields(SCHEMA)
+    assert [f.name for f in fields] == ["approve", "note", "region", "copies"]
+    decision = decision_field(fields)
+    assert decision is not None
+    assert decision.name == "approve"
+    region = next(f for f in fields if f.name == "region")
+    assert region.kind == "enum"
+    assert region.options == ("eu", "us")
+    assert region.required
+    others = [f for f in fields if f is not decision]
+    assert build_answer(others, {"note": "", "region": "eu", "copies": "3"}) == {"region": "eu", "copies": 3}
+
+
+def test_a_required_field_left_empty_is_refused_naming_it() -> None:
+    """The form refuses before sending and says which field is missing."""
+    others = [f for f in answer_fields(SCHEMA) if f.name != "approve"]
+    with pytest.raises(ActionRefused, match="region"):
+        build_answer(others, {"note": "fine"})
+
+
+def test_a_schema_that_is_not_an_object_schema_gives_no_form() -> None:
+    """No properties: the page falls back to a JSON answer."""
+    assert answer_fields("not json") == []
+    assert answer_fields(json.dumps({"type": "string"})) == []
+    assert (
+        decision_field(
+            answer_fields(json.dumps({"properties": {"a": {"type": "boolean"}, "b": {"type": "boolean"}}}))
+        )
+        is None
+    )
+
+
+def test_hundreds_of_candidates_read_as_a_count_and_a_sample() -> None:
+    """A person sees how many candidates there are and a few ids, never the whole list."""
+    ids = [f"task-{n:04d}" for n in range(250)]
+    text = candidates_summary(json.dumps(ids))
+    assert text == "250: task-0000, task-0001, task-0002 (+247 more)"
+    assert candidates_summary("[]") == "none"
+    assert candidates_summary(None) == "none"
+
+
+def test_the_next_step_depends_on_what_the_entry_already_knows() -> None:
+    """A known task id, candidates, nothing, or leftover effects: each says what to do."""
+    assert "task t-9" in next_step("unknown", "t-9", "[]")
+    assert "2 candidate tasks" in next_step("unknown", None, json.dumps(["a", "b"]))
+    assert "submission key" in next_step("unknown", None, "[]")
+    assert "cancelled work" in next_step("effects", None, "[]")
+
+
+def test_the_cancel_chart_window_fits_the_data_and_cuts_it_into_many_buckets() -> None:
+    """Data minutes old: the last hour in minutes; a week of data: 7 days in 6-hour buckets; none: 7 days."""
+    windows = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+    buckets = {
+        "1m": timedelta(minutes=1),
+        "10m": timedelta(minutes=10),
+        "1h": timedelta(hours=1),
+        "6h": timedelta(hours=6),
+    }
+    now = datetime(2026, 12, 1, 12, tzinfo=UTC)
+    assert fitting_window(now - timedelta(minutes=3), now, windows) == "1h"
+    assert fitting_window(now - timedelta(hours=5), now, windows) == "24h"
+    assert fitting_window(now - timedelta(days=6), now, windows) == "7d"
+    assert fitting_window(None, now, windows) == "7d"
+    assert fitting_bucket(windows["1h"], buckets) == "1m"
+    assert fitting_bucket(windows["24h"], buckets) == "1h"
+    assert fitting_bucket(windows["7d"], buckets) == "6h"
