@@ -15,8 +15,8 @@ import streamlit as st
 
 from console.frame import acting_as, acting_name, console_insights
 from console.insights import Insights
-from engine.errors import ConsoleError
 from console.views import AnswerField, answer_fields, build_answer, decision_field
+from engine.errors import ConsoleError
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 

@@ -11,8 +11,8 @@ import streamlit as st
 from console.frame import GATE_LINKS, console_insights, facts, gate_stamp, link
 from console.insights import Insights
 from console.queries import CANCEL_SLO_S, UNKNOWN_SLO_S
-from engine.errors import ConsoleError
 from console.views import gate_threshold, gate_value
+from engine.errors import ConsoleError
 
 
 def _fail_red(value: object) -> str:

@@ -9,8 +9,8 @@ import streamlit as st
 from console.frame import acting_as, acting_name, console_insights
 from console.insights import Insights
 from console.queries import UNKNOWN_SLO_S
-from engine.errors import ConsoleError
 from console.views import candidates_summary, next_step
+from engine.errors import ConsoleError
 
 BIN_MIN = 5
 CAP_MIN = 240

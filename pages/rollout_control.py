@@ -7,8 +7,8 @@ import streamlit as st
 from console.frame import acting_as, acting_name, console_insights, gate_stamp, link
 from console.insights import Insights
 from console.queries import PROTOCOLS
-from engine.errors import ConsoleError
 from console.views import RolloutStatus, gate_threshold, gate_value
+from engine.errors import ConsoleError
 from rollout.plan import LIVE_STAGES, Stage
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first

@@ -195,7 +195,8 @@ def _pick_service(args: argparse.Namespace) -> str | None:
     """The service URL to use, or None for ``--ledger``: an explicit ``--service`` wins; with only
     ``--ledger``, the file (unless a service holds its lock: then that service); with neither, the
     default service, and a message naming ``--ledger`` when it does not answer."""
-    from service.client import ServiceClient, ServiceUnavailable
+    from engine.errors import ServiceUnavailable
+    from service.client import ServiceClient
 
     if args.service:
         return str(args.service)
@@ -215,7 +216,8 @@ def _pick_service(args: argparse.Namespace) -> str | None:
 def _ledger_or_service(args: argparse.Namespace, read: object) -> tuple[object, str | None]:
     """Run ``read(ledger_target)``; when the file is locked by a running service that answers, say
     so and return ``(None, url)`` so the caller asks that service instead."""
-    from service.client import ServiceClient, ServiceUnavailable
+    from engine.errors import ServiceUnavailable
+    from service.client import ServiceClient
 
     try:
         return read(args.ledger), None  # type: ignore[operator]
@@ -508,7 +510,7 @@ def cmd_gates(args: argparse.Namespace) -> int:
 
 
 def _gate_json(r: object) -> dict[str, object]:
-    from engine.ledger.port import GateRecord
+    from engine.model import GateRecord
 
     assert isinstance(r, GateRecord)
     return {
@@ -569,9 +571,9 @@ def _short_time(value: object) -> str:
 
 def _print_reconciliation(entries: list[dict[str, object]]) -> None:
     """One line per entry: id, kind, operation, age, reason and the candidates as a count and a sample."""
-    from datetime import UTC, datetime
+    from datetime import datetime
 
-    now = datetime.now(UTC)
+    now = SystemClock().now()
     rows = []
     for e in entries:
         raw = e.get("candidates")

@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from console.views import (
-    ActionRefused,
     answer_fields,
     build_answer,
     candidates_summary,
@@ -19,6 +18,7 @@ from console.views import (
     gate_value,
     next_step,
 )
+from engine.errors import ActionRefused
 
 SCHEMA = json.dumps(
     {
