@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import re
 import time
+from contextlib import AbstractContextManager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final
+from typing import Final, Protocol
 
 import psycopg
 from psycopg import errors as pg_errors
@@ -25,8 +26,16 @@ from psycopg.rows import TupleRow
 from engine.errors import SqlRefused
 from engine.ledger.sandbox import QueryResult
 
-if TYPE_CHECKING:
-    from engine.ledger.postgres import PgLedger
+
+class AnalystSource(Protocol):
+    """What analyst SQL needs of a PostgreSQL ledger (``PgLedger`` is one): the role it runs under
+    and a pooled connection. Declared here so that this module does not import the driver."""
+
+    @property
+    def analyst_role(self) -> str: ...
+
+    def connection(self) -> AbstractContextManager[psycopg.Connection[TupleRow]]: ...
+
 
 _ALLOWED: Final = frozenset({"select", "with", "values", "table", "explain"})
 _WHAT: Final = {
@@ -120,7 +129,7 @@ def check_query(query: str) -> str:
 
 
 def run_query(
-    ledger: PgLedger,
+    ledger: AnalystSource,
     query: str,
     *,
     max_rows: int = 1000,
@@ -192,6 +201,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 __all__ = [
+    "AnalystSource",
     "check_query",
     "first_keyword",
     "run_query",

@@ -1,19 +1,26 @@
-"""Operation <-> row conversions both ledger backends share: the record codec and the state/transition rows.
+"""Operation <-> row conversions both ledger backends share: the record codec and every row they write.
 
-Pure functions over model values and plain rows: no database driver, no I/O.
+The operation record codec; the rows of ``op_identity``, ``op_state``, ``transitions``, receipts,
+results, the outbox, held outcomes and the rollout's state; and the records read back (receipts,
+held outcomes). Pure functions over model values and plain rows: no database driver, no I/O.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 import orjson
 
 from engine.errors import (
     InvalidRecord,
+    LedgerCorrupt,
     LedgerError,
 )
+from engine.ledger.port import HeldOutcome, Json
 from engine.model import (
     RECEIPT_STATES,
     SCHEMA_VERSION,
@@ -27,11 +34,14 @@ from engine.model import (
     OperationId,
     Principal,
     Protocol,
+    Receipt,
     Role,
     ServerStatus,
     TaskId,
     ToolRef,
     Transition,
+    canonical_json,
+    digest_of,
 )
 
 
@@ -243,9 +253,200 @@ def _string_list(value: object) -> list[str]:
     return [str(v) for v in value]
 
 
+def require_new(op: Operation) -> None:
+    """Refuse an operation that is not new (SUBMITTING at row version 0)."""
+    if op.state is not LocalState.SUBMITTING or op.row_version != 0:
+        raise InvalidRecord("a new operation starts in SUBMITTING at row version 0")
+
+
+def identity_row(op: Operation, arguments: Json) -> list[object]:
+    """The operation's ``op_identity`` row (written once)."""
+    return [
+        op.operation_id,
+        op.call_node_id,
+        op.role.value,
+        op.request_digest,
+        op.tool.name,
+        op.tool.version,
+        op.tool.descriptor_version,
+        op.tool.side_effects,
+        op.principal,
+        op.protocol.value,
+        op.adapter_version,
+        op.server,
+        op.idempotency_key,
+        canonical_json(arguments),
+        op.schema_version,
+        op.created_at,
+    ]
+
+
+def created_row(op: Operation) -> list[object]:
+    """The ``transitions`` row (without ``seq``) that records a new operation before its submission."""
+    return [
+        op.operation_id,
+        op.call_node_id,
+        None,
+        op.state.value,
+        "Created",
+        canonical_json({"idempotency_key": op.idempotency_key}),
+        "operation recorded before submission",
+        True,
+        op.epoch,
+        op.row_version,
+        op.created_at,
+    ]
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceRows:
+    """Every row one acceptance writes: the operation's state, its transition, the receipt, and
+    (for an accepted result) the stored result and (for a primary operation) one ready outbox row."""
+
+    state: list[object]
+    transition: list[object]
+    receipt: list[object]
+    result: list[object] | None
+    outbox: list[object] | None
+
+
+def acceptance_rows(
+    current: Operation, t: Transition, payload: Json | None, receipt: Receipt
+) -> AcceptanceRows:
+    """The rows of an acceptance ``engine.acceptance.check_acceptance`` allowed against ``current``.
+
+    A shadow operation's receipt never reaches the outbox; a payload is stored (and sent on) only
+    for an ACCEPTED result.
+    """
+    body = canonical_json(payload) if payload is not None else None
+    accepted = t.after.state is LocalState.ACCEPTED
+    return AcceptanceRows(
+        state=_state_row(t.after, current.row_version, current.cancel_generation),
+        transition=_transition_row(t),
+        receipt=[
+            receipt.call_node_id,
+            receipt.operation_id,
+            receipt.request_digest,
+            receipt.task_id,
+            receipt.tool_version,
+            receipt.epoch,
+            receipt.cancel_generation,
+            receipt.status.value,
+            receipt.result_digest,
+            receipt.cancel_evidence,
+            current.role.value,
+            receipt.accepted_at,
+        ],
+        result=(
+            [current.operation_id, receipt.result_digest, receipt.status.value, body, receipt.accepted_at]
+            if body is not None and accepted
+            else None
+        ),
+        outbox=(
+            [
+                receipt.call_node_id,
+                receipt.operation_id,
+                "ready",
+                receipt.status.value,
+                receipt.result_digest,
+                body if accepted else None,
+                receipt.accepted_at,
+            ]
+            if current.role is Role.PRIMARY
+            else None
+        ),
+    )
+
+
+def audit_row(op: Operation, kind: str, payload: Json | None, at: datetime) -> list[object]:
+    """A ``receipt_audit`` row: something read after the terminal, beside the receipt."""
+    return [
+        op.call_node_id,
+        op.operation_id,
+        kind,
+        digest_of(payload) if payload is not None else None,
+        canonical_json(payload) if payload is not None else None,
+        at,
+    ]
+
+
+def held_rows(items: Sequence[tuple[str, HeldOutcome]]) -> list[list[object]]:
+    """``held_outcomes`` rows, one per operation: a later copy replaces an earlier one."""
+    latest = dict(items)
+    return [
+        [
+            operation_id,
+            held.status,
+            held.digest,
+            canonical_json(held.payload),
+            held.task_id,
+            held.epoch_echo,
+            held.held_at,
+        ]
+        for operation_id, held in latest.items()
+    ]
+
+
+def held_from_row(operation_id: str, row: Sequence[Any]) -> HeldOutcome:
+    """A held outcome from its ``status, digest, payload, task_id, epoch_echo, held_at`` row."""
+    payload = json.loads(str(row[2]))
+    if not isinstance(payload, dict):
+        raise LedgerCorrupt(f"held outcome of {operation_id} is not a JSON object")
+    return HeldOutcome(
+        status=str(row[0]),
+        digest=str(row[1]),
+        payload=payload,
+        task_id=row[3],
+        epoch_echo=int(row[4]) if row[4] is not None else None,
+        held_at=_as_dt(row[5], "held_at") or datetime.min.replace(tzinfo=UTC),
+    )
+
+
+def receipt_from_row(row: Sequence[Any]) -> Receipt:
+    """A receipt from its row in ``engine.ledger.sql.RECEIPT_OF_CALL_NODE``'s column order."""
+    return Receipt(
+        call_node_id=CallNodeId(row[0]),
+        operation_id=OperationId(row[1]),
+        request_digest=Digest(row[2]),
+        task_id=TaskId(row[3]) if row[3] is not None else None,
+        tool_version=str(row[4]),
+        epoch=Epoch(int(row[5])),
+        cancel_generation=int(row[6]),
+        status=ServerStatus(row[7]),
+        result_digest=Digest(row[8]) if row[8] is not None else None,
+        accepted_at=_as_dt(row[9], "accepted_at") or datetime.min.replace(tzinfo=UTC),
+        cancel_evidence=row[10],
+    )
+
+
+def rollout_state_row(event: dict[str, object], state: dict[str, object]) -> list[object]:
+    """The ``rollout_state`` columns after ``id``: the new state, with the event as the chain head."""
+    return [
+        state["stage"],
+        state["canary_bp"],
+        state["salt"],
+        _json_text(_string_list(state["shadow_tools"])),
+        _json_text(_string_list(state["disabled_protocols"])),
+        state["epoch"],
+        event["seq"],
+        event["hash"],
+        event["recorded_at"],
+    ]
+
+
 __all__ = [
     "REQUIRED_RECORD_FIELDS",
+    "AcceptanceRows",
+    "acceptance_rows",
+    "audit_row",
+    "created_row",
     "event_detail",
+    "held_from_row",
+    "held_rows",
+    "identity_row",
     "operation_from_record",
     "operation_to_record",
+    "receipt_from_row",
+    "require_new",
+    "rollout_state_row",
 ]

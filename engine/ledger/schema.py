@@ -5,6 +5,7 @@ Data only: no connection is opened here; the backends run these statements.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 import pyarrow as pa
@@ -314,6 +315,103 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
 
 SUPPORTED_SCHEMA: Final[int] = MIGRATIONS[-1][0]
 
+# ------------------------------------------------------------------------ PostgreSQL migrations
+SEND_SLOTS_TABLE: Final = "send_slots"
+"""Coordination table of the shared QPS budget (migration 8); not part of the ledger's data."""
+
+# Migrations 1-6 are DuckDB's own (``MIGRATIONS`` above), in PostgreSQL's spelling of DOUBLE;
+# later ones are PostgreSQL's own. Numbers are this backend's: DuckDB's and PostgreSQL's schema
+# versions are counted apart. Never edit a released migration: add a new one.
+
+
+def _postgres_spelling(statement: str) -> str:
+    return re.sub(r"\bDOUBLE\b", "DOUBLE PRECISION", statement)
+
+
+PG_MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
+    *(
+        (version, name, tuple(_postgres_spelling(s) for s in statements))
+        for version, name, statements in MIGRATIONS
+        if version <= 6
+    ),
+    (
+        7,
+        "leases (several executors share the ledger) and indexes for the executors' lookups",
+        (
+            "ALTER TABLE op_state ADD COLUMN lease_owner VARCHAR",
+            "ALTER TABLE op_state ADD COLUMN lease_token VARCHAR",
+            "ALTER TABLE op_state ADD COLUMN lease_epoch BIGINT",
+            "ALTER TABLE op_state ADD COLUMN lease_expires_at TIMESTAMPTZ",
+            # What claim scans: operations without a receipt, free or expired leases first.
+            "CREATE INDEX op_state_claimable ON op_state (lease_expires_at NULLS FIRST, updated_at) "
+            "WHERE state NOT IN ('ACCEPTED', 'CANCELLED_ACCEPTED')",
+            "CREATE INDEX op_state_lease_token ON op_state (lease_token) WHERE lease_token IS NOT NULL",
+            "CREATE INDEX op_state_task ON op_state (task_id)",
+            "CREATE INDEX op_state_state ON op_state (state)",
+            "CREATE INDEX op_identity_created ON op_identity (created_at, operation_id)",
+            "CREATE INDEX transitions_operation ON transitions (operation_id, seq)",
+            "CREATE INDEX polls_operation ON polls (operation_id)",
+            "CREATE INDEX polls_sent_at ON polls (sent_at)",
+            "CREATE INDEX reconciliation_operation ON reconciliation (operation_id, kind)",
+            "CREATE INDEX rollout_assignments_primary ON rollout_assignments (primary_operation_id)",
+        ),
+    ),
+    (
+        8,
+        "send slots: the global QPS budget shared by every executor",
+        (
+            # One row per (scope, slot): how many requests were booked into that slot. Scope '*' is
+            # the global cap, a server URL that server's cap. Coordination state, not ledger data:
+            # ``table_columns`` leaves the table out.
+            f"""CREATE TABLE {SEND_SLOTS_TABLE} (
+                scope VARCHAR NOT NULL,
+                slot BIGINT NOT NULL,
+                used INTEGER NOT NULL,
+                PRIMARY KEY (scope, slot)
+            )""",
+            # Books ``p_n`` sends into the earliest slots from ``p_from`` on that have room in every
+            # scope; returns the slot of each. Rows are locked in (slot, scope) order, so two
+            # bookers never deadlock; a booker waits only for another booking of the same slot.
+            f"""CREATE FUNCTION {SEND_SLOTS_TABLE}_book(p_scopes VARCHAR[], p_caps INTEGER[], p_from BIGINT, p_n INTEGER)
+            RETURNS BIGINT[] LANGUAGE plpgsql AS $$
+            DECLARE
+                k BIGINT := p_from;
+                got BIGINT[] := '{{}}';
+                room INTEGER;
+                u INTEGER;
+                i INTEGER;
+            BEGIN
+                WHILE coalesce(array_length(got, 1), 0) < p_n LOOP
+                    room := p_n - coalesce(array_length(got, 1), 0);
+                    FOR i IN 1 .. array_length(p_scopes, 1) LOOP
+                        INSERT INTO {SEND_SLOTS_TABLE} (scope, slot, used) VALUES (p_scopes[i], k, 0)
+                            ON CONFLICT DO NOTHING;
+                        SELECT used INTO u FROM {SEND_SLOTS_TABLE}
+                            WHERE scope = p_scopes[i] AND slot = k FOR UPDATE;
+                        room := least(room, p_caps[i] - u);
+                    END LOOP;
+                    IF room > 0 THEN
+                        UPDATE {SEND_SLOTS_TABLE} SET used = used + room
+                            WHERE scope = ANY(p_scopes) AND slot = k;
+                        got := got || array_fill(k, ARRAY[room]);
+                    END IF;
+                    k := k + 1;
+                END LOOP;
+                RETURN got;
+            END $$""",
+        ),
+    ),
+    (
+        9,
+        "explorer runs name the code that ran and its revision (the gate counts only the shipped code's)",
+        EXPLORER_CODE_MIGRATION,
+    ),
+)
+PG_SUPPORTED_SCHEMA: Final[int] = PG_MIGRATIONS[-1][0]
+
+LEASE_COLUMNS: Final[tuple[str, ...]] = ("lease_owner", "lease_token", "lease_epoch", "lease_expires_at")
+"""Columns only the PostgreSQL ``op_state`` has (migration 7); the ``operations`` view leaves them out."""
+
 
 _STATE_COLUMNS: Final[tuple[str, ...]] = (
     "operation_id",
@@ -532,8 +630,71 @@ _TABLES: Final = frozenset(
 )
 
 
+ROLLOUT_EVENT_COLUMNS: Final[tuple[str, ...]] = (
+    "seq",
+    "action",
+    "actor",
+    "reason",
+    "override",
+    "before_state",
+    "after_state",
+    "detail",
+    "gate_inputs",
+    "gate_inputs_digest",
+    "prev_hash",
+    "hash",
+    "recorded_at",
+)
+"""``rollout_events``' columns, in table order (the rollout's hash-chained audit log)."""
+
+ASSIGNMENT_COLUMNS: Final[tuple[str, ...]] = tuple(_ASSIGNMENT_SCHEMA.names)
+"""``rollout_assignments``' columns, in table order."""
+
+SHADOW_DIFF_COLUMNS: Final[tuple[str, ...]] = (
+    "primary_operation_id",
+    "shadow_operation_id",
+    "call_node_id",
+    "tool_name",
+    "primary_status",
+    "shadow_status",
+    "primary_result_digest",
+    "shadow_result_digest",
+    "primary_content_digest",
+    "shadow_content_digest",
+    "primary_latency_ms",
+    "shadow_latency_ms",
+    "primary_polls",
+    "shadow_polls",
+    "diverged",
+    "differences",
+    "recorded_at",
+)
+"""``shadow_diffs``' columns, in table order."""
+
+ROW_SCHEMAS: Final[dict[str, pa.Schema]] = {
+    "op_identity": _IDENTITY_SCHEMA,
+    "task_bindings": _BINDING_SCHEMA,
+    "transitions": _TRANSITION_SCHEMA,
+    "receipts": _RECEIPT_SCHEMA,
+    "results": _RESULT_SCHEMA,
+    "outbox": _OUTBOX_SCHEMA,
+    "held_outcomes": _HELD_SCHEMA,
+    "polls": _POLL_SCHEMA,
+    "rollout_assignments": _ASSIGNMENT_SCHEMA,
+}
+"""The Arrow schema of the rows a batch appends to each table (``transitions`` without its ``seq``)."""
+
+
 __all__ = [
+    "ASSIGNMENT_COLUMNS",
     "EXPLORER_CODE_MIGRATION",
+    "LEASE_COLUMNS",
     "MIGRATIONS",
+    "PG_MIGRATIONS",
+    "PG_SUPPORTED_SCHEMA",
+    "ROLLOUT_EVENT_COLUMNS",
+    "ROW_SCHEMAS",
+    "SEND_SLOTS_TABLE",
+    "SHADOW_DIFF_COLUMNS",
     "SUPPORTED_SCHEMA",
 ]
