@@ -12,6 +12,11 @@ Routes (all JSON; errors are ``{"error": "..."}`` with a meaningful status):
     GET  /api/v1/reconciliation                           open entries
     POST /api/v1/reconciliation/{entry_id}/resolve        {actor, reason, task_id?, absent?}
     POST /api/v1/sql                                      {query, max_rows?} read-only, sandboxed
+    POST /api/v1/sql/arrow                                {query, max_rows?} the same, as an Arrow IPC
+                                                          stream; more rows than max_rows is refused
+    POST /api/v1/snapshots                                publish a snapshot file (as-of instant inside)
+    GET  /api/v1/snapshots                                the snapshots kept, newest first
+    GET  /api/v1/snapshots/{name}                         one snapshot's bytes (a DuckDB file)
     GET  /api/v1/gates                                    the six gates with raw inputs (POST: also record the run)
     GET  /metrics                                         Prometheus text format
 
@@ -32,7 +37,9 @@ and, for a blocked promotion, ``failing_gates`` with their raw values):
     GET  /api/v1/rollout/shadow-diffs?diverged=&limit=    shadow comparisons, newest first
     GET  /api/v1/rollout/assignments?limit=               operations' arms, newest first
 
-Presentation only: every decision is the executor's or the engine's.
+Presentation only: every decision is the executor's or the engine's. Every read that is not the
+executor's own (SQL, gates, metrics, the audit check, snapshots) runs on the readers' pool
+(``service.readers``), off the executor's loop; a full pool answers 503 with Retry-After.
 """
 
 from __future__ import annotations
@@ -42,10 +49,11 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from engine.errors import EngineError, InvalidRecord, RolloutRefused, ServiceError, SqlRefused
@@ -56,7 +64,10 @@ from rollout.assign import percent_to_bp
 from rollout.controller import verify_ledger
 from rollout.plan import Action as RolloutAction
 from rollout.plan import Request as RolloutRequest
+from service.analysis import AnalystReads
+from service.config import AnalystConfig
 from service.executor import Executor
+from service.readers import ReaderPool, ReadersBusy
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -106,6 +117,10 @@ def _guard(handler: Handler) -> Handler:
     async def wrapped(request: Request) -> Response:
         try:
             return await handler(request)
+        except ReadersBusy as exc:
+            response = _error(exc.status, str(exc))
+            response.headers["Retry-After"] = str(exc.retry_after_s)
+            return response
         except ServiceError as exc:
             return _error(exc.status, str(exc))
         except SqlRefused as exc:
@@ -118,10 +133,27 @@ def _guard(handler: Handler) -> Handler:
     return wrapped
 
 
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+def _arrow_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
 def build_api(
-    executor: Executor, ledger: LedgerPort, *, sql: Callable[[str, int], dict[str, object]] | None = None
+    executor: Executor,
+    ledger: LedgerPort,
+    *,
+    sql: AnalystReads | None = None,
+    readers: ReaderPool | None = None,
+    analyst: AnalystConfig | None = None,
 ) -> Starlette:
-    """The ASGI app over one executor and its ledger."""
+    """The ASGI app over one executor and its ledger; reads go to ``readers`` (a default pool if None)."""
+    pool = readers or ReaderPool()
+    limits = analyst or AnalystConfig()
     registry = CollectorRegistry()
     in_flight = Gauge(
         "finality_operations",
@@ -146,6 +178,8 @@ def build_api(
                 "servers": {name: protocol.value for name, protocol in executor.servers().items()},
                 # The SQL dialect POST /api/v1/sql speaks (the console picks its query variants by it).
                 "dialect": "postgres" if isinstance(ledger, PgLedger) else "duckdb",
+                # How busy the readers' pool is (it never holds this answer back: health is not a read).
+                "readers": pool.stats().as_json(),
             }
         )
 
@@ -238,23 +272,56 @@ def build_api(
             raise ServiceError(409, f"entry {entry_id} is not open")
         return JSON({"resolved": entry_id})
 
-    async def run_sql(request: Request) -> Response:
+    def _reads() -> AnalystReads:
         if sql is None:
             raise ServiceError(501, "the SQL sandbox is not enabled")
+        return sql
+
+    async def _sql_request(request: Request, default_rows: int) -> tuple[str, int]:
         body = await _body(request)
         query = _text(body, "query")
-        max_rows = body.get("max_rows", 1000)
-        if not isinstance(max_rows, int) or max_rows <= 0:
+        max_rows = body.get("max_rows", default_rows)
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows <= 0:
             raise ServiceError(400, "'max_rows' must be a positive integer")
-        return JSON(sql(query, min(max_rows, 100_000)))
+        if max_rows > limits.max_rows:
+            raise ServiceError(
+                400, f"max_rows={max_rows:,} is over the service's result limit of {limits.max_rows:,} rows"
+            )
+        return query, max_rows
+
+    async def run_sql(request: Request) -> Response:
+        reads = _reads()
+        query, max_rows = await _sql_request(request, 1000)
+        return JSON(await pool.run("analyst SQL", lambda: reads.query(query, max_rows)))
+
+    async def run_sql_arrow(request: Request) -> Response:
+        reads = _reads()
+        query, max_rows = await _sql_request(request, 10_000)
+        body = await pool.run("analyst SQL", lambda: _arrow_bytes(reads.arrow(query, max_rows)))
+        return Response(body, media_type=ARROW_STREAM)
+
+    async def publish_snapshot(request: Request) -> Response:
+        reads = _reads()
+        return JSON(await pool.run("snapshot", reads.publish), status_code=201)
+
+    async def list_snapshots(request: Request) -> Response:
+        return JSON({"snapshots": _reads().snapshots()})
+
+    async def get_snapshot(request: Request) -> Response:
+        path = _reads().snapshot_path(request.path_params["name"])
+        return FileResponse(path, media_type="application/octet-stream", filename=path.name)
 
     async def gates(request: Request) -> Response:
         # Imported here: rollout sits above the engine and the API only presents its verdicts.
         from rollout.gates import Thresholds, evaluate
 
         now = executor.clock.now()
-        report = evaluate(ledger.gate_inputs(now), Thresholds())
-        run_id = ledger.record_gate_run(report.results, now) if request.method == "POST" else None
+        report = await pool.run("gate evaluation", lambda: evaluate(ledger.gate_inputs(now), Thresholds()))
+        run_id = (
+            await pool.run("gate record", lambda: ledger.record_gate_run(report.results, now))
+            if request.method == "POST"
+            else None
+        )
         return JSON(
             {
                 "run_id": run_id,
@@ -274,14 +341,18 @@ def build_api(
         )
 
     async def metrics(request: Request) -> Response:
+        def scan() -> tuple[list[tuple[str, str, int]], list[tuple[str, int]], list[tuple[str, int]]]:
+            return ledger.state_counts(), ledger.poll_counts(), ledger.open_reconciliation_counts()
+
+        states, polls, open_entries = await pool.run("metrics", scan)
         in_flight.clear()
-        for state, protocol, count in ledger.state_counts():
+        for state, protocol, count in states:
             in_flight.labels(state=state, protocol=protocol).set(count)
         requests.clear()
-        for outcome, count in ledger.poll_counts():
+        for outcome, count in polls:
             requests.labels(outcome=outcome).set(count)
         unknown.clear()
-        for kind, count in ledger.open_reconciliation_counts():
+        for kind, count in open_entries:
             unknown.labels(kind=kind).set(count)
         ticks.set(executor.stats["ticks"])
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
@@ -298,9 +369,13 @@ def build_api(
         Route("/api/v1/reconciliation", _guard(reconciliation)),
         Route("/api/v1/reconciliation/{entry_id}/resolve", _guard(resolve), methods=["POST"]),
         Route("/api/v1/sql", _guard(run_sql), methods=["POST"]),
+        Route("/api/v1/sql/arrow", _guard(run_sql_arrow), methods=["POST"]),
+        Route("/api/v1/snapshots", _guard(publish_snapshot), methods=["POST"]),
+        Route("/api/v1/snapshots", _guard(list_snapshots), methods=["GET"]),
+        Route("/api/v1/snapshots/{name}", _guard(get_snapshot)),
         Route("/api/v1/gates", _guard(gates), methods=["GET", "POST"]),
         Route("/metrics", _guard(metrics)),
-        *build_rollout_routes(executor, ledger),
+        *build_rollout_routes(executor, ledger, pool),
     ]
     return Starlette(routes=routes)
 
@@ -361,7 +436,9 @@ def _limit(request: Request, default: int = 100) -> int:
         raise ServiceError(400, "limit must be an integer") from exc
 
 
-def build_rollout_routes(executor: Executor, ledger: LedgerPort) -> list[Route]:
+def build_rollout_routes(
+    executor: Executor, ledger: LedgerPort, pool: ReaderPool | None = None
+) -> list[Route]:
     """The ``/api/v1/rollout`` routes: status and reads, and one POST per action."""
 
     async def status(request: Request) -> Response:
@@ -379,8 +456,11 @@ def build_rollout_routes(executor: Executor, ledger: LedgerPort) -> list[Route]:
     async def events(request: Request) -> Response:
         return JSON({"events": ledger.rollout_events(limit=_limit(request), newest_first=True)})
 
+    readers = pool or ReaderPool()
+
     async def audit(request: Request) -> Response:
-        return JSON(verify_ledger(ledger).as_json())
+        # The chain check scans every rollout event: a read, so it runs on the readers' pool.
+        return JSON(await readers.run("audit check", lambda: verify_ledger(ledger).as_json()))
 
     async def shadow_diffs(request: Request) -> Response:
         diverged = request.query_params.get("diverged") not in (None, "", "0", "false")
@@ -405,6 +485,7 @@ def build_rollout_routes(executor: Executor, ledger: LedgerPort) -> list[Route]:
 
 
 __all__ = [
+    "ARROW_STREAM",
     "JSON",
     "Handler",
     "build_api",

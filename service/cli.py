@@ -176,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--json", action="store_true")
     sql.add_argument("query")
     sql.add_argument("--max-rows", type=int, default=1000)
+    snap = service_command("snapshot", "publish a snapshot of the service's ledger and copy it to a file")
+    snap.add_argument("--out", required=True, help="where to write the snapshot (a DuckDB file)")
     _rollout_parsers(sub)
     return parser
 
@@ -722,10 +724,28 @@ def cmd_service(args: argparse.Namespace) -> int:
                         ),
                         args.json,
                     )
+            case "snapshot":
+                made = client.publish_snapshot()
+                path = client.download_snapshot(str(made["name"]), args.out)
+                made = {**made, "out": str(path)}
+                if args.json:
+                    print(json.dumps(made, default=str))
+                else:
+                    print(f"snapshot as of {made['as_of']} written to {path} ({made['bytes']:,} bytes)")
     return EXIT_OK
 
 
-_SERVICE_COMMANDS = {"health", "submit", "ops", "get", "cancel", "approvals", "answer", "reconcile"}
+_SERVICE_COMMANDS = {
+    "health",
+    "submit",
+    "ops",
+    "get",
+    "cancel",
+    "approvals",
+    "answer",
+    "reconcile",
+    "snapshot",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,11 +5,15 @@ Speaks HTTP to a running ``finality serve``; it holds no rules and builds no SQL
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from engine.errors import ServiceRefused, ServiceUnavailable
+
+if TYPE_CHECKING:
+    import pandas as pd  # type: ignore[import-untyped]
 
 Json = dict[str, Any]
 
@@ -99,6 +103,49 @@ class ServiceClient:
 
     def sql(self, query: str, *, max_rows: int = 1000) -> Json:
         return self._call("POST", "/api/v1/sql", json={"query": query, "max_rows": max_rows})
+
+    def sql_frame(self, query: str, *, max_rows: int = 10_000) -> pd.DataFrame:
+        """The query's result as a pandas DataFrame, sent by the service as an Arrow stream (not JSON rows).
+
+        ``max_rows`` may be raised up to the service's limit (``[analyst] max_rows``); a result with
+        more rows is refused (``ServiceRefused`` naming the limit), never silently cut.
+        """
+        import pyarrow as pa
+
+        try:
+            response = self._http.post("/api/v1/sql/arrow", json={"query": query, "max_rows": max_rows})
+        except httpx.HTTPError as exc:
+            raise ServiceUnavailable(f"cannot reach the Finality service at {self.base_url}: {exc}") from exc
+        if response.status_code >= 400:
+            try:
+                message = str(response.json().get("error", response.reason_phrase))
+            except ValueError:
+                message = response.text[:500]
+            raise ServiceRefused(response.status_code, message)
+        with pa.ipc.open_stream(response.content) as reader:
+            return reader.read_pandas()
+
+    def publish_snapshot(self) -> Json:
+        """Ask the service for a fresh snapshot file; returns its name, as-of instant and size."""
+        return self._call("POST", "/api/v1/snapshots")
+
+    def download_snapshot(self, name: str, dest: str | Path) -> Path:
+        """Copy a published snapshot to ``dest`` (written under a temporary name, then renamed)."""
+        target = Path(dest)
+        partial = target.with_name(target.name + ".partial")
+        try:
+            with self._http.stream("GET", f"/api/v1/snapshots/{name}") as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ServiceRefused(response.status_code, response.text[:500])
+                with partial.open("wb") as out:
+                    for chunk in response.iter_bytes():
+                        out.write(chunk)
+        except httpx.HTTPError as exc:
+            partial.unlink(missing_ok=True)
+            raise ServiceUnavailable(f"cannot reach the Finality service at {self.base_url}: {exc}") from exc
+        partial.replace(target)
+        return target
 
     def gates(self, *, record: bool = False) -> Json:
         return self._call("POST" if record else "GET", "/api/v1/gates")

@@ -29,6 +29,18 @@ Example::
     on_budget_exhausted = "cancel"           # or "stop" (stop waiting only); a server without cancel
                                              # capability gets a 'budget' reconciliation entry instead
 
+    [analyst]                                # reads that are not the executor's own (all optional)
+    workers = 2                              # reader threads (analyst SQL, console, gates, metrics)
+    queue = 8                                # reads waiting beyond those; more get 503 + Retry-After
+    timeout_s = 10                           # one query's time limit
+    memory_limit_mb = 512                    # DuckDB sandbox: memory per query (no spilling)
+    threads = 1                              # DuckDB sandbox: threads per query
+    work_mem_mb = 64                         # PostgreSQL analyst role: work_mem
+    max_rows = 100000                        # the most rows one result may carry
+    snapshot_every_min = 0                   # publish a snapshot every N minutes (0: on request only)
+    snapshot_keep = 3                        # snapshots kept (older ones deleted)
+    snapshot_dir = "data/snapshots"          # where snapshots go (default: beside the ledger)
+
 No I/O beyond reading the file; nothing here talks to a server.
 """
 
@@ -64,7 +76,29 @@ _TOOL_KEYS = {
     "on_budget_exhausted",
     "shadow_server",
 }
-_TOP_KEYS = {"ledger", "global_qps", "rollout_salt", "servers", "tools", "poll", "gate_interval_s", "lease_s"}
+_TOP_KEYS = {
+    "ledger",
+    "global_qps",
+    "rollout_salt",
+    "servers",
+    "tools",
+    "poll",
+    "gate_interval_s",
+    "lease_s",
+    "analyst",
+}
+_ANALYST_KEYS = {
+    "workers",
+    "queue",
+    "timeout_s",
+    "memory_limit_mb",
+    "threads",
+    "work_mem_mb",
+    "max_rows",
+    "snapshot_every_min",
+    "snapshot_keep",
+    "snapshot_dir",
+}
 _POLL_KEYS = {"default_interval_ms", "min_interval_ms", "max_interval_ms", "jitter", "retry_backoff_ms"}
 
 
@@ -112,6 +146,22 @@ class PollConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AnalystConfig:
+    """Limits on the reads that are not the executor's own (see ``service.readers``)."""
+
+    workers: int = 2
+    queue: int = 8
+    timeout: timedelta = timedelta(seconds=10)
+    memory_limit_mb: int = 512
+    threads: int = 1
+    work_mem_mb: int = 64
+    max_rows: int = 100_000
+    snapshot_every: timedelta | None = None
+    snapshot_keep: int = 3
+    snapshot_dir: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceConfig:
     servers: dict[str, ServerConfig]
     tools: dict[str, ToolConfig]
@@ -123,6 +173,7 @@ class ServiceConfig:
     """How often the service evaluates the six gates and records the run (None: only on request)."""
     lease_s: float = 30.0
     """PostgreSQL ledger: how long an executor's lease lasts without renewal (renewed every third)."""
+    analyst: AnalystConfig = field(default_factory=AnalystConfig)
 
 
 def _key(where: str, key: str) -> str:
@@ -265,6 +316,7 @@ def parse_config(data: dict[str, object]) -> ServiceConfig:
     if gate_interval_s is not None and gate_interval_s < 0:
         raise ConfigError("gate_interval_s", f"must be 0 (off) or a number of seconds, got {gate_interval_s}")
     return ServiceConfig(
+        analyst=_analyst(_table(data.get("analyst", {}), "analyst")),
         gate_interval=timedelta(seconds=10)
         if gate_interval_s is None
         else (timedelta(seconds=gate_interval_s) if gate_interval_s > 0 else None),
@@ -275,6 +327,34 @@ def parse_config(data: dict[str, object]) -> ServiceConfig:
         ledger=_string(data, "ledger", ""),
         poll=poll,
         lease_s=_number(data, "lease_s", "") or 30.0,
+    )
+
+
+def _analyst(table: dict[str, object]) -> AnalystConfig:
+    _unknown(table, _ANALYST_KEYS, "analyst")
+    d = AnalystConfig()
+
+    def whole(key: str, default: int, least: int) -> int:
+        value = table.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"analyst.{key}", f"must be a whole number >= {least}, got {value!r}")
+        return value
+
+    timeout_s = _number(table, "timeout_s", "analyst")
+    every = _number(table, "snapshot_every_min", "analyst", positive=False)
+    if every is not None and every < 0:
+        raise ConfigError("analyst.snapshot_every_min", f"must be 0 (off) or minutes, got {every}")
+    return AnalystConfig(
+        workers=whole("workers", d.workers, 1),
+        queue=whole("queue", d.queue, 0),
+        timeout=timedelta(seconds=timeout_s) if timeout_s is not None else d.timeout,
+        memory_limit_mb=whole("memory_limit_mb", d.memory_limit_mb, 16),
+        threads=whole("threads", d.threads, 1),
+        work_mem_mb=whole("work_mem_mb", d.work_mem_mb, 1),
+        max_rows=whole("max_rows", d.max_rows, 1),
+        snapshot_every=timedelta(minutes=every) if every else None,
+        snapshot_keep=whole("snapshot_keep", d.snapshot_keep, 1),
+        snapshot_dir=_string(table, "snapshot_dir", "analyst"),
     )
 
 
@@ -296,6 +376,7 @@ def load_config(path: str | Path) -> ServiceConfig:
 
 
 __all__ = [
+    "AnalystConfig",
     "PollConfig",
     "ServerConfig",
     "ServiceConfig",

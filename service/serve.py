@@ -4,7 +4,8 @@ On a DuckDB file this process owns the ledger (one writing process per file); ev
 (console, notebooks, CLI commands that change state) goes through its HTTP API. On a PostgreSQL
 URL any number of these processes share the ledger: each leases its work, fences its writes and
 books its requests in the shared QPS budget (see ``service.executor``); analyst SQL runs in
-place (``PgLedger.analyst_query``) instead of on a snapshot.
+place (``PgLedger.analyst_query``) instead of on a snapshot, on a connection pool of its own.
+Reads that are not the executor's run on a bounded readers' pool (``service.readers``).
 """
 
 from __future__ import annotations
@@ -14,58 +15,23 @@ import logging
 import random
 import signal
 import tempfile
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
 import uvicorn
 
-from engine.clock import SystemClock, monotonic_seconds
+from engine.clock import SystemClock
 from engine.ledger import open_ledger
 from engine.ledger.duckdb import Ledger
 from engine.ledger.port import LedgerPort
 from engine.ledger.postgres import PgLedger
-from engine.ledger.sandbox import run_query
+from service.analysis import AnalystReads, DuckDbReads, PgReads
 from service.api import build_api
 from service.config import ServiceConfig
 from service.executor import Executor
+from service.readers import ReaderPool
 
 logger = logging.getLogger(__name__)
-
-SNAPSHOT_MAX_AGE = timedelta(seconds=5)
-
-
-@dataclass
-class SnapshotSql:
-    """Analyst SQL against a snapshot no older than ``max_age``, made by the owning process."""
-
-    ledger: Ledger
-    folder: Path
-    max_age: timedelta = SNAPSHOT_MAX_AGE
-    _made_at: float | None = None
-
-    def __call__(self, query: str, max_rows: int) -> dict[str, object]:
-        path = self.folder / "analyst-snapshot.duckdb"
-        now = monotonic_seconds()
-        if self._made_at is None or now - self._made_at > self.max_age.total_seconds():
-            self.ledger.snapshot(path)
-            self._made_at = now
-        # The snapshot is ours alone and replaced by rename, so the sandbox may stay attached to it.
-        result = run_query(path, query, max_rows=max_rows, keep_open=True).as_json()
-        result["snapshot_age_s"] = round(monotonic_seconds() - (self._made_at or now), 3)
-        return result
-
-
-@dataclass
-class PgSql:
-    """Analyst SQL on a PostgreSQL ledger: in place, read-only transaction, read-only role."""
-
-    ledger: PgLedger
-
-    def __call__(self, query: str, max_rows: int) -> dict[str, object]:
-        result = self.ledger.analyst_query(query, max_rows=max_rows).as_json()
-        result["snapshot_age_s"] = 0.0
-        return result
 
 
 async def serve(
@@ -92,9 +58,22 @@ async def serve(
         lease_s=(lease_s or config.lease_s) if shared else None,
     )
     await executor.start()
+    analyst = config.analyst
+    readers = ReaderPool(analyst.workers, analyst.queue)
+    reader_ledger: PgLedger | None = None
     with tempfile.TemporaryDirectory(prefix="finality-sql-") as folder:
-        sql = PgSql(ledger) if isinstance(ledger, PgLedger) else SnapshotSql(ledger, Path(folder))
-        app = build_api(executor, ledger, sql=sql)
+        sql: AnalystReads
+        if isinstance(ledger, PgLedger):
+            # A pool of its own: analyst queries never hold a connection the executor needs.
+            reader_ledger = PgLedger.open(ledger_target, read_only=True, pool_size=analyst.workers)
+            sql = PgReads(reader_ledger, analyst)
+        else:
+            assert isinstance(ledger, Ledger)
+            published = (
+                Path(analyst.snapshot_dir) if analyst.snapshot_dir else Path(ledger.path).parent / "snapshots"
+            )
+            sql = DuckDbReads(ledger, Path(folder), executor.clock, analyst, published=published)
+        app = build_api(executor, ledger, sql=sql, readers=readers, analyst=analyst)
         server = uvicorn.Server(
             uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
         )
@@ -104,6 +83,7 @@ async def serve(
             loop.add_signal_handler(sig, stop.set)
         runner = asyncio.create_task(executor.run())
         gates = asyncio.create_task(record_gates(executor, ledger, config.gate_interval))
+        snapshots = asyncio.create_task(publish_snapshots(executor, readers, sql, analyst.snapshot_every))
         web = asyncio.create_task(server.serve())
         while not server.started:
             if web.done():
@@ -116,9 +96,28 @@ async def serve(
         server.should_exit = True
         await web
         gates.cancel()
+        snapshots.cancel()
         await executor.aclose()
         runner.cancel()
+    readers.close()
+    if reader_ledger is not None:
+        reader_ledger.close()
     ledger.close()
+
+
+async def publish_snapshots(
+    executor: Executor, readers: ReaderPool, reads: AnalystReads, every: timedelta | None
+) -> None:
+    """Publish a snapshot every ``every`` (on the readers' pool); a failure is logged and retried next time."""
+    if every is None or isinstance(reads, PgReads):
+        return
+    while True:
+        await executor.clock.sleep(every)
+        try:
+            made = await readers.run("periodic snapshot", reads.publish)
+            logger.info("published snapshot %s (as of %s)", made["name"], made["as_of"])
+        except Exception:  # one failed snapshot must not end the periodic publishing
+            logger.exception("periodic snapshot failed")
 
 
 async def record_gates(executor: Executor, ledger: LedgerPort, interval: timedelta | None) -> None:
@@ -144,9 +143,7 @@ async def record_gates(executor: Executor, ledger: LedgerPort, interval: timedel
 
 
 __all__ = [
-    "SNAPSHOT_MAX_AGE",
-    "PgSql",
-    "SnapshotSql",
+    "publish_snapshots",
     "record_gates",
     "serve",
 ]

@@ -6,7 +6,9 @@ leave the role or run SQL held in a string); the query then runs in a ``READ ONL
 after ``SET LOCAL ROLE`` to a NOLOGIN role that holds USAGE on the ledger's schema and SELECT on
 its tables and nothing else, so writes, sequences, ``COPY`` to or from files and server-file
 functions (``pg_read_file``, ``pg_ls_dir``, ``lo_import``) fail on permissions. ``statement_timeout``
-bounds the time and a server-side cursor the rows fetched. Writes nothing; the transaction is
+bounds the time, ``work_mem`` each sort or hash's memory (beyond it PostgreSQL spills to its own
+temporary files, bounded by ``temp_file_limit`` where the server sets one) and a server-side cursor
+the rows fetched; a query over a limit fails with ``SqlRefused`` naming it. Writes nothing; the transaction is
 always rolled back.
 """
 
@@ -134,6 +136,7 @@ def run_query(
     *,
     max_rows: int = 1000,
     timeout: timedelta = timedelta(seconds=10),
+    work_mem_mb: int = 64,
 ) -> QueryResult:
     """Run one read-only query on the ledger under its analyst role; the same result shape as ``engine.ledger.sandbox``.
 
@@ -145,11 +148,19 @@ def run_query(
     role = ledger.analyst_role
     try:
         with ledger.connection() as conn, conn.transaction(force_rollback=True):
-            return _run(conn, text, role, max_rows, timeout)
+            return _run(conn, text, role, max_rows, timeout, work_mem_mb)
     except SqlRefused:
         raise
     except pg_errors.QueryCanceled as exc:
-        raise SqlRefused(f"query stopped after {timeout.total_seconds():g} s") from exc
+        raise SqlRefused(
+            f"query stopped after {timeout.total_seconds():g} s (statement_timeout, the time limit for "
+            "one query)"
+        ) from exc
+    except (pg_errors.OutOfMemory, pg_errors.ConfigurationLimitExceeded) as exc:
+        raise SqlRefused(
+            f"query needs more memory or temporary space than the analyst limits allow "
+            f"(work_mem={work_mem_mb} MB per sort or hash): {_first_line(exc)}"
+        ) from exc
     except pg_errors.InsufficientPrivilege as exc:
         raise SqlRefused(f"refused by the read-only role {role}: {_first_line(exc)}") from exc
     except pg_errors.ReadOnlySqlTransaction as exc:
@@ -163,13 +174,19 @@ def run_query(
 
 
 def _run(
-    conn: psycopg.Connection[TupleRow], text: str, role: str, max_rows: int, timeout: timedelta
+    conn: psycopg.Connection[TupleRow],
+    text: str,
+    role: str,
+    max_rows: int,
+    timeout: timedelta,
+    work_mem_mb: int,
 ) -> QueryResult:
     conn.execute("SET TRANSACTION READ ONLY")
     conn.execute(
         "SELECT set_config('statement_timeout', %s, true)",
         [f"{max(1, int(timeout.total_seconds() * 1000))}ms"],
     )
+    conn.execute("SELECT set_config('work_mem', %s, true)", [f"{max(1, int(work_mem_mb))}MB"])
     try:
         conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
     except psycopg.Error as exc:

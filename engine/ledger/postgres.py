@@ -795,14 +795,19 @@ class PgLedger(SqlLedger):
             return gate_inputs_from_values([d.name for d in cur.description or ()], list(row))
 
     def analyst_query(
-        self, query: str, *, max_rows: int = 1000, timeout: timedelta = timedelta(seconds=10)
+        self,
+        query: str,
+        *,
+        max_rows: int = 1000,
+        timeout: timedelta = timedelta(seconds=10),
+        work_mem_mb: int = 64,
     ) -> QueryResult:
         """Run one read-only analyst query under the analyst role (see ``engine.ledger.analyst.run_query``).
 
         Raises:
-            SqlRefused: the query would write or reach outside the ledger, timed out or failed.
+            SqlRefused: the query would write or reach outside the ledger, ran over a limit or failed.
         """
-        return run_query(self, query, max_rows=max_rows, timeout=timeout)
+        return run_query(self, query, max_rows=max_rows, timeout=timeout, work_mem_mb=work_mem_mb)
 
 
 # ------------------------------------------------------------------------------- schema set-up

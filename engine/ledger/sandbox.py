@@ -3,7 +3,10 @@
 Each query runs in a fresh in-memory DuckDB that ATTACHes a snapshot file READ_ONLY, then turns
 external access off and locks its configuration, so files, extensions, other databases and
 settings are out of reach. Only a single SELECT (or EXPLAIN) statement is accepted; everything else
-is refused with a clear message before it runs. Results are capped in rows and in time.
+is refused with a clear message before it runs. Each query is bounded in time (``timeout``), in
+memory (DuckDB ``memory_limit``, with spilling to disk off so the limit is the limit) and in
+threads (``threads``), and its result in rows (``max_rows``); a query over a limit fails with
+``SqlRefused`` naming the limit, and the process that runs it goes on.
 
 Snapshots are made by the process that owns the ledger (``Ledger.snapshot``); readers with no
 service running may point the sandbox at a ledger file directly, which it attaches read-only.
@@ -22,12 +25,15 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 
 from engine.errors import SqlRefused
 
@@ -117,6 +123,21 @@ def check_query(query: str) -> None:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class SandboxLimits:
+    """What one sandboxed query may use; the defaults are the service's unless its config says otherwise."""
+
+    memory_limit_mb: int = 512
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.memory_limit_mb < 16 or self.threads < 1:
+            raise ValueError("a sandbox needs memory_limit_mb >= 16 and threads >= 1")
+
+
+DEFAULT_LIMITS = SandboxLimits()
+
+
 def run_query(
     source: str | Path,
     query: str,
@@ -124,36 +145,103 @@ def run_query(
     max_rows: int = 1000,
     timeout: timedelta = timedelta(seconds=10),
     keep_open: bool = False,
+    limits: SandboxLimits = DEFAULT_LIMITS,
 ) -> QueryResult:
     """Run one read-only query against a ledger snapshot (or file), attached as ``ledger`` and set as default.
 
     Raises:
-        SqlRefused: the query is not a single read-only statement, reaches outside, times out or fails.
+        SqlRefused: the query is not a single read-only statement, reaches outside, runs over its
+            time or memory limit (named), or fails.
     """
     check_query(query)
-    con = _sandbox(Path(source))
+    con = _sandbox(Path(source), limits)
     try:
-        return _run(con, query, max_rows, timeout)
+        return _run(con, query, max_rows, timeout, limits)
     finally:
         if not keep_open:
             close_sandboxes()
 
 
-def _run(con: duckdb.DuckDBPyConnection, query: str, max_rows: int, timeout: timedelta) -> QueryResult:
+def run_arrow(
+    source: str | Path,
+    query: str,
+    *,
+    max_rows: int,
+    timeout: timedelta = timedelta(seconds=10),
+    keep_open: bool = False,
+    limits: SandboxLimits = DEFAULT_LIMITS,
+) -> pa.Table:
+    """The same query as ``run_query``, its result as an Arrow table of at most ``max_rows`` rows.
+
+    Raises:
+        SqlRefused: as ``run_query``, and when the result has more than ``max_rows`` rows (named:
+            a frame is never silently cut).
+    """
+    check_query(query)
+    con = _sandbox(Path(source), limits)
+    try:
+        with _deadline(con, timeout, limits):
+            relation = con.sql(query)
+            if relation is None:
+                raise SqlRefused("the statement returns no result")
+            reader = relation.to_arrow_reader(min(max_rows + 1, 65_536))
+            batches: list[pa.RecordBatch] = []
+            seen = 0
+            for batch in reader:
+                seen += batch.num_rows
+                if seen > max_rows:
+                    raise SqlRefused(
+                        f"the result has more than max_rows={max_rows:,} rows; raise max_rows (up to the "
+                        "service's limit) or narrow the query"
+                    )
+                batches.append(batch)
+            return pa.Table.from_batches(batches, schema=reader.schema)
+    finally:
+        if not keep_open:
+            close_sandboxes()
+
+
+@contextmanager
+def _deadline(con: duckdb.DuckDBPyConnection, timeout: timedelta, limits: SandboxLimits) -> Iterator[None]:
+    """Interrupt the query at ``timeout``; turn DuckDB's limit errors into refusals naming the limit."""
     timer = threading.Timer(timeout.total_seconds(), con.interrupt)
     timer.start()
-    started = time.perf_counter()
     try:
-        cur = con.execute(query)
-        columns = [d[0] for d in cur.description or ()]
-        rows = cur.fetchmany(max_rows + 1)
+        yield
     except duckdb.InterruptException as exc:
         close_sandboxes()
-        raise SqlRefused(f"query stopped after {timeout.total_seconds():g} s") from exc
+        raise SqlRefused(
+            f"query stopped after {timeout.total_seconds():g} s (the time limit for one query)"
+        ) from exc
+    except duckdb.OutOfMemoryException as exc:
+        close_sandboxes()
+        raise SqlRefused(
+            f"query needs more memory than the sandbox's memory_limit of {limits.memory_limit_mb} MB "
+            f"(threads={limits.threads}); narrow it or aggregate first: {str(exc).splitlines()[0]}"
+        ) from exc
     except duckdb.Error as exc:
         raise SqlRefused(f"query failed: {exc}") from exc
     finally:
         timer.cancel()
+        _finish(con)
+
+
+def _finish(con: duckdb.DuckDBPyConnection) -> None:
+    """Drop a result left part-read (rows past max_rows), so a reused sandbox takes the next query."""
+    abort = getattr(con, "abort", None)  # DuckDB >= 2 insists; older versions drop it on the next execute
+    if abort is not None:
+        with suppress(duckdb.Error):
+            abort()
+
+
+def _run(
+    con: duckdb.DuckDBPyConnection, query: str, max_rows: int, timeout: timedelta, limits: SandboxLimits
+) -> QueryResult:
+    started = time.perf_counter()
+    with _deadline(con, timeout, limits):
+        cur = con.execute(query)
+        columns = [d[0] for d in cur.description or ()]
+        rows = cur.fetchmany(max_rows + 1)
     elapsed = (time.perf_counter() - started) * 1000
     truncated = len(rows) > max_rows
     return QueryResult(columns, [list(r) for r in rows[:max_rows]], truncated, elapsed)
@@ -179,12 +267,10 @@ def _identity(path: Path) -> tuple[str, int, int, int]:
     return (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _sandbox(path: Path) -> duckdb.DuckDBPyConnection:
-    """This thread's sandbox on ``path``: reused while the file is unchanged, else attached afresh."""
-    identity = _identity(path)
-    cached: tuple[tuple[str, int, int, int], duckdb.DuckDBPyConnection] | None = getattr(
-        _local, "sandbox", None
-    )
+def _sandbox(path: Path, limits: SandboxLimits) -> duckdb.DuckDBPyConnection:
+    """This thread's sandbox on ``path``: reused while the file (and the limits) are unchanged."""
+    identity = (*_identity(path), limits.memory_limit_mb, limits.threads)
+    cached: tuple[tuple[object, ...], duckdb.DuckDBPyConnection] | None = getattr(_local, "sandbox", None)
     if cached is not None and cached[0] == identity:
         return cached[1]
     close_sandboxes()
@@ -193,6 +279,12 @@ def _sandbox(path: Path) -> duckdb.DuckDBPyConnection:
         quoted = str(path).replace("'", "''")
         con.execute(f"ATTACH '{quoted}' AS ledger (READ_ONLY)")
         con.execute("USE ledger")
+        con.execute(f"SET memory_limit = '{int(limits.memory_limit_mb)}MB'")
+        con.execute(f"SET threads = {int(limits.threads)}")
+        # No spilling: a query over the memory limit fails naming it instead of filling the disk.
+        con.execute("SET max_temp_directory_size = '0KiB'")
+        # No progress bar: it prints from the query's thread into the service's own output.
+        con.execute("SET enable_progress_bar = false")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
     except duckdb.Error as exc:
@@ -210,9 +302,30 @@ def close_sandboxes() -> None:
         cached[1].close()
 
 
+SNAPSHOT_INFO_TABLE = "snapshot_info"
+
+
+def stamp_snapshot(path: str | Path, as_of: datetime, source: str) -> None:
+    """Record a snapshot file's as-of instant inside it (table ``snapshot_info``), before it is published."""
+    con = duckdb.connect(str(path))
+    try:
+        con.execute(
+            f"CREATE OR REPLACE TABLE {SNAPSHOT_INFO_TABLE} (as_of TIMESTAMPTZ NOT NULL, source VARCHAR)"
+        )
+        con.execute(f"INSERT INTO {SNAPSHOT_INFO_TABLE} VALUES (?, ?)", [as_of, source])
+        con.execute("CHECKPOINT")
+    finally:
+        con.close()
+
+
 __all__ = [
+    "DEFAULT_LIMITS",
+    "SNAPSHOT_INFO_TABLE",
     "QueryResult",
+    "SandboxLimits",
     "check_query",
     "close_sandboxes",
+    "run_arrow",
     "run_query",
+    "stamp_snapshot",
 ]

@@ -1,0 +1,195 @@
+"""The analysts' reads of a running service: SQL (JSON rows or Arrow), and snapshots they can open.
+
+Two implementations of one shape, chosen by the ledger:
+
+* ``DuckDbReads``: the service owns the ledger file (one writing process), so analyst SQL runs in
+  the sandbox (``engine.ledger.sandbox``) over a private snapshot no older than ``max_age``, and
+  ``publish`` writes a snapshot an analyst can open with plain ``duckdb.connect(FILE, read_only=True)``:
+  copied in one read transaction, its as-of instant recorded inside (table ``snapshot_info``),
+  made under a temporary name and renamed into place, the last ``keep`` kept.
+* ``PgReads``: analyst SQL in place on PostgreSQL (read-only transaction, read-only role), on a
+  pool of its own so a slow query never holds a connection the executor needs; there is no file
+  to publish (analysts read the same data through the read-only role).
+
+Every method blocks: callers run them on the readers' pool (``service.readers``), never on the
+executor's loop. Holds no limits of its own: they come from ``AnalystConfig``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+
+from engine.clock import Clock, monotonic_seconds
+from engine.errors import SqlRefused
+from engine.ledger.duckdb import Ledger
+from engine.ledger.postgres import PgLedger
+from engine.ledger.sandbox import SandboxLimits, run_arrow, run_query, stamp_snapshot
+from service.config import AnalystConfig
+
+SNAPSHOT_MAX_AGE = timedelta(seconds=5)
+SNAPSHOT_PREFIX = "finality-snapshot-"
+
+
+class AnalystReads(Protocol):
+    def query(self, query: str, max_rows: int) -> dict[str, object]: ...
+
+    def arrow(self, query: str, max_rows: int) -> pa.Table: ...
+
+    def publish(self) -> dict[str, object]: ...
+
+    def snapshots(self) -> list[dict[str, object]]: ...
+
+    def snapshot_path(self, name: str) -> Path: ...
+
+
+def _arrow_from_rows(columns: list[str], rows: list[list[object]]) -> pa.Table:
+    return pa.table({name: [row[i] for row in rows] for i, name in enumerate(columns)})
+
+
+@dataclass
+class DuckDbReads:
+    """Analyst reads over snapshots of a DuckDB ledger this process owns."""
+
+    ledger: Ledger
+    folder: Path
+    clock: Clock
+    config: AnalystConfig = field(default_factory=AnalystConfig)
+    published: Path | None = None
+    max_age: timedelta = SNAPSHOT_MAX_AGE
+    _made_at: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _publish_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def limits(self) -> SandboxLimits:
+        return SandboxLimits(memory_limit_mb=self.config.memory_limit_mb, threads=self.config.threads)
+
+    def _fresh(self) -> Path:
+        """The private SQL snapshot, remade when older than ``max_age`` (one maker at a time)."""
+        path = self.folder / "analyst-snapshot.duckdb"
+        with self._lock:
+            now = monotonic_seconds()
+            if self._made_at is None or now - self._made_at > self.max_age.total_seconds():
+                self.ledger.snapshot(path)
+                self._made_at = monotonic_seconds()
+        return path
+
+    def query(self, query: str, max_rows: int) -> dict[str, object]:
+        path = self._fresh()
+        # The snapshot is ours alone and replaced by rename, so the sandbox may stay attached to it.
+        result = run_query(
+            path,
+            query,
+            max_rows=max_rows,
+            timeout=self.config.timeout,
+            keep_open=True,
+            limits=self.limits,
+        ).as_json()
+        result["snapshot_age_s"] = round(monotonic_seconds() - (self._made_at or monotonic_seconds()), 3)
+        return result
+
+    def arrow(self, query: str, max_rows: int) -> pa.Table:
+        path = self._fresh()
+        return run_arrow(
+            path, query, max_rows=max_rows, timeout=self.config.timeout, keep_open=True, limits=self.limits
+        )
+
+    # ------------------------------------------------------------------------------- snapshots
+
+    @property
+    def snapshot_dir(self) -> Path:
+        return self.published or self.folder / "snapshots"
+
+    def publish(self) -> dict[str, object]:
+        """Write a snapshot analysts can open; return its name, path, as-of instant and size."""
+        folder = self.snapshot_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        with self._publish_lock:
+            # Taken before the copy's read transaction starts: everything committed by then is in.
+            as_of = self.clock.now()
+            name = f"{SNAPSHOT_PREFIX}{as_of.strftime('%Y%m%dT%H%M%S%fZ')}.duckdb"
+            work = folder / f".{name}.making"
+            final = folder / name
+            self.ledger.snapshot(work)
+            stamp_snapshot(work, as_of, self.ledger.path)
+            os.replace(work, final)
+            self._prune(folder)
+        return {"name": name, "path": str(final), "as_of": as_of.isoformat(), "bytes": final.stat().st_size}
+
+    def _prune(self, folder: Path) -> None:
+        kept = sorted(folder.glob(f"{SNAPSHOT_PREFIX}*.duckdb"))
+        for old in kept[: max(0, len(kept) - self.config.snapshot_keep)]:
+            old.unlink(missing_ok=True)
+
+    def snapshots(self) -> list[dict[str, object]]:
+        folder = self.snapshot_dir
+        if not folder.exists():
+            return []
+        return [
+            {"name": p.name, "path": str(p), "bytes": p.stat().st_size}
+            for p in sorted(folder.glob(f"{SNAPSHOT_PREFIX}*.duckdb"), reverse=True)
+        ]
+
+    def snapshot_path(self, name: str) -> Path:
+        if "/" in name or not name.startswith(SNAPSHOT_PREFIX) or not name.endswith(".duckdb"):
+            raise SqlRefused(f"no snapshot named {name!r}")
+        path = self.snapshot_dir / name
+        if not path.exists():
+            raise SqlRefused(
+                f"no snapshot named {name!r} (only the last {self.config.snapshot_keep} are kept)"
+            )
+        return path
+
+
+@dataclass
+class PgReads:
+    """Analyst reads in place on PostgreSQL, on ``reader``: a pool apart from the executor's."""
+
+    reader: PgLedger
+    config: AnalystConfig = field(default_factory=AnalystConfig)
+
+    def query(self, query: str, max_rows: int) -> dict[str, object]:
+        result = self.reader.analyst_query(
+            query, max_rows=max_rows, timeout=self.config.timeout, work_mem_mb=self.config.work_mem_mb
+        ).as_json()
+        result["snapshot_age_s"] = 0.0
+        return result
+
+    def arrow(self, query: str, max_rows: int) -> pa.Table:
+        result = self.reader.analyst_query(
+            query, max_rows=max_rows, timeout=self.config.timeout, work_mem_mb=self.config.work_mem_mb
+        )
+        if result.truncated:
+            raise SqlRefused(
+                f"the result has more than max_rows={max_rows:,} rows; raise max_rows (up to the "
+                "service's limit) or narrow the query"
+            )
+        return _arrow_from_rows(result.columns, result.rows)
+
+    def publish(self) -> dict[str, object]:
+        raise SqlRefused(
+            "a PostgreSQL ledger has no snapshot file: analysts read it in place through the read-only "
+            f"role {self.reader.analyst_role} (POST /api/v1/sql, or finality export --parquet)"
+        )
+
+    def snapshots(self) -> list[dict[str, object]]:
+        return []
+
+    def snapshot_path(self, name: str) -> Path:
+        raise SqlRefused("a PostgreSQL ledger has no snapshot files")
+
+
+__all__ = [
+    "SNAPSHOT_MAX_AGE",
+    "SNAPSHOT_PREFIX",
+    "AnalystReads",
+    "DuckDbReads",
+    "PgReads",
+]

@@ -1,0 +1,207 @@
+"""Readers never hold the executor back: analyst SQL, frames and snapshots of a running ``finality serve``.
+
+Each test runs the service as a subprocess against the real reference servers; waits are bounded
+(``wait_until``, thread joins with timeouts) and ordering is asserted with events, never with
+wall-clock thresholds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import duckdb
+import httpx
+import pytest
+
+from refserver.testing import RefServer
+from service.client import ServiceClient, ServiceRefused
+from service.testing import ServiceProcess, all_terminal, wait_until
+
+SLOW = "SELECT count(*) FROM range(100000000000) t(a), range(10) u(b)"
+
+
+@pytest.fixture
+def start(
+    tmp_path: Path, write_config: Callable[..., Path], servers: dict[str, RefServer]
+) -> Iterator[Callable[[str], ServiceProcess]]:
+    started: list[ServiceProcess] = []
+
+    def run(analyst: str) -> ServiceProcess:
+        for server in servers.values():
+            server.reset()
+        svc = ServiceProcess(tmp_path / "ledger.duckdb", write_config(extra=f"\n[analyst]\n{analyst}\n"))
+        started.append(svc.start())
+        return svc
+
+    yield run
+    for svc in started:
+        svc.close()
+
+
+def _submit(client: ServiceClient, prefix: str, n: int) -> list[str]:
+    nodes = [f"{prefix}-{i}" for i in range(n)]
+    for node in nodes:
+        client.submit(call_node=node, tool="generate_report", arguments={"_sim": {"duration_ms": 200}})
+    return nodes
+
+
+def test_a_query_over_the_memory_limit_fails_naming_it_and_the_service_goes_on(
+    start: Callable[[str], ServiceProcess],
+) -> None:
+    """A query needing more than the sandbox's memory_limit is refused naming the limit; the next one runs."""
+    svc = start("memory_limit_mb = 64\ntimeout_s = 60")
+    with svc.client() as client:
+        with pytest.raises(ServiceRefused, match="memory_limit of 64 MB") as refused:
+            client.sql("SELECT list(a) FROM range(30000000) t(a)")
+        assert refused.value.status == 400
+        assert client.health()["status"] == "ok"
+        assert client.sql("SELECT 41 + 1 AS n")["rows"] == [[42]]
+        node = _submit(client, "after-oom", 1)
+        wait_until(lambda: all_terminal(client, node), what="a call after the refused query")
+
+
+def test_a_query_returning_millions_of_rows_is_cut_at_max_rows_and_more_is_refused_naming_the_limit(
+    start: Callable[[str], ServiceProcess],
+) -> None:
+    """Five million rows come back as max_rows rows marked truncated; asking past the service's limit is refused."""
+    svc = start("max_rows = 100000")
+    with svc.client() as client:
+        result = client.sql("SELECT * FROM range(5000000) t(a)", max_rows=1000)
+        assert (result["row_count"], result["truncated"]) == (1000, True)
+        with pytest.raises(ServiceRefused, match="result limit of 100,000 rows") as over:
+            client.sql("SELECT 1", max_rows=200_000)
+        assert over.value.status == 400
+        with pytest.raises(ServiceRefused, match="more than max_rows=100,000 rows"):
+            client.sql_frame("SELECT * FROM range(5000000) t(a)", max_rows=100_000)
+        assert client.health()["status"] == "ok"
+
+
+def test_twenty_concurrent_slow_queries_end_at_the_time_limit_or_get_503_with_retry_after(
+    start: Callable[[str], ServiceProcess],
+) -> None:
+    """With 2 workers and a queue of 2, twenty slow queries: at most four run (each stopped at the limit), the rest get 503."""
+    svc = start("workers = 2\nqueue = 2\ntimeout_s = 1")
+    barrier = threading.Barrier(20)
+    answers: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def ask() -> None:
+        barrier.wait(timeout=30)
+        response = httpx.post(f"{svc.url}/api/v1/sql", json={"query": SLOW}, timeout=60)
+        with lock:
+            answers.append(response)
+
+    threads = [threading.Thread(target=ask) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=90)
+    assert len(answers) == 20
+    stopped = [r for r in answers if r.status_code == 400]
+    busy = [r for r in answers if r.status_code == 503]
+    assert len(stopped) + len(busy) == 20
+    assert 1 <= len(stopped) <= 20 - len(busy)
+    assert busy, "a full readers' queue must refuse, not queue without bound"
+    assert all("time limit" in r.json()["error"] for r in stopped)
+    assert all(r.headers["Retry-After"].isdigit() and "queue limit" in r.json()["error"] for r in busy)
+    with svc.client() as client:
+        health = client.health()
+        assert health["status"] == "ok"
+        assert health["readers"]["refused"] == len(busy)
+
+
+def test_health_and_the_executor_answer_while_a_slow_query_runs(
+    start: Callable[[str], ServiceProcess],
+) -> None:
+    """While one analyst query is still running, health answers and a submitted call reaches its terminal state."""
+    svc = start("workers = 1\ntimeout_s = 60")
+    finished = threading.Event()
+
+    def slow() -> None:
+        try:
+            httpx.post(f"{svc.url}/api/v1/sql", json={"query": SLOW}, timeout=90)
+        except httpx.HTTPError:
+            pass  # the service is stopped under it at the end of the test
+        finally:
+            finished.set()
+
+    reader = threading.Thread(target=slow)
+    reader.start()
+    with svc.client() as client:
+        wait_until(lambda: client.health()["readers"]["running"] == 1, what="the slow query running")
+        nodes = _submit(client, "during-query", 3)
+        wait_until(lambda: all_terminal(client, nodes), what="calls terminal while the query runs")
+        health = client.health()
+        assert health["readers"]["running"] == 1
+        assert not finished.is_set(), "the slow query must still be running when the calls ended"
+    svc.close()
+    reader.join(timeout=30)
+    assert finished.is_set()
+
+
+def test_the_dataframe_path_returns_100000_rows_as_arrow_and_refuses_more(
+    start: Callable[[str], ServiceProcess],
+) -> None:
+    """sql_frame returns 100,000 rows within the service's limit, refuses 100,001 and a max_rows past the limit."""
+    svc = start("max_rows = 100000")
+    with svc.client() as client:
+        node = _submit(client, "frame", 1)
+        wait_until(lambda: all_terminal(client, node), what="terminal")
+        frame = client.sql_frame(
+            "SELECT a, a * 2 AS b, now() AS at FROM range(100000) t(a)", max_rows=100_000
+        )
+        assert len(frame) == 100_000
+        assert list(frame.columns) == ["a", "b", "at"]
+        assert int(frame["b"].sum()) == 2 * sum(range(100_000))
+        receipts = client.sql_frame("SELECT operation_id, status FROM receipts")
+        assert len(receipts) == 1
+        with pytest.raises(ServiceRefused, match="more than max_rows=100,000 rows"):
+            client.sql_frame("SELECT * FROM range(100001) t(a)", max_rows=100_000)
+        with pytest.raises(ServiceRefused, match="result limit of 100,000 rows"):
+            client.sql_frame("SELECT 1", max_rows=100_001)
+
+
+def test_a_snapshot_opens_with_plain_duckdb_while_the_service_writes_and_holds_the_rows_as_of_its_instant(
+    start: Callable[[str], ServiceProcess], tmp_path: Path
+) -> None:
+    """finality snapshot writes a file plain duckdb opens read-only; its counts equal the service's at its as-of instant."""
+    svc = start("snapshot_keep = 2")
+    with svc.client() as client:
+        first = _submit(client, "before", 6)
+        wait_until(lambda: all_terminal(client, first), what="first batch terminal")
+        # Still writing while the snapshot is made: these poll for a while.
+        busy = [f"busy-{i}" for i in range(4)]
+        for node in busy:
+            client.submit(call_node=node, tool="generate_report", arguments={"_sim": {"duration_ms": 3000}})
+        out = tmp_path / "copy.duckdb"
+        done = subprocess.run(
+            [sys.executable, "-m", "service", "snapshot", "--service", svc.url, "--out", str(out), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        con = duckdb.connect(str(out), read_only=True)
+        try:
+            (as_of,) = con.execute("SELECT as_of FROM snapshot_info").fetchone() or (None,)
+            assert as_of is not None
+            snap_ops = con.execute("SELECT count(*) FROM operations").fetchone()
+            snap_receipts = con.execute("SELECT count(*) FROM receipts").fetchone()
+        finally:
+            con.close()
+        iso = as_of.isoformat()
+        live = client.sql(f"SELECT count(*) FROM operations WHERE created_at <= TIMESTAMPTZ '{iso}'")
+        live_receipts = client.sql(f"SELECT count(*) FROM receipts WHERE accepted_at <= TIMESTAMPTZ '{iso}'")
+        assert snap_ops == (live["rows"][0][0],) == (10,)
+        assert snap_receipts == (live_receipts["rows"][0][0],)
+        # The service went on writing after the snapshot: the busy calls still end.
+        wait_until(lambda: all_terminal(client, busy), what="busy calls terminal after the snapshot")
+        for _ in range(2):
+            client.publish_snapshot()
+        kept = httpx.get(f"{svc.url}/api/v1/snapshots", timeout=10).json()["snapshots"]
+        assert len(kept) == 2
