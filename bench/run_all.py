@@ -41,9 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 DASH = "\N{EN DASH}"
 
 MIN_RUNS = 5
+# Helpers of the benchmarks, not benchmarks: crashtrial is the kill -9 trial harness bench/restart.py
+# and a test share; the fastmcp side and the raw poller of fastmcp_compare.py run as its subprocesses;
+# the profiler driver runs by hand (python bench/_profile.py).
 NOT_BENCHMARKS = frozenset(
-    {"figures.py", "run_all.py", "crashtrial.py"}
-)  # crashtrial: the kill -9 trial harness bench/restart.py and a test share
+    {"figures.py", "run_all.py", "crashtrial.py", "_fastmcp_side.py", "_raw_poller.py", "_profile.py"}
+)
 STDERR_TAIL = 2500
 
 
@@ -89,6 +92,16 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         ("--runs", "5"),
         ("--runs", "2", "--quick"),
         timeout_s=900,
+    ),
+    Benchmark(
+        "fastmcp",
+        "bench/fastmcp_compare.py",
+        "Against the real fastmcp client: status reads, CPU per completed task and completion-detection delay "
+        "for 200 concurrent 3 s calls (fastmcp Client, a raw httpx poller, finality serve), each on a fresh "
+        "server; also on the 2025-11-25 and AIP-151 reference servers",
+        ("--runs", "5"),
+        ("--quick",),
+        timeout_s=3600,
     ),
     Benchmark(
         "naive",

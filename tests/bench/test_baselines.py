@@ -42,3 +42,32 @@ def test_the_naive_benchmark_arms_every_fault_the_reference_server_knows():
     plan = naive_retry.fault_plan(0.04, 1)
     assert {r["fault"] for r in plan["rules"]} == {f.value for f in Fault}
     assert {r["rate"] for r in plan["rules"]} == {0.04}
+
+
+fastmcp_compare = load("fastmcp_compare")
+
+
+def test_the_comparison_run_fails_when_a_call_node_ran_twice_or_a_second_operation_was_created():
+    """One server operation and one execution per call node, or the run is reported as failed."""
+    from collections import Counter
+
+    problems: list[str] = []
+    fastmcp_compare.check_server(["a", "b"], Counter({"a": 1, "b": 2}), 3, problems)
+    assert len(problems) == 2
+    clean: list[str] = []
+    fastmcp_compare.check_server(["a", "b"], Counter({"a": 1, "b": 1}), 2, clean)
+    assert clean == []
+
+
+def test_the_comparison_run_fails_when_a_call_node_has_no_result_or_two():
+    """A call node without exactly one result is a problem, and delays count only completed calls."""
+    records = [
+        {"key": "a", "submitted_at": 0.0, "result_at": 3.5},
+        {"key": "b", "submitted_at": 0.0, "error": "HTTP 500"},
+    ]
+    measured = fastmcp_compare.measured_from(records, ["a", "b"], 3.0, 0.2, 4.0, 4, 6, [])
+    assert measured.completed == 1
+    assert measured.delay_median_s == 0.5
+    assert measured.cpu_ms_per_task == 200.0
+    assert measured.status_reads_per_task == 2.0
+    assert any("without exactly one result" in p for p in measured.problems)
