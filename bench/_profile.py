@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import fastmcp_compare as cmp
-from engine.service.testing import ServiceProcess
+from service.testing import ServiceProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "profiles"

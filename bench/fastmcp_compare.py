@@ -57,9 +57,9 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
-from engine.service.testing import ServiceProcess
-from engine.sqlbox import run_query
+from engine.ledger.sandbox import run_query
 from refserver.testing import RefServer
+from service.testing import ServiceProcess
 
 HERE = Path(__file__).resolve().parent
 VENV = HERE / ".venv-fastmcp"

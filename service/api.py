@@ -44,6 +44,7 @@ executor's own (SQL, gates, metrics, the audit check, snapshots) runs on the rea
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
@@ -196,7 +197,10 @@ def build_api(
             arguments=arguments,
             principal=_optional(body, "principal"),
         )
-        return JSON(operation_report(ledger, op.call_node_id), status_code=201)
+        # Read back on a worker thread: three queries per call, and 200 callers at once would
+        # otherwise hold the event loop (and every request in flight) for seconds.
+        report = await asyncio.to_thread(operation_report, ledger, op.call_node_id)
+        return JSON(report, status_code=201)
 
     async def operations(request: Request) -> Response:
         q = request.query_params

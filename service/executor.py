@@ -125,6 +125,18 @@ def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+@dataclass(frozen=True)
+class _Submission:
+    """One ``submit`` call waiting for the loop (see ``Executor._create_queued``)."""
+
+    tool: ToolConfig
+    call_node: str
+    arguments: Json
+    principal: str | None
+    role: Role
+    server: str | None
+
+
 @dataclass
 class _Server:
     config: ServerConfig
@@ -165,6 +177,8 @@ class Executor:
         default_factory=list
     )
     _cancels: list[tuple[str, str, str, asyncio.Future[Operation]]] = field(default_factory=list)
+    _submits: list[tuple[_Submission, asyncio.Future[Operation]]] = field(default_factory=list)
+    """``submit`` calls waiting for the next tick, recorded together in one transaction."""
     _urgent: set[str] = field(default_factory=set)
     """Operations on the cancel path: launched when due even while MAX_RUNNING advances run."""
     _running: dict[str, asyncio.Future[Wake]] = field(default_factory=dict)
@@ -234,8 +248,7 @@ class Executor:
         self.ledger.put_setting("global_qps", repr(self.config.global_qps), now)
         self.ledger.put_setting("rollout_salt", self.config.rollout_salt, now)
         if self.client is None:
-            # No more connections than requests the limiter lets out at once: httpcore scans every
-            # pooled connection for expiry on each request, so a larger pool only costs CPU.
+            # No more connections than requests the limiter lets out at once (more would sit idle).
             pool = MAX_IN_FLIGHT_REQUESTS + 16
             self.client = open_client(pool=pool)
         per_server = {s.url: s.qps for s in self.config.servers.values()}
@@ -406,7 +419,7 @@ class Executor:
         return bool(self._finished) and self.clock.now() >= self._finished_since + FLUSH_DELAY
 
     async def _idle(self) -> None:
-        if self._actions or self._cancels or self._commit_due():
+        if self._actions or self._submits or self._cancels or self._commit_due():
             return
         now = self.clock.now()
         if self._heap and self._heap[0][0] <= now and len(self._running) < MAX_RUNNING:
@@ -441,12 +454,14 @@ class Executor:
         3. launch every due operation that is not already running, as its own task.
         """
         self.stats["ticks"] += 1
-        if self._actions or self._cancels or self._commit_due():
+        if self._actions or self._submits or self._cancels or self._commit_due():
             await self._commit()
         if self.shared and self.clock.now() >= self._lease_due:
             self._maintain_leases()
         if self._cancels:
             self._cancel_queued()
+        if self._submits:
+            self._create_queued()
         actions, self._actions = self._actions, []
         for action, future in actions:
             try:
@@ -825,10 +840,82 @@ class Executor:
         if server is not None and server not in self._servers:
             raise ServiceError(400, f"unknown server {server!r}")
 
-        async def create() -> Operation:
-            return await self._create(tool_config, call_node, arguments, principal, role, server)
+        # Not one action each: every submission waiting when the loop comes round is recorded in
+        # one transaction (``_create_queued``), so 200 concurrent callers cost two commits, not 400.
+        future: asyncio.Future[Operation] = asyncio.get_running_loop().create_future()
+        self._submits.append(
+            (_Submission(tool_config, call_node, arguments, principal, role, server), future)
+        )
+        self._wake.set()
+        return await asyncio.wait_for(future, timeout=60)
 
-        return await self._between_ticks(create)
+    def _create_queued(self) -> None:
+        """Record the queued submissions of new call nodes together; every other one goes alone.
+
+        A call node that already has an operation, or appears twice in the queue, is answered by
+        ``_create`` exactly as a lone submission would be (same result, same 409). The new ones
+        are recorded by one ``create_many`` and their assignments by one ``record_assignments``.
+        """
+        queued, self._submits = self._submits, []
+        batch: list[tuple[_Submission, asyncio.Future[Operation], Operation, Route, _Server]] = []
+        alone: list[tuple[_Submission, asyncio.Future[Operation]]] = []
+        nodes: set[str] = set()
+        for sub, future in queued:
+            if future.done():
+                continue  # its caller gave up
+            if sub.call_node in nodes or self.ledger.by_call_node(sub.call_node) is not None:
+                alone.append((sub, future))
+                continue
+            try:
+                route = self._route(sub.call_node, sub.tool, sub.server)
+                target = self._servers[route.server]
+                self._plan(target, sub.tool)
+            except ServiceError as exc:
+                future.set_exception(exc)
+                continue
+            principal = sub.principal or target.config.principal
+            op = self._new_op(target, sub.tool, sub.call_node, sub.arguments, principal, sub.role)
+            batch.append((sub, future, op, route, target))
+            nodes.add(sub.call_node)
+        created: list[tuple[_Submission, asyncio.Future[Operation], Operation, Route, _Server]] = []
+        try:
+            stored = self.ledger.create_many([(op, sub.arguments) for sub, _, op, _, _ in batch])
+        except EngineError:
+            # Another executor raced us to one of the call nodes. What the batch recorded before
+            # it failed is ours (our operation id); the rest is answered one by one.
+            for sub, future, op, route, target in batch:
+                found = self.ledger.by_call_node(sub.call_node)
+                if found is not None and found.operation_id == op.operation_id:
+                    created.append((sub, future, found, route, target))
+                else:
+                    alone.append((sub, future))
+        else:
+            for (sub, future, _, route, target), (op, fresh) in zip(batch, stored, strict=True):
+                if fresh:
+                    created.append((sub, future, op, route, target))
+                else:
+                    alone.append((sub, future))
+        rows: list[dict[str, object]] = []
+        shadows: list[tuple[Operation, Route]] = []
+        tool_of: dict[str, ToolConfig] = {}
+        for sub, _, op, route, target in created:
+            self._track(target, op, True, sub.arguments)
+            rows.append(self.rollout.assignment(op, route, tool=sub.tool.name, server_name=route.server))
+            if route.shadow_server is not None:
+                shadows.append((op, route))
+                tool_of[op.operation_id] = sub.tool
+        rows.extend(self._start_shadows(shadows, tool_of=tool_of))
+        self.ledger.record_assignments(rows)
+        for _, future, op, _, _ in created:
+            future.set_result(op)
+        for sub, future in alone:
+            try:
+                future.set_result(
+                    self._create(sub.tool, sub.call_node, sub.arguments, sub.principal, sub.role, sub.server)
+                )
+            except Exception as exc:  # handed to the waiting API request, which reports it
+                future.set_exception(exc)
+        self._flush()
 
     def _route(self, call_node: str, tool: ToolConfig, server: str | None) -> Route:
         if call_node.endswith(SHADOW_SUFFIX):
@@ -879,7 +966,7 @@ class Executor:
         self._ops[op.operation_id] = op
         self._schedule(op.operation_id, self.clock.now())
 
-    async def _create(
+    def _create(
         self,
         tool: ToolConfig,
         call_node: str,

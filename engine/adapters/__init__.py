@@ -19,6 +19,7 @@ from engine.adapters.legacy_sync import LegacySyncBackend
 from engine.adapters.mcp_2025_11_25 import Mcp2025Backend
 from engine.adapters.mcp_2026_07_28 import Mcp2026Backend
 from engine.adapters.negotiate import CallMode, CallPlan, plan_call
+from engine.adapters.transport import pooled_client
 from engine.errors import (
     BackendError,
     BackendRejected,
@@ -41,7 +42,8 @@ def open_client(*, pool: int | None = None) -> HttpClient:
     """
     if pool is None:
         return httpx.AsyncClient()
-    return httpx.AsyncClient(limits=httpx.Limits(max_connections=pool, max_keepalive_connections=pool))
+    # A pool for many operations at once: aiohttp's connector under httpx (see ``pooled_client``).
+    return pooled_client(pool)
 
 
 __all__ = [

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 
+import aiohttp
 import httpx
+from httpx_aiohttp import AiohttpTransport
 from mcp_types.jsonrpc import ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
 from pydantic import ValidationError
 
@@ -31,6 +33,25 @@ RequestId = int | str
 
 
 # ------------------------------------------------------------------------------ plain HTTP helpers
+
+
+def pooled_client(connections: int) -> httpx.AsyncClient:
+    """The HTTP client the service shares across every server it drives: httpx's API on aiohttp's pool.
+
+    httpx's own pool (httpcore) walks every pooled connection, and polls each idle socket for
+    readability, at every request's start and end: about 5.8 ms of CPU per request with 48 in
+    flight, measured side by side against a reference server. aiohttp's connector keeps idle
+    connections in a per-host queue and parses HTTP/1.1 in C; through httpx-aiohttp's transport
+    the adapters keep speaking httpx, at about 1 ms per request on the same load.
+    """
+    # Idle connections are dropped after 2 s, well before common servers' keep-alive timeouts
+    # (uvicorn's is 5 s). aiohttp does not probe a pooled socket before reusing it (httpcore does, at
+    # the price above), so a connection the server closes just as a POST reuses it would lose that
+    # request's reply; aiohttp retries only idempotent methods on its own.
+    limits = httpx.Limits(
+        max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=2.0
+    )
+    return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), limits=limits)
 
 
 def retry_after(headers: httpx.Headers, now: datetime) -> timedelta | None:
@@ -129,9 +150,10 @@ async def guarded(what: str, limit: timedelta) -> AsyncIterator[None]:
         raise ConfigError("url", f"unsupported URL scheme: {exc}") from exc
     except httpx.InvalidURL as exc:
         raise ConfigError("url", f"invalid URL: {exc}") from exc
-    except httpx.RequestError as exc:
-        # Connect, read and write errors, a peer closing mid-body, undecodable content-encoding:
-        # the exchange broke, which says nothing about the operation's fate.
+    except (httpx.RequestError, aiohttp.ClientError) as exc:
+        # Connect, read and write errors, a peer closing mid-body, undecodable content-encoding
+        # (aiohttp's own when ``pooled_client``'s transport passes one through unmapped, such as a
+        # malformed status line): the exchange broke, which says nothing about the operation's fate.
         raise BackendUnavailable(f"{what}: connection failed ({type(exc).__name__}: {exc})") from exc
 
 

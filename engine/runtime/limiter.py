@@ -41,8 +41,21 @@ class PriorityGate:
     def waiting(self) -> int:
         return sum(1 for q in (self._urgent, self._ordinary) for f in q if not f.done())
 
+    def _anyone_waiting(self) -> bool:
+        """Whether a live waiter is queued; drops finished ones from the front on the way.
+
+        Not ``waiting``: that counts every queued waiter, and acquire runs once per request with
+        up to one waiter per operation in flight (10,000 and more).
+        """
+        for queue in (self._urgent, self._ordinary):
+            while queue and queue[0].done():
+                queue.popleft()
+            if queue:
+                return True
+        return False
+
     async def acquire(self, *, urgent: bool = False) -> None:
-        if self._held < self._limit and not self.waiting:
+        if self._held < self._limit and not self._anyone_waiting():
             self._held += 1
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
