@@ -182,6 +182,9 @@ class Measured:
     wall_s: float
     completed: int
     problems: list[str] = field(default_factory=list)
+    post_p50_ms: float = math.nan
+    """Finality only: POST /api/v1/calls, request to reply (after the durable SUBMITTING record)."""
+    post_p99_ms: float = math.nan
 
 
 def p95(values: list[float]) -> float:
@@ -438,6 +441,8 @@ async def submit_all(url: str, workload: Workload, keys: list[str]) -> list[dict
                 "/api/v1/calls",
                 json={"call_node": key, "tool": workload.tool, "arguments": workload.arguments(key)},
             )
+            # 201 comes after the SUBMITTING record is durable: this is the submission latency.
+            record["post_s"] = time.time() - record["submitted_at"]
             if response.status_code != 201:
                 record["error"] = f"HTTP {response.status_code}: {response.text[:200]}"
             return record
@@ -510,9 +515,14 @@ def measure_finality(workload: Workload, python: Path, folder: Path) -> Measured
         problems.append(f"{len(extra)} call nodes with more than one receipt")
     started = min(r["submitted_at"] for r in records)
     finished = max((r["result_at"] for r in records if "result_at" in r), default=started)
-    return measured_from(
+    measured = measured_from(
         records, keys, workload.duration_s, cpu, finished - started, reads, requests, problems
     )
+    posts = sorted(r["post_s"] * 1000 for r in records if "post_s" in r)
+    if posts:
+        measured.post_p50_ms = statistics.median(posts)
+        measured.post_p99_ms = statistics.quantiles(posts, n=100)[98] if len(posts) > 1 else posts[0]
+    return measured
 
 
 def one_run(
@@ -610,6 +620,13 @@ def main() -> int:
                 better="lower",
             )
             report.add(f"{label}: wall for all calls", "s", [m.wall_s for m in rows], better="lower")
+            if client == FINALITY:
+                report.add(
+                    f"{label}: POST /api/v1/calls p50", "ms", [m.post_p50_ms for m in rows], better="lower"
+                )
+                report.add(
+                    f"{label}: POST /api/v1/calls p99", "ms", [m.post_p99_ms for m in rows], better="lower"
+                )
     problems = [
         f"run {i + 1} {s} / {c}: {p}"
         for i, r in enumerate(runs)
@@ -631,6 +648,8 @@ def main() -> int:
         "Detection delay = observed duration - the tool's duration; observed from just before the call was sent "
         "(for Finality: before its POST /api/v1/calls) to the result in hand (for Finality: the receipt's "
         "accepted_at, recorded after the group commit). Status reads and requests are counted by the servers.",
+        f"POST /api/v1/calls p50/p99: {args.calls} concurrent HTTP callers, from just before the request to its "
+        "201 reply, which the service sends after the SUBMITTING record is committed.",
         "Checks every run: exactly one receipt (one completed result) per call node, exactly one server operation "
         "and one execution per call node. "
         + ("All passed." if not problems else f"FAILED: {'; '.join(problems[:5])}"),

@@ -271,32 +271,7 @@ class Driver:
     # ------------------------------------------------------------------------------- advancing
 
     async def advance(self, op: Operation) -> Wake:
-        """Carry out the action the operation's state calls for; say when to come back.
-
-        Actions that send nothing to the server follow at once in the same advance (so in the
-        same group commit): a terminal status is followed by ``FetchStarted``, and a result already
-        in hand (inline in the terminal reply) is verified and accepted. The rule that an
-        operation's next request goes out only after its last change is durable is kept: no
-        request is sent between these steps, and a crash before the commit loses them all.
-        """
-        wake = await self._act(op)
-        for _ in range(2):
-            if wake.at is None or not self._sends_nothing(wake.operation):
-                break
-            wake = await self._act(wake.operation)
-        return wake
-
-    def _sends_nothing(self, op: Operation) -> bool:
-        """Whether the next action of ``op`` is carried out without a protocol request."""
-        if op.epoch != self.epoch:
-            return False
-        if op.state in (S.TERMINAL_OBSERVED, S.EXPIRED_WITH_RECEIPT):
-            return True
-        mem = self._memory.get(op.operation_id)
-        return op.state is S.FETCHING_RESULT and mem is not None and mem.held is not None and not mem.refetch
-
-    async def _act(self, op: Operation) -> Wake:
-        """Carry out the one action the operation's state calls for."""
+        """Carry out the one action the operation's state calls for; say when to come back."""
         now = self.clock.now()
         known = self._memory.get(op.operation_id)
         due = next_step(

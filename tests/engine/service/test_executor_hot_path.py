@@ -1,0 +1,108 @@
+"""The service's hot path: a burst of submissions shares one transaction, with lone submissions' answers (issue 18)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from engine.adapters.base import Json
+from engine.clock import SystemClock
+from engine.ledger.duckdb import Ledger
+from engine.model import Operation
+from refserver.testing import RefServer
+from service.config import parse_config
+from service.executor import Executor, ServiceError
+from service.testing import config_text
+
+LONG = {"duration_ms": 600_000, "ttl_ms": 3_600_000}
+
+
+class CountingLedger(Ledger):
+    """A real DuckDB ledger that counts how operations are created (one transaction per call)."""
+
+    creations: list[int]
+
+    def create_operation(self, op: Operation, arguments: Json) -> tuple[Operation, bool]:
+        self.creations.append(1)
+        return super().create_operation(op, arguments)
+
+    def create_many(self, items: Sequence[tuple[Operation, Json]]) -> list[tuple[Operation, bool]]:
+        self.creations.append(len(items))
+        return super().create_many(items)
+
+
+async def settle(predicate: Callable[[], bool], *, within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out after {within} s waiting for {what}")
+
+
+async def started(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> tuple[Executor, Ledger, asyncio.Task[None]]:
+    config = parse_config(tomllib.loads(config_text(servers, global_qps=200)))
+    ledger = CountingLedger.open(tmp_path / "hot.duckdb")
+    ledger.creations = []
+    executor = Executor(ledger=ledger, config=config, clock=SystemClock(), rng=random.Random(3))
+    await executor.start()
+    return executor, ledger, asyncio.create_task(executor.run())
+
+
+async def stopped(executor: Executor, ledger: Ledger, runner: asyncio.Task[None]) -> None:
+    executor.request_stop()
+    await asyncio.wait_for(runner, timeout=60)
+    await executor.aclose()
+    ledger.close()
+
+
+async def test_concurrent_submissions_share_one_transaction_and_each_is_durable_when_answered(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """Sixty callers at once: a few create_many calls, no lone creation; each reply names a durable row."""
+    executor, ledger, runner = await started(tmp_path, servers)
+    try:
+        nodes = [f"s{i}" for i in range(60)]
+        answers = await asyncio.gather(
+            *(
+                executor.submit(call_node=n, tool="analyze_upload", arguments={"n": n, "_sim": LONG})
+                for n in nodes
+            )
+        )
+        assert [a.call_node_id for a in answers] == nodes
+        assert len({a.operation_id for a in answers}) == 60
+        for answer in answers:
+            assert ledger.get(answer.operation_id) is not None
+        assert sum(ledger.creations) == 60
+        assert len(ledger.creations) < 10  # batches, not sixty transactions
+    finally:
+        await stopped(executor, ledger, runner)
+
+
+async def test_a_call_node_submitted_twice_in_one_burst_keeps_its_first_request_and_refuses_another(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """The same request again gets the same operation; a different one under that call node is a 409."""
+    executor, ledger, runner = await started(tmp_path, servers)
+    try:
+        same = {"n": "x", "_sim": LONG}
+        first, again, other = await asyncio.gather(
+            executor.submit(call_node="dup", tool="analyze_upload", arguments=same),
+            executor.submit(call_node="dup", tool="analyze_upload", arguments=same),
+            executor.submit(call_node="dup", tool="analyze_upload", arguments={"n": "y", "_sim": LONG}),
+            return_exceptions=True,
+        )
+        assert isinstance(first, Operation)
+        assert isinstance(again, Operation)
+        assert again.operation_id == first.operation_id
+        assert isinstance(other, ServiceError)
+        assert other.status == 409
+        assert len(ledger.operations()) == 1
+    finally:
+        await stopped(executor, ledger, runner)
