@@ -487,6 +487,45 @@ def run_tests(tree: Path, mutant: Mutant, timeout: float) -> tuple[bool, str, fl
     )
 
 
+def write_report(
+    args: argparse.Namespace,
+    chosen: list[Mutant],
+    rows: list[str],
+    survivors: list[str],
+    explorer_s: float,
+    tests_s: float,
+    *,
+    partial: bool,
+) -> None:
+    """``bench/results/mutants.md`` for the rows so far (``partial``: the run is still going)."""
+    caught_seed = sum(1 for m in chosen if m.seed_rule) - len(survivors)
+    total_seed = sum(1 for m in chosen if m.seed_rule)
+    doc = [
+        "# Mutants: does the safety net fail when the code is wrong?",
+        "",
+        f"`python bench/mutants.py --per-pair {args.per_pair}{' --tests' if args.tests else ''}`: "
+        f"{len(chosen)} one-line bugs, each applied alone to a throwaway copy of the tree. Explorer: "
+        "`finality explore --code shipped` (the real driver and adapters against the reference servers, "
+        f"{args.per_pair} interleavings per scenario and protocol, the whole catalogue, stopping at the "
+        "first divergent pair). Tests: the mutant's targeted test files, `pytest -x`.",
+        "",
+        f"Seed-rule-breaking mutants caught by the explorer alone: {caught_seed} of {total_seed}"
+        + (f"; survivors (gaps to close): {', '.join(survivors)}" if survivors else "")
+        + ".",
+        f"Explorer half: {explorer_s:.0f} s in total; test half: "
+        + (f"{tests_s:.0f} s in total." if args.tests else "not run."),
+        "",
+        "| mutant | area | the bug | breaks a seed rule alone | caught by the explorer (scenario) | caught by the tests (test) |",
+        "| --- | --- | --- | --- | --- | --- |",
+        *rows,
+        "",
+    ]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    if partial:
+        doc.insert(2, f"(partial: {len(rows)} of {len(chosen)} mutants run so far)\n")
+    Path(args.out).write_text("\n".join(doc))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--per-pair", type=int, default=30, help="interleavings per scenario/protocol pair")
@@ -533,30 +572,8 @@ def main(argv: list[str] | None = None) -> int:
             seed = "yes" if mutant.seed_rule else "no"
             rows.append(f"| {mutant.id} | {mutant.area} | {mutant.bug} | {seed} | {explorer} | {tests} |")
             print(f"{mutant.id}: explorer {explorer}; tests {tests}", flush=True)
-    caught_seed = sum(1 for m in chosen if m.seed_rule) - len(survivors)
-    total_seed = sum(1 for m in chosen if m.seed_rule)
-    doc = [
-        "# Mutants: does the safety net fail when the code is wrong?",
-        "",
-        f"`python bench/mutants.py --per-pair {args.per_pair}{' --tests' if args.tests else ''}`: "
-        f"{len(chosen)} one-line bugs, each applied alone to a throwaway copy of the tree. Explorer: "
-        "`finality explore --code shipped` (the real driver and adapters against the reference servers, "
-        f"{args.per_pair} interleavings per scenario and protocol, the whole catalogue, stopping at the "
-        "first divergent pair). Tests: the mutant's targeted test files, `pytest -x`.",
-        "",
-        f"Seed-rule-breaking mutants caught by the explorer alone: {caught_seed} of {total_seed}"
-        + (f"; survivors (gaps to close): {', '.join(survivors)}" if survivors else "")
-        + ".",
-        f"Explorer half: {explorer_s:.0f} s in total; test half: "
-        + (f"{tests_s:.0f} s in total." if args.tests else "not run."),
-        "",
-        "| mutant | area | the bug | breaks a seed rule alone | caught by the explorer (scenario) | caught by the tests (test) |",
-        "| --- | --- | --- | --- | --- | --- |",
-        *rows,
-        "",
-    ]
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text("\n".join(doc))
+            write_report(args, chosen, rows, survivors, explorer_s, tests_s, partial=True)
+    write_report(args, chosen, rows, survivors, explorer_s, tests_s, partial=False)
     print(f"explorer half {explorer_s:.0f} s, test half {tests_s:.0f} s; wrote {args.out}")
     return 1 if survivors else 0
 
