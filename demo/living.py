@@ -614,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         config = write_config(data, servers)
         service = ServiceProcess(ledger, config, port=port_or_free(args.service_port)).start()
-        print(f"service: {service.url} (ledger {ledger}, config {config})", flush=True)
+        print(f"service: {service.url} (pid {service.pid}, ledger {ledger}, config {config})", flush=True)
         shared = Shared(service.url, servers)
         with ServiceClient(service.url, timeout=30) as client:
             client.rollout(

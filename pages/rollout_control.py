@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd  # type: ignore[import-untyped]
 import streamlit as st
 
 from console.frame import acting_as, acting_name, console_insights, gate_stamp, link
@@ -14,6 +15,10 @@ from rollout.plan import LIVE_STAGES, Stage
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
 st.title("Rollout control")
+
+
+def _fail_red(value: object) -> str:
+    return "color: white; background-color: #c62828" if value == "FAIL" else "color: #1b5e20"
 
 
 # What a person can do next at each stage (display only: the service decides, by rollout.plan.decide,
@@ -220,16 +225,18 @@ def live() -> None:
         "a promotion is decided by the service on its own fresh evaluation, not on this view"
     )
     st.dataframe(
-        [
-            {
-                "result": "PASS" if r.passed else "FAIL",
-                "gate": r.gate,
-                "value": gate_value(r.gate, r.value),
-                "passes when": gate_threshold(r.gate, r.threshold),
-                "verdict": r.verdict,
-            }
-            for r in gates.results
-        ],
+        pd.DataFrame(
+            [
+                {
+                    "result": "PASS" if r.passed else "FAIL",
+                    "gate": r.gate,
+                    "value": gate_value(r.gate, r.value),
+                    "passes when": gate_threshold(r.gate, r.threshold),
+                    "verdict": r.verdict,
+                }
+                for r in gates.results
+            ]
+        ).style.map(_fail_red, subset=["result"]),
         hide_index=True,
         key="rollout_gate_table",
         width="stretch",

@@ -172,7 +172,7 @@ def test_rollback_from_the_browser_raises_the_epoch(console: str, service: Servi
             page.get_by_role("link", name="Rollout control").click()
             page.get_by_role("heading", name="Rollout control").wait_for(timeout=60_000)
             before = _epoch(page)
-            page.get_by_role("button", name="Roll back…").click()
+            page.get_by_role("button", name="Roll back…").click(timeout=90_000)
             dialog = page.get_by_role("dialog")
             reason = dialog.get_by_label("Reason (required, typed)")
             reason.fill("canary p99 regression seen in the browser test")
@@ -189,6 +189,7 @@ def test_rollback_from_the_browser_raises_the_epoch(console: str, service: Servi
             page.screenshot(path=str(ARTIFACTS / "console-rollback.png"), full_page=True)
         except Exception:
             page.screenshot(path=str(ARTIFACTS / "console-rollback-failed.png"), full_page=True)
+            (ARTIFACTS / "console-rollback-failed.txt").write_text(page.inner_text("body"))
             raise
         finally:
             browser.close()
@@ -322,7 +323,7 @@ def test_a_person_answers_sees_and_acts_on_every_page_at_1440x900(
             page.get_by_role("link", name=f"{DIVERGED_NODE} (old path)").wait_for(timeout=30_000)
             page.get_by_role("link", name=f"{DIVERGED_NODE}#shadow (new path)").wait_for(timeout=30_000)
             epoch = _epoch(page)
-            page.get_by_role("button", name="Roll back…").click()
+            page.get_by_role("button", name="Roll back…").click(timeout=90_000)
             dialog = page.get_by_role("dialog")
             dialog.get_by_text(f"Execution epoch {epoch} → {epoch + 1}").wait_for(timeout=30_000)
             dialog.get_by_text("Acting as").wait_for(timeout=30_000)
@@ -341,6 +342,7 @@ def test_a_person_answers_sees_and_acts_on_every_page_at_1440x900(
             assert manifest["actor"] == "browser-test"
         except Exception:
             page.screenshot(path=str(ARTIFACTS / f"console-1440-{shot}-failed.png"), full_page=True)
+            (ARTIFACTS / f"console-1440-{shot}-failed.txt").write_text(page.inner_text("body"))
             raise
         finally:
             browser.close()

@@ -268,3 +268,18 @@ def test_ctrl_c_while_the_demo_starts_stops_every_process_it_started(start_demo)
         time.sleep(0.1)
     assert not [pid for pid in children if _running(pid)], "processes the demo started outlived it"
     demo.wait_for(r"demo stopped", until=time.monotonic() + 5)
+
+
+def test_without_bots_the_demo_says_so_prints_summaries_and_ends_when_the_service_dies(start_demo):
+    """--no-bots: no simulated person, a first thing to try, a summary line per period, and when the
+    service is killed the demo stops by itself (exit 1) instead of looping on "does not answer"."""
+    demo = start_demo("--no-console", "--no-bots", "--summary-s", "2")
+    deadline = demo.started + DATA_WITHIN_S
+    pid = int(demo.wait_for(r"service: http://\S+ \(pid (\d+),", until=deadline).group(1))
+    demo.wait_for(r"simulated people: none \(--no-bots\)", until=deadline)
+    demo.wait_for(r"try first: open Approvals", until=deadline)
+    demo.wait_for(r"^\[demo \d\d:\d\d\] submitted \d+", until=time.monotonic() + 30)
+    os.kill(pid, signal.SIGKILL)
+    demo.wait_for(r"the service died", until=time.monotonic() + 60)
+    assert demo.process.wait(timeout=STOP_WITHIN_S) == 1
+    assert not any("[operator]" in line or "[approver]" in line for line in demo.seen)
