@@ -274,7 +274,9 @@ def test_without_bots_the_demo_says_so_prints_summaries_and_ends_when_the_servic
     """--no-bots: no simulated person, a first thing to try, a summary line per period, and when the
     service is killed the demo stops by itself (exit 1) instead of looping on "does not answer"."""
     demo = start_demo("--no-console", "--no-bots", "--summary-s", "2")
-    deadline = demo.started + DATA_WITHIN_S
+    deadline = (
+        demo.started + 180
+    )  # start-up only (its 30 s budget is the chart test's); this machine is shared
     pid = int(demo.wait_for(r"service: http://\S+ \(pid (\d+),", until=deadline).group(1))
     demo.wait_for(r"simulated people: none \(--no-bots\)", until=deadline)
     demo.wait_for(r"try first: open Approvals", until=deadline)
