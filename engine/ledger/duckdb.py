@@ -144,6 +144,11 @@ class Ledger(SqlLedger):
     def close(self) -> None:
         self._root.close()
 
+    @property
+    def leasing(self) -> None:
+        """One process owns a DuckDB file: nothing is leased or fenced."""
+        return None
+
     def warm_up(self) -> None:
         """Pay one-time costs (pyarrow's lazy imports) now rather than on the first write."""
         _columns([codec._state_row(_WARM_UP_OP, 0, 0)], _STATE_SCHEMA)

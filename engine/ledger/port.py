@@ -227,6 +227,15 @@ class LedgerPort(Protocol):
     def count(self, table: str) -> int: ...
     def table_columns(self) -> dict[str, list[str]]: ...
 
+    # what the backend can do
+    @property
+    def leasing(self) -> LeasingLedgerPort | None:
+        """This ledger as one several executors share (leases, fencing, a shared QPS budget), or None.
+
+        None: one process owns the ledger (DuckDB, memory). Callers ask this, never the backend's type.
+        """
+        ...
+
 
 class LeasingLedgerPort(LedgerPort, Protocol):
     """A ledger several executor processes share: work is leased, writes are fenced (PostgreSQL only)."""
@@ -254,6 +263,10 @@ class LeasingLedgerPort(LedgerPort, Protocol):
     def lease_of(self, operation_id: str) -> Lease | None: ...
     def leases(self, *, owner: str | None = None) -> list[Lease]: ...
     def fenced(self, fence: Fence) -> Self: ...
+    def book_send_slots(
+        self, scopes: Sequence[str], caps: Sequence[int], first_slot: int, n: int
+    ) -> list[int]: ...
+    def prune_send_slots(self, before_slot: int) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,6 +230,11 @@ class PgLedger(SqlLedger):
         if self._owns_pool:
             self._pool.close()
 
+    @property
+    def leasing(self) -> PgLedger:
+        """Any number of executors share a PostgreSQL ledger: leases, fencing, shared QPS slots."""
+        return self
+
     def warm_up(self) -> None:
         """Make sure one pooled connection is open, so the first write pays no connection setup."""
         with self._conn() as conn:

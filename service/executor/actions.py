@@ -1,0 +1,512 @@
+"""Person actions: submit (routed by the rollout), cancel, resubmit, answer, resolve.
+
+Each runs between ticks (``_between_ticks``), so it never overlaps an advance of its operation,
+and is recorded before anything is sent. Cancels that arrive together are recorded in one group
+commit, each still its own compare-and-swap. This module must not send protocol requests itself:
+the operation's driver does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from engine.adapters import CallMode, plan_call
+from engine.adapters.base import Json
+from engine.errors import (
+    DuplicateOperation,
+    EngineError,
+    NegotiationError,
+    RolloutRefused,
+    ServiceError,
+    StaleRound,
+)
+from engine.model import (
+    CallNodeId,
+    CallRequest,
+    LocalState,
+    Operation,
+    OperationId,
+    Principal,
+    Protocol,
+    Reconciled,
+    Role,
+    new_operation,
+    request_mismatch,
+)
+from engine.runtime.call import ADAPTER_VERSION
+from rollout.assign import Arm, bucket
+from rollout.route import Route
+from rollout.shadow import SHADOW_SUFFIX, shadow_call_node
+from service.config import ToolConfig
+from service.executor.base import (
+    ExecutorState,
+    Server,
+    Submission,
+)
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+S = LocalState
+
+
+class PersonActions(ExecutorState):
+    """What a person (or a client) asks of the executor, carried out between ticks."""
+
+    async def _between_ticks(self, action: Callable[[], Awaitable[T]]) -> T:
+        """Run ``action`` in the loop between ticks, so it never overlaps an operation's advance."""
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+        self._actions.append((action, future))
+        self._wake.set()
+        result = await asyncio.wait_for(future, timeout=60)
+        return result  # type: ignore[return-value]
+
+    async def submit(
+        self,
+        *,
+        call_node: str,
+        tool: str,
+        arguments: Json,
+        principal: str | None = None,
+        server: str | None = None,
+        role: Role = Role.PRIMARY,
+    ) -> Operation:
+        """Record and schedule a call (or return the call node's existing operation).
+
+        A new call node is routed by the rollout (old path, canary or a shadow beside it) unless
+        ``server`` names one; either way a server whose protocol is switched off takes no new call.
+
+        Raises:
+            ServiceError: 400 unknown tool/server or a reserved call node id, 409 the call node
+                holds another request or the protocol is disabled, 422 the server or tool cannot
+                run it within its limits.
+        """
+        tool_config = self.config.tools.get(tool)
+        if tool_config is None:
+            raise ServiceError(400, f"unknown tool {tool!r}; configure it under [tools.{tool}]")
+        if server is not None and server not in self._servers:
+            raise ServiceError(400, f"unknown server {server!r}")
+
+        # Not one action each: every submission waiting when the loop comes round is recorded in
+        # one transaction (``_create_queued``), so 200 concurrent callers cost two commits, not 400.
+        future: asyncio.Future[Operation] = asyncio.get_running_loop().create_future()
+        self._submits.append((Submission(tool_config, call_node, arguments, principal, role, server), future))
+        self._wake.set()
+        return await asyncio.wait_for(future, timeout=60)
+
+    def _create_queued(self) -> None:
+        """Record the queued submissions of new call nodes together; every other one goes alone.
+
+        A call node that already has an operation, or appears twice in the queue, is answered by
+        ``_create`` exactly as a lone submission would be (same result, same 409). The new ones
+        are recorded by one ``create_many`` and their assignments by one ``record_assignments``.
+        """
+        queued, self._submits = self._submits, []
+        batch: list[tuple[Submission, asyncio.Future[Operation], Operation, Route, Server]] = []
+        alone: list[tuple[Submission, asyncio.Future[Operation]]] = []
+        nodes: set[str] = set()
+        for sub, future in queued:
+            if future.done():
+                continue  # its caller gave up
+            if sub.call_node in nodes or self.ledger.by_call_node(sub.call_node) is not None:
+                alone.append((sub, future))
+                continue
+            try:
+                route = self._route(sub.call_node, sub.tool, sub.server)
+                target = self._servers[route.server]
+                self._plan(target, sub.tool)
+            except ServiceError as exc:
+                future.set_exception(exc)
+                continue
+            principal = sub.principal or target.config.principal
+            op = self._new_op(target, sub.tool, sub.call_node, sub.arguments, principal, sub.role)
+            batch.append((sub, future, op, route, target))
+            nodes.add(sub.call_node)
+        created: list[tuple[Submission, asyncio.Future[Operation], Operation, Route, Server]] = []
+        try:
+            stored = self.ledger.create_many([(op, sub.arguments) for sub, _, op, _, _ in batch])
+        except EngineError:
+            # Another executor raced us to one of the call nodes. What the batch recorded before
+            # it failed is ours (our operation id); the rest is answered one by one.
+            for sub, future, op, route, target in batch:
+                found = self.ledger.by_call_node(sub.call_node)
+                if found is not None and found.operation_id == op.operation_id:
+                    created.append((sub, future, found, route, target))
+                else:
+                    alone.append((sub, future))
+        else:
+            for (sub, future, _, route, target), (op, fresh) in zip(batch, stored, strict=True):
+                if fresh:
+                    created.append((sub, future, op, route, target))
+                else:
+                    alone.append((sub, future))
+        rows: list[dict[str, object]] = []
+        shadows: list[tuple[Operation, Route]] = []
+        tool_of: dict[str, ToolConfig] = {}
+        for sub, _, op, route, target in created:
+            self._track(target, op, True, sub.arguments)
+            rows.append(self.rollout.assignment(op, route, tool=sub.tool.name, server_name=route.server))
+            if route.shadow_server is not None:
+                shadows.append((op, route))
+                tool_of[op.operation_id] = sub.tool
+        rows.extend(self._start_shadows(shadows, tool_of=tool_of))
+        self.ledger.record_assignments(rows)
+        for _, future, op, _, _ in created:
+            future.set_result(op)
+        for sub, future in alone:
+            try:
+                future.set_result(
+                    self._create(sub.tool, sub.call_node, sub.arguments, sub.principal, sub.role, sub.server)
+                )
+            except Exception as exc:  # handed to the waiting API request, which reports it
+                future.set_exception(exc)
+        self._flush()
+
+    def _route(self, call_node: str, tool: ToolConfig, server: str | None) -> Route:
+        if call_node.endswith(SHADOW_SUFFIX):
+            raise ServiceError(
+                400, f"call node ids ending in {SHADOW_SUFFIX!r} are reserved for shadow operations"
+            )
+        try:
+            if server is None:
+                return self.router.route(call_node, tool.name)
+            target = self._servers[server]
+            if target.protocol.value in self.router.state.disabled_protocols:
+                raise RolloutRefused(
+                    409,
+                    f"protocol {target.protocol} is disabled (kill switch): server {server!r} takes no new call",
+                )
+            return Route(server, Arm.FIXED, bucket(call_node, self.router.state.salt))
+        except RolloutRefused as exc:
+            raise ServiceError(exc.status, str(exc)) from exc
+
+    def _plan(self, target: Server, tool: ToolConfig) -> None:
+        try:
+            plan = plan_call(target.caps, tool.name, sync_limit=tool.sync_limit, wait_budget=tool.wait_budget)
+        except NegotiationError as exc:
+            raise ServiceError(422, str(exc)) from exc
+        if plan.mode is CallMode.SYNC and target.protocol is not Protocol.MCP_2026_07_28:
+            raise ServiceError(422, f"{plan.reason}; synchronous calls run through `finality call`")
+
+    def _new_op(
+        self, target: Server, tool: ToolConfig, call_node: str, arguments: Json, principal: str, role: Role
+    ) -> Operation:
+        request = CallRequest(CallNodeId(call_node), tool.ref, arguments, Principal(principal))
+        return new_operation(
+            request,
+            operation_id=OperationId(str(uuid.uuid4())),
+            protocol=target.protocol,
+            adapter_version=ADAPTER_VERSION,
+            server=target.config.url,
+            epoch=self.epoch,
+            now=self.clock.now(),
+            role=role,
+        )
+
+    def _track(self, target: Server, op: Operation, created: bool, arguments: Json) -> None:
+        if created:
+            target.driver.mark_fresh(op, arguments)
+        elif not self._tenancy.drives(op.operation_id, tracked=op.operation_id in self._ops):
+            return
+        self._ops[op.operation_id] = op
+        self._schedule(op.operation_id, self.clock.now())
+
+    def _create(
+        self,
+        tool: ToolConfig,
+        call_node: str,
+        arguments: Json,
+        principal: str | None,
+        role: Role,
+        server: str | None,
+    ) -> Operation:
+        existing = self.ledger.by_call_node(call_node)
+        if existing is not None:
+            asked = CallRequest(
+                CallNodeId(call_node), tool.ref, arguments, Principal(principal or existing.principal)
+            )
+            field = request_mismatch(existing, asked)
+            if field is not None:
+                raise ServiceError(
+                    409, f"call node {call_node!r} already holds a different request: its {field} differs"
+                )
+            return existing
+        route = self._route(call_node, tool, server)
+        target = self._servers[route.server]
+        self._plan(target, tool)
+        op = self._new_op(target, tool, call_node, arguments, principal or target.config.principal, role)
+        stored, created = self.ledger.create_operation(op, arguments)
+        self._track(target, stored, created, arguments)
+        if created:
+            rows = [self.rollout.assignment(stored, route, tool=tool.name, server_name=route.server)]
+            if route.shadow_server is not None:
+                rows.extend(self._start_shadows([(stored, route)], tool_of={stored.operation_id: tool}))
+            self.ledger.record_assignments(rows)
+        return stored
+
+    def _start_shadows(
+        self, primaries: list[tuple[Operation, Route]], *, tool_of: dict[str, ToolConfig]
+    ) -> list[dict[str, object]]:
+        """Start the shadow copies of freshly created primaries; returns their assignment rows.
+
+        A shadow never affects its primary: a shadow that cannot be planned or recorded is
+        skipped with a warning. Only side-effect-free tools are ever shadowed (the router and the
+        stage machine ensure it; checked here once more because a shadow runs the call twice).
+        """
+        items: list[tuple[Operation, Json]] = []
+        meta: list[tuple[Operation, Route, Server, ToolConfig, Json]] = []
+        for primary, route in primaries:
+            tool = tool_of[primary.operation_id]
+            if route.shadow_server is None or not tool.side_effect_free:
+                continue
+            target = self._servers[route.shadow_server]
+            try:
+                self._plan(target, tool)
+            except ServiceError as exc:
+                logger.warning("no shadow for %s on %s: %s", primary.call_node_id, route.shadow_server, exc)
+                continue
+            arguments = self.ledger.arguments(primary.operation_id)
+            op = self._new_op(
+                target,
+                tool,
+                shadow_call_node(primary.call_node_id),
+                arguments,
+                target.config.principal,
+                Role.SHADOW,
+            )
+            items.append((op, arguments))
+            meta.append((primary, route, target, tool, arguments))
+        if not items:
+            return []
+        try:
+            stored = self.ledger.create_many(items)
+        except EngineError as exc:
+            logger.warning("shadow operations not recorded: %s", exc)
+            return []
+        rows: list[dict[str, object]] = []
+        for (op, created), (primary, route, target, tool, arguments) in zip(stored, meta, strict=True):
+            self._track(target, op, created, arguments)
+            if created:
+                self._shadow_of[primary.operation_id] = op.operation_id
+                self._primary_of[op.operation_id] = primary.operation_id
+                rows.append(
+                    self.rollout.assignment(
+                        op,
+                        route,
+                        tool=tool.name,
+                        server_name=target.config.name,
+                        primary_operation_id=primary.operation_id,
+                    )
+                )
+        return rows
+
+    async def submit_many(self, calls: list[tuple[str, str, Json]]) -> list[Operation]:
+        """Record many calls ``(call_node, tool, arguments)`` in one transaction and schedule them.
+
+        For load generators and imports; each call follows the same rules as ``submit`` (routing,
+        shadows and the kill switch included).
+        """
+
+        async def create() -> list[Operation]:
+            items: list[tuple[Operation, Json]] = []
+            planned: list[tuple[Server, Route, ToolConfig]] = []
+            for call_node, tool, arguments in calls:
+                tool_config = self.config.tools.get(tool)
+                if tool_config is None:
+                    raise ServiceError(400, f"unknown tool {tool!r}")
+                route = self._route(call_node, tool_config, None)
+                target = self._servers[route.server]
+                self._plan(target, tool_config)
+                op = self._new_op(
+                    target, tool_config, call_node, arguments, target.config.principal, Role.PRIMARY
+                )
+                items.append((op, arguments))
+                planned.append((target, route, tool_config))
+            stored = self.ledger.create_many(items)
+            rows: list[dict[str, object]] = []
+            fresh: list[tuple[Operation, Route]] = []
+            tool_of: dict[str, ToolConfig] = {}
+            for (op, created), (target, route, tool_config), (_, arguments) in zip(
+                stored, planned, items, strict=True
+            ):
+                self._track(target, op, created, arguments)
+                if created:
+                    rows.append(
+                        self.rollout.assignment(op, route, tool=tool_config.name, server_name=route.server)
+                    )
+                    if route.shadow_server is not None:
+                        fresh.append((op, route))
+                        tool_of[op.operation_id] = tool_config
+            rows.extend(self._start_shadows(fresh, tool_of=tool_of))
+            self.ledger.record_assignments(rows)
+            return [op for op, _ in stored]
+
+        return await self._between_ticks(create)
+
+    async def cancel(self, call_node: str, *, actor: str, reason: str) -> Operation:
+        """Raise the cancel generation and record CANCEL_REQUESTED; the request goes out after that.
+
+        Cancels that arrive together are recorded together: one group commit between ticks, each
+        still its own compare-and-swap, and each caller answered only once its record is durable.
+        A primary's running shadow is cancelled with it, so that the comparison stays like for like.
+        """
+        future: asyncio.Future[Operation] = asyncio.get_running_loop().create_future()
+        self._cancels.append((call_node, actor, reason, future))
+        self._wake.set()
+        return await asyncio.wait_for(future, timeout=60)
+
+    def _cancel_queued(self) -> None:
+        queued, self._cancels = self._cancels, []
+        done: list[tuple[asyncio.Future[Operation], Operation | Exception]] = []
+        with self._store.grouped() as refused:
+            for call_node, actor, reason, future in queued:
+                try:
+                    done.append((future, self._cancel_now(call_node, actor=actor, reason=reason)))
+                except Exception as exc:  # handed to the waiting API request, which reports it
+                    done.append((future, exc))
+        lost = {t.after.operation_id for t, _ in refused}
+        self._refused(refused, [])
+        for future, result in done:
+            if future.done():  # the caller stopped waiting; the record stands all the same
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            elif result.operation_id in lost:
+                future.set_exception(
+                    ServiceError(409, "the operation moved while the cancel was recorded; ask again")
+                )
+            else:
+                future.set_result(result)
+
+    def _cancel_now(self, call_node: str, *, actor: str, reason: str) -> Operation:
+        op = self._current(call_node)
+        driver = self._driver_for(op)
+        if driver is None:
+            raise ServiceError(409, f"operation's server {op.server} is not configured")
+        try:
+            with self._store.immediate():
+                after = driver.request_cancel(op, actor=actor, reason=reason)
+        except EngineError as exc:
+            raise ServiceError(409, str(exc)) from exc
+        self._touched(after)
+        self._cancel_shadow(after, actor=actor, reason=reason)
+        return after
+
+    def _cancel_shadow(self, primary: Operation, *, actor: str, reason: str) -> None:
+        shadow_id = self._shadow_of.get(primary.operation_id)
+        shadow = self.ledger.get(shadow_id) if shadow_id is not None else None
+        if shadow is None or shadow.state not in (S.WORKING, S.INPUT_REQUIRED):
+            return
+        driver = self._driver_for(shadow)
+        if driver is None:
+            return
+        try:
+            with self._store.immediate():
+                after = driver.request_cancel(
+                    shadow, actor=actor, reason=f"mirrors its primary's cancel: {reason}"
+                )
+        except EngineError as exc:
+            logger.warning("shadow %s not cancelled with its primary: %s", shadow.operation_id, exc)
+            return
+        self._touched(after)
+
+    async def resubmit(self, call_node: str, *, actor: str, reason: str) -> Operation:
+        """A person's resubmission under the same key of an operation they declared absent.
+
+        Recorded with actor and reason before the submission goes out; 409 unless NOT_FOUND_SAFE.
+        """
+        if not actor.strip() or not reason.strip():
+            raise ServiceError(400, "actor and reason are required")
+
+        async def do() -> Operation:
+            op = self._current(call_node)
+            driver = self._driver_for(op)
+            if driver is None:
+                raise ServiceError(409, f"operation's server {op.server} is not configured")
+            try:
+                with self._store.immediate():
+                    after = driver.resubmit(op, actor=actor, reason=reason)
+            except EngineError as exc:
+                raise ServiceError(409, str(exc)) from exc
+            self._touched(after)
+            return after
+
+        return await self._between_ticks(do)
+
+    async def answer(self, operation_id: str, *, input_round: int, answer: Json, actor: str) -> Operation:
+        """Answer one input round; a stale round is refused with 409 and changes nothing."""
+
+        async def do() -> Operation:
+            op = self.ledger.get(operation_id)
+            if op is None:
+                raise ServiceError(404, f"no operation {operation_id}")
+            driver = self._driver_for(op)
+            if driver is None:
+                raise ServiceError(409, f"operation's server {op.server} is not configured")
+            try:
+                with self._store.immediate():
+                    after = await driver.answer(op, input_round=input_round, answer=answer, actor=actor)
+            except StaleRound as exc:
+                raise ServiceError(409, str(exc)) from exc
+            self._touched(after)
+            return after
+
+        return await self._between_ticks(do)
+
+    async def resolve(
+        self, entry_id: int, *, actor: str, reason: str, task_id: str | None, absent: bool
+    ) -> bool:
+        """Resolve a reconciliation entry; for an UNKNOWN operation, bind it to a task or declare it absent."""
+        if not actor.strip() or not reason.strip():
+            raise ServiceError(400, "actor and reason are required")
+
+        async def do() -> bool:
+            entries = [e for e in self.ledger.reconciliation(open_only=True) if e["entry_id"] == entry_id]
+            if not entries:
+                raise ServiceError(404, f"no open reconciliation entry {entry_id}")
+            entry = entries[0]
+            op = self.ledger.get(str(entry["operation_id"]))
+            if (
+                op is not None
+                and op.state is S.UNKNOWN
+                and entry["kind"] == "unknown"
+                and (task_id or absent)
+            ):
+                driver = self._driver_for(op)
+                if driver is None:
+                    raise ServiceError(409, f"operation's server {op.server} is not configured")
+                # A person's spelling of the task becomes the protocol's one spelling, so that a bare
+                # AIP-151 id and its full name denote one server operation (found by the demo: one
+                # operation bound twice, counted by duplicate_operations as a second one).
+                bound = driver.backend.canonical_task_id(task_id) if task_id else None
+                if bound is not None and op.task_id is not None and bound != op.task_id:
+                    raise ServiceError(
+                        409,
+                        f"operation {op.operation_id} is bound to task {op.task_id}; "
+                        f"{task_id!r} names another task",
+                    )
+                try:
+                    with self._store.immediate():
+                        after = driver.commit(op, Reconciled(actor, reason, bound))
+                except DuplicateOperation as exc:
+                    raise ServiceError(409, f"task {bound} belongs to another operation: {exc}") from exc
+                if after.state is S.UNKNOWN:
+                    raise ServiceError(409, "the operation could not be reconciled that way")
+                self._touched(after)
+            return self.ledger.resolve_reconciliation(
+                entry_id, actor=actor, resolution=reason, at=self.clock.now()
+            )
+
+        return await self._between_ticks(do)
+
+    def _current(self, call_node: str) -> Operation:
+        op = self.ledger.by_call_node(call_node)
+        if op is None:
+            raise ServiceError(404, f"no operation for call node {call_node!r}")
+        return self._ops.get(op.operation_id, op)
+
+
+__all__ = ["PersonActions"]

@@ -1,0 +1,236 @@
+"""The executor's shared state and what each of its concerns needs from the others.
+
+``ExecutorState`` holds the fields every concern reads (the operations held, the timer heap, the
+write buffer, the servers, the epoch) and declares, as abstract methods, the few calls that cross
+from one concern to another, so that each concern lives in its own module and the composed
+``Executor`` (``service.executor.core``) is checked to provide them all. No behaviour here.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import itertools
+import os
+import random
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, TypeVar
+
+from engine.adapters import HttpClient
+from engine.adapters.base import Backend, Capabilities, Json
+from engine.clock import Clock
+from engine.ledger.port import BatchOutcome, LedgerPort
+from engine.model import Epoch, LocalState, Operation, Protocol, Role, Transition
+from engine.runtime.driver import Driver, Wake
+from engine.runtime.limiter import Limiter
+from engine.schedule import PollPolicy
+from service.batching import BatchingLedger
+from service.config import ServerConfig, ServiceConfig, ToolConfig
+
+if TYPE_CHECKING:
+    from rollout.controller import RolloutController
+    from rollout.route import Router
+    from service.executor.leases import Tenancy
+
+S = LocalState
+T = TypeVar("T")
+
+MAX_RUNNING = 2000
+"""Operations advancing at once; the QPS limiter spaces their requests."""
+MAX_IN_FLIGHT_REQUESTS = 48
+"""Protocol requests awaiting a reply at once, across all servers."""
+FLUSH_BATCH = 2000
+"""Buffered writes that trigger a group commit without waiting for ``FLUSH_DELAY``."""
+FLUSH_DELAY = timedelta(milliseconds=50)
+"""How long finished advances wait for company before their writes are committed together.
+
+A DuckDB commit costs milliseconds whatever it carries, so commits are paced, not per write;
+the delay is small against any poll interval, and person actions never wait for it."""
+
+CLAIM_BATCH = 500
+"""Operations one claim may lease at once."""
+
+NEVER = datetime.min.replace(tzinfo=UTC)
+
+
+def owner_name() -> str:
+    """This process as a lease owner: host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One ``submit`` call waiting for the loop (see ``PersonActions._create_queued``)."""
+
+    tool: ToolConfig
+    call_node: str
+    arguments: Json
+    principal: str | None
+    role: Role
+    server: str | None
+
+
+@dataclass
+class Server:
+    """One configured server: its protocol, backend, negotiated capabilities and current driver."""
+
+    config: ServerConfig
+    protocol: Protocol
+    backend: Backend
+    caps: Capabilities
+    driver: Driver
+
+
+@dataclass
+class ExecutorState(abc.ABC):
+    """Owns the ledger's writes while the service runs (the fields; the behaviour is in the concerns)."""
+
+    ledger: LedgerPort
+    config: ServiceConfig
+    clock: Clock
+    rng: random.Random = field(default_factory=random.Random)
+    epoch: Epoch = field(default_factory=lambda: Epoch(1))
+    client: HttpClient | None = None
+    lease_s: float | None = None
+    """Share the ledger with other executors (a ledger whose port offers ``leasing``): lease length
+    in seconds; None: alone."""
+    owner: str = field(default_factory=owner_name)
+    lease_token: str = field(default_factory=lambda: str(uuid.uuid4()))
+    """Fresh per process start: a restarted executor holds none of its former leases."""
+    _tenancy: Tenancy = field(init=False)
+    """How this executor shares the ledger (alone, or leased and fenced); chosen once from the port."""
+    _lost: set[str] = field(default_factory=set)
+    """Operations dropped (lease lost) while an advance of theirs was running."""
+    _store: BatchingLedger = field(init=False)
+    _servers: dict[str, Server] = field(default_factory=dict)
+    _heap: list[tuple[datetime, int, str]] = field(default_factory=list)
+    _due_at: dict[str, datetime] = field(default_factory=dict)
+    _ops: dict[str, Operation] = field(default_factory=dict)
+    _seq: itertools.count[int] = field(default_factory=itertools.count)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _actions: list[tuple[Callable[[], Awaitable[object]], asyncio.Future[object]]] = field(
+        default_factory=list
+    )
+    _cancels: list[tuple[str, str, str, asyncio.Future[Operation]]] = field(default_factory=list)
+    _submits: list[tuple[Submission, asyncio.Future[Operation]]] = field(default_factory=list)
+    """``submit`` calls waiting for the next tick, recorded together in one transaction."""
+    _urgent: set[str] = field(default_factory=set)
+    """Operations on the cancel path: launched when due even while MAX_RUNNING advances run."""
+    _running: dict[str, asyncio.Future[Wake]] = field(default_factory=dict)
+    _finished: list[Wake] = field(default_factory=list)
+    _finished_since: datetime = NEVER
+    _rerun: set[str] = field(default_factory=set)
+    _dirty: set[str] = field(default_factory=set)
+    _budget_flagged: set[str] = field(default_factory=set)
+    """Operations whose spent wait budget was handed to a person (no cancel capability)."""
+    _stopping: bool = False
+    stats: dict[str, int] = field(
+        default_factory=lambda: {
+            "ticks": 0,
+            "advances": 0,
+            "refused": 0,
+            "fenced": 0,
+            "adopted": 0,
+            "commits": 0,
+            "committed_writes": 0,
+            "claimed": 0,
+            "lease_lost": 0,
+        }
+    )
+    commit_seconds: float = 0.0
+    """Wall time spent waiting for group commits on the writer thread."""
+    rollout: RolloutController = field(init=False)
+    router: Router = field(init=False)
+    _limiter: Limiter | None = None
+    _policy: PollPolicy = field(default_factory=PollPolicy)
+    _shadow_of: dict[str, str] = field(default_factory=dict)
+    """Primary operation id -> its shadow's, until the pair is compared."""
+    _primary_of: dict[str, str] = field(default_factory=dict)
+
+    # ------------------------------------------------- calls that cross from one concern to another
+
+    @abc.abstractmethod
+    def _schedule(self, op_id: str, at: datetime) -> None:
+        """(loop) Put ``op_id`` on the heap, due at ``at``."""
+
+    @abc.abstractmethod
+    def _driver_for(self, op: Operation) -> Driver | None:
+        """(loop) The current driver of the operation's server, None when it is not configured."""
+
+    @abc.abstractmethod
+    def _touched(self, after: Operation) -> None:
+        """(loop) A person's action just changed ``after`` in the ledger; make the loop follow it."""
+
+    @abc.abstractmethod
+    def _new_driver(self, server: ServerConfig, backend: Backend, caps: Capabilities) -> Driver:
+        """(loop) A driver at the current epoch with no memory."""
+
+    @abc.abstractmethod
+    def _after(self, wake: Wake) -> None:
+        """(loop) Hand a finished advance back to the heap once its writes are durable."""
+
+    @abc.abstractmethod
+    async def _commit(self) -> None:
+        """(write groups) Group-commit on the writer thread."""
+
+    @abc.abstractmethod
+    def _flush(self) -> None:
+        """(write groups) Commit what is buffered now, on the loop's thread."""
+
+    @abc.abstractmethod
+    def _refused(self, refused: list[tuple[Transition, BatchOutcome]], finished: list[Wake]) -> None:
+        """(write groups) Follow the writes the ledger refused."""
+
+    @abc.abstractmethod
+    def _refence(self) -> None:
+        """(leases) Write through the handle this executor's tenancy gives at the current epoch."""
+
+    @abc.abstractmethod
+    def _maintain_leases(self) -> None:
+        """(leases) Renew, drop, claim."""
+
+    @abc.abstractmethod
+    def _lease_lost(self, op_id: str, why: str) -> None:
+        """(leases) Stop driving ``op_id``."""
+
+    @abc.abstractmethod
+    async def _between_ticks(self, action: Callable[[], Awaitable[T]]) -> T:
+        """(person actions) Run ``action`` in the loop between ticks."""
+
+    @abc.abstractmethod
+    def _create_queued(self) -> None:
+        """(person actions) Record the queued submissions together."""
+
+    @abc.abstractmethod
+    def _cancel_queued(self) -> None:
+        """(person actions) Record the queued cancels, one group commit."""
+
+    @abc.abstractmethod
+    def _raise_epoch(self, epoch: Epoch, actor: str) -> dict[str, object]:
+        """(rollout adoption) Switch to ``epoch`` and adopt the in-flight work."""
+
+    @abc.abstractmethod
+    def _adopt_operations(self, ops: list[Operation], *, actor: str) -> dict[str, object]:
+        """(rollout adoption) ``EpochRaised`` for each operation through ``step``."""
+
+    @abc.abstractmethod
+    def _compare_shadows(self, operation_id: str | None = None) -> None:
+        """(rollout adoption) Record shadow comparisons whose pairs both hold a receipt."""
+
+
+__all__ = [
+    "CLAIM_BATCH",
+    "FLUSH_BATCH",
+    "FLUSH_DELAY",
+    "MAX_IN_FLIGHT_REQUESTS",
+    "MAX_RUNNING",
+    "NEVER",
+    "ExecutorState",
+    "Server",
+    "Submission",
+    "owner_name",
+]

@@ -1,0 +1,141 @@
+"""Write groups: group commit on the writer thread, and following the writes the ledger refused.
+
+An operation's next request is only sent after its last change is durable, so finished advances
+are handed back to the heap only after the commit that carries their writes. A refused write
+(lost compare-and-swap, lost lease, a reply fenced by a raised epoch) sends its operation back to
+the ledger's row. This module must not decide routing or leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TypeVar
+
+from engine.clock import monotonic_seconds
+from engine.errors import DuplicateOperation, LeaseLost
+from engine.ledger.port import BatchOutcome
+from engine.machine import step
+from engine.model import (
+    RECEIPT_STATES,
+    LocalState,
+    OpenReconciliation,
+    Transition,
+)
+from engine.runtime.driver import Wake
+from service.executor.base import (
+    ExecutorState,
+)
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+S = LocalState
+
+
+class WriteGroups(ExecutorState):
+    """Group commit and what follows a refused write."""
+
+    async def _commit(self) -> None:
+        """Group commit on the writer thread, then release the advances that finished before it.
+
+        The finished list is taken before the writes: an advance that finishes while the commit
+        runs may have writes in the next group, so it waits for the next commit.
+        """
+        finished, self._finished = self._finished, []
+        group = self._store.take()
+        started = monotonic_seconds()
+        try:
+            refused = await asyncio.to_thread(self._store.commit, group)
+        finally:
+            self._store.settle()
+        self.commit_seconds += monotonic_seconds() - started
+        self.stats["commits"] += 1
+        self.stats["committed_writes"] += group.size
+        self._refused(refused, finished)
+        for wake in finished:
+            self._after(wake)
+
+    def _flush(self) -> None:
+        """Commit what is buffered now, on the loop's thread (around person actions and at stop)."""
+        finished, self._finished = self._finished, []
+        self._refused(self._store.flush(), finished)
+        for wake in finished:
+            self._after(wake)
+
+    def _refused(self, refused: list[tuple[Transition, BatchOutcome]], finished: list[Wake]) -> None:
+        self._log_fenced([t for t, _ in refused])
+        finishing = {wake.operation.operation_id for wake in finished} if refused else set()
+        for transition, outcome in refused:
+            self.stats["refused"] += 1
+            op_id = transition.after.operation_id
+            if isinstance(outcome.error, LeaseLost):
+                self._lease_lost(op_id, str(outcome.error))
+                continue
+            if op_id in self._running:
+                self._dirty.add(op_id)
+                continue
+            if op_id in finishing:
+                # Its advance ended on a write the ledger refused: ``_after`` restarts it from the
+                # ledger instead of from what the advance ended with.
+                self._dirty.add(op_id)
+            fresh = self.ledger.get(op_id)
+            if fresh is None:
+                continue
+            if isinstance(outcome.error, DuplicateOperation) and transition.after.task_id is not None:
+                driver = self._driver_for(fresh)
+                if driver is not None:
+                    fresh = driver.task_reused(fresh, transition.after.task_id, str(outcome.error))
+                    self._store.flush()
+            self._ops[op_id] = fresh
+            if fresh.state not in RECEIPT_STATES:
+                self._schedule(op_id, self.clock.now())
+
+    def _log_fenced(self, refused: list[Transition]) -> None:
+        """Group-committed writes refused because a rollback raised the epoch under them: say so.
+
+        An old driver stepped its reply against the operation as it was when it sent the request;
+        against the adopted row the same reply is stale, and ``step`` says why. Those refusals are
+        what the transitions log keeps (the replies themselves change nothing).
+        """
+        now = self.clock.now()
+        stale = [
+            t
+            for t in refused
+            if t.accepted and t.before.epoch < self.epoch and t.after.operation_id not in self._lost
+        ]
+        current = self.ledger.get_many([t.after.operation_id for t in stale])
+        fenced: list[tuple[Transition, Transition]] = []
+        for transition in stale:
+            fresh = current.get(transition.after.operation_id)
+            if fresh is None or fresh.epoch <= transition.before.epoch:
+                continue
+            verdict = step(fresh, transition.event, now)
+            if not verdict.accepted:
+                fenced.append((transition, verdict))
+        if not fenced:
+            return
+        outcomes = self.ledger.apply_many([verdict for _, verdict in fenced])
+        for (transition, verdict), outcome in zip(fenced, outcomes, strict=True):
+            if outcome.error is not None:
+                logger.warning(
+                    "fenced reply for %s not logged: %s", verdict.before.operation_id, outcome.error
+                )
+                continue
+            self.stats["fenced"] += 1
+            fresh = verdict.before
+            if fresh.state is not S.UNKNOWN and any(
+                isinstance(e, OpenReconciliation) for e in transition.effects
+            ):
+                # The old driver opened an entry for a person on the strength of that reply; the
+                # adopted operation is not lost, so nobody has anything to find.
+                self.ledger.resolve_open(
+                    fresh.operation_id,
+                    kind="unknown",
+                    actor="finality",
+                    resolution=f"opened on a reply fenced after the rollback to epoch {self.epoch}; "
+                    f"the adopted operation continues in {fresh.state}",
+                    at=now,
+                )
+
+
+__all__ = ["WriteGroups"]
