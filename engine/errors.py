@@ -27,6 +27,9 @@ EngineError
 ├── ResubmitNotAllowed       a resubmission nothing proves safe
 ├── RolloutRefused           a rollout action not allowed now (HTTP status, blocking gates)
 ├── ServiceError             a service request that cannot be carried out (HTTP status)
+│   ├── TooLarge             413: a body, arguments or an answer over its limit
+│   └── TooMany              429: a principal over its limits (carries retry_after)
+├── IdentifierRefused        a call node id, principal, actor or reason breaking its rule (422)
 ├── ServiceUnavailable       the service cannot be reached (client side)
 ├── ServiceRefused           the service answered an error status (client side)
 ├── ServiceProcessError      a service subprocess did not start or stop (tests, benchmarks)
@@ -208,10 +211,12 @@ class ServiceUnavailable(EngineError):
 class ServiceRefused(EngineError):
     """The service answered with an error status; ``status`` and ``message`` say which and why."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, retry_after: int | None = None) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+        self.retry_after = retry_after
+        """Seconds, from a 429's Retry-After header."""
 
 
 class ServiceError(EngineError):
@@ -220,6 +225,31 @@ class ServiceError(EngineError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class TooLarge(ServiceError):
+    """413: a body, a tool's arguments or an answer over its limit (the message names the limit)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(413, message)
+
+
+class TooMany(ServiceError):
+    """429: a principal over its in-flight or rate limit; ``retry_after`` whole seconds (Retry-After)."""
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(429, message)
+        self.retry_after = retry_after
+
+
+class IdentifierRefused(EngineError):
+    """A value breaks an identifier rule of ``engine.limits``; the message names the field and the rule."""
+
+    def __init__(self, field: str, rule: str, detail: str) -> None:
+        super().__init__(f"{field!r} refused ({detail}): {rule}")
+        self.field = field
+        self.rule = rule
+        self.detail = detail
 
 
 class ServiceProcessError(EngineError):
@@ -286,6 +316,7 @@ __all__ = [
     "ConsoleError",
     "DuplicateOperation",
     "EngineError",
+    "IdentifierRefused",
     "InvalidRecord",
     "InvalidTransition",
     "LeaseLost",
@@ -312,4 +343,6 @@ __all__ = [
     "StaleRound",
     "StaleWrite",
     "StateLimit",
+    "TooLarge",
+    "TooMany",
 ]

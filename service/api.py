@@ -37,6 +37,10 @@ and, for a blocked promotion, ``failing_gates`` with their raw values):
     GET  /api/v1/rollout/shadow-diffs?diverged=&limit=    shadow comparisons, newest first
     GET  /api/v1/rollout/assignments?limit=               operations' arms, newest first
 
+Every route that takes a body reads it through ``service.guard`` (413 naming the limit, 422 naming
+an identifier rule of ``engine.limits``, 429 with Retry-After for a principal over its limits; README:
+Limits).
+
 Presentation only: every decision is the executor's or the engine's. Every read that is not the
 executor's own (SQL, gates, metrics, the audit check, snapshots) runs on the readers' pool
 (``service.readers``), off the executor's loop; a full pool answers 503 with Retry-After.
@@ -53,13 +57,31 @@ from typing import Any
 import pyarrow as pa
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.applications import Starlette
+from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from engine.errors import EngineError, InvalidRecord, RolloutRefused, ServiceError, SqlRefused
+from engine.clock import monotonic_seconds
+from engine.errors import (
+    EngineError,
+    IdentifierRefused,
+    InvalidRecord,
+    RolloutRefused,
+    ServiceError,
+    SqlRefused,
+    TooLarge,
+    TooMany,
+)
 from engine.ledger.port import LedgerPort
 from engine.ledger.postgres import PgLedger
+from engine.limits import (
+    check_actor,
+    check_call_node,
+    check_principal,
+    check_reason,
+    encoded_size,
+)
 from engine.runtime.report import operation_report
 from rollout.assign import percent_to_bp
 from rollout.controller import verify_ledger
@@ -68,6 +90,7 @@ from rollout.plan import Request as RolloutRequest
 from service.analysis import AnalystReads
 from service.config import AnalystConfig
 from service.executor import Executor
+from service.guard import PrincipalLimiter, describe, json_object, read_body, refused
 from service.readers import ReaderPool, ReadersBusy
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -88,14 +111,26 @@ def _error(status: int, message: str) -> JSON:
     return JSON({"error": message}, status_code=status)
 
 
-async def _body(request: Request) -> dict[str, object]:
+def _limit_of(request: Request) -> int:
+    state: State = request.app.state
+    return int(state.body_bytes)
+
+
+async def _body(request: Request, limit: int | None = None) -> dict[str, object]:
+    """The JSON object body, read with the body limit (or ``limit``) held while reading."""
+    return json_object(await read_body(request, limit if limit is not None else _limit_of(request)))
+
+
+def _checked(check: Callable[[object], str], value: object) -> str:
     try:
-        value = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ServiceError(400, f"request body is not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ServiceError(400, "request body must be a JSON object")
-    return value
+        return check(value)
+    except IdentifierRefused as exc:
+        raise refused(exc) from exc
+
+
+def _person(body: dict[str, object]) -> tuple[str, str]:
+    """``actor`` and ``reason``: present (400) and within their identifier rules (422)."""
+    return _checked(check_actor, _text(body, "actor")), _checked(check_reason, _text(body, "reason"))
 
 
 def _optional(body: dict[str, object], key: str) -> str | None:
@@ -121,6 +156,10 @@ def _guard(handler: Handler) -> Handler:
         except ReadersBusy as exc:
             response = _error(exc.status, str(exc))
             response.headers["Retry-After"] = str(exc.retry_after_s)
+            return response
+        except TooMany as exc:
+            response = _error(exc.status, str(exc))
+            response.headers["Retry-After"] = str(exc.retry_after)
             return response
         except ServiceError as exc:
             return _error(exc.status, str(exc))
@@ -155,7 +194,26 @@ def build_api(
     """The ASGI app over one executor and its ledger; reads go to ``readers`` (a default pool if None)."""
     pool = readers or ReaderPool()
     limits = analyst or AnalystConfig()
+    config = executor.config
+    limiter = PrincipalLimiter(config.limits, now=monotonic_seconds, in_flight=executor.in_flight_of)
     registry = CollectorRegistry()
+    limit_values = Gauge(
+        "finality_limit", "Configured request and principal limits", ["limit"], registry=registry
+    )
+    for name in ("body_bytes", "answer_bytes", "in_flight_per_principal", "submissions_per_s_per_principal"):
+        limit_values.labels(limit=name).set(float(getattr(config.limits, name)))
+    limit_refusals = Gauge(
+        "finality_limit_refusals",
+        "Submissions refused with 429 since start, by limit and principal",
+        ["limit", "principal"],
+        registry=registry,
+    )
+    principal_in_flight = Gauge(
+        "finality_principal_in_flight",
+        "Operations without a receipt, by principal",
+        ["principal"],
+        registry=registry,
+    )
     in_flight = Gauge(
         "finality_operations",
         "Operations by local state and protocol",
@@ -185,18 +243,26 @@ def build_api(
         )
 
     async def submit(request: Request) -> Response:
-        body = await _body(request)
+        body = await _body(request, config.calls_body_limit)
         arguments = body.get("arguments", {})
         if not isinstance(arguments, dict):
             raise ServiceError(400, "'arguments' must be a JSON object")
-        call_node = _text(body, "call_node")
+        call_node = _checked(check_call_node, _text(body, "call_node"))
         tool = _text(body, "tool")
-        op = await executor.submit(
-            call_node=call_node,
-            tool=tool,
-            arguments=arguments,
-            principal=_optional(body, "principal"),
-        )
+        principal = _optional(body, "principal")
+        if principal is not None:
+            _checked(check_principal, principal)
+        limit = config.argument_limit(tool)
+        size = encoded_size(arguments)
+        if size > limit:
+            raise TooLarge(
+                f"arguments of {size} bytes exceed the limit for tool {tool!r} of {describe(limit)}"
+            )
+        tool_config = config.tools.get(tool)
+        if tool_config is not None:
+            # The principal the operation will carry: the body's, else its server's configured one.
+            limiter.admit(principal or config.servers[tool_config.server].principal)
+        op = await executor.submit(call_node=call_node, tool=tool, arguments=arguments, principal=principal)
         # Read back on a worker thread: three queries per call, and 200 callers at once would
         # otherwise hold the event loop (and every request in flight) for seconds.
         report = await asyncio.to_thread(operation_report, ledger, op.call_node_id)
@@ -221,15 +287,13 @@ def build_api(
 
     async def cancel(request: Request) -> Response:
         body = await _body(request)
-        actor = _text(body, "actor")
-        reason = _text(body, "reason")
+        actor, reason = _person(body)
         op = await executor.cancel(request.path_params["call_node"], actor=actor, reason=reason)
         return JSON(operation_report(ledger, op.call_node_id), status_code=202)
 
     async def resubmit(request: Request) -> Response:
         body = await _body(request)
-        actor = _text(body, "actor")
-        reason = _text(body, "reason")
+        actor, reason = _person(body)
         op = await executor.resubmit(request.path_params["call_node"], actor=actor, reason=reason)
         return JSON(operation_report(ledger, op.call_node_id), status_code=202)
 
@@ -238,10 +302,16 @@ def build_api(
 
     async def answer(request: Request) -> Response:
         body = await _body(request)
-        actor = _text(body, "actor")
+        actor = _checked(check_actor, _text(body, "actor"))
         value = body.get("answer")
         if not isinstance(value, dict):
             raise ServiceError(400, "'answer' must be a JSON object")
+        size = encoded_size(value)
+        if size > config.limits.answer_bytes:
+            raise TooLarge(
+                f"an answer of {size} bytes exceeds the limit of {describe(config.limits.answer_bytes)} "
+                "(limits.answer_bytes)"
+            )
         try:
             round_ = int(request.path_params["round"])
         except ValueError as exc:
@@ -256,8 +326,7 @@ def build_api(
 
     async def resolve(request: Request) -> Response:
         body = await _body(request)
-        actor = _text(body, "actor")
-        reason = _text(body, "reason")
+        actor, reason = _person(body)
         try:
             entry_id = int(request.path_params["entry_id"])
         except ValueError as exc:
@@ -359,6 +428,12 @@ def build_api(
         for kind, count in open_entries:
             unknown.labels(kind=kind).set(count)
         ticks.set(executor.stats["ticks"])
+        limit_refusals.clear()
+        for (limit, principal), count in limiter.refusals.items():
+            limit_refusals.labels(limit=limit, principal=principal).set(count)
+        principal_in_flight.clear()
+        for principal, count in executor.in_flight_by_principal().items():
+            principal_in_flight.labels(principal=principal).set(count)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     routes = [
@@ -381,7 +456,9 @@ def build_api(
         Route("/metrics", _guard(metrics)),
         *build_rollout_routes(executor, ledger, pool),
     ]
-    return Starlette(routes=routes)
+    app = Starlette(routes=routes)
+    app.state.body_bytes = config.limits.body_bytes
+    return app
 
 
 # ------------------------------------------------------------------------------------------ rollout
@@ -408,10 +485,13 @@ def _rollout_request(action: str, body: dict[str, object]) -> RolloutRequest:
     tools = body.get("tools", [])
     if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
         raise ServiceError(400, "'tools' must be a list of tool names")
+    actor, reason = body.get("actor"), body.get("reason")
+    # Missing ones are the plan's to refuse (it names what a rollout action needs); present ones
+    # must hold the identifier rules.
     return RolloutRequest(
         kind,
-        actor=str(body.get("actor") or ""),
-        reason=str(body.get("reason") or ""),
+        actor=_checked(check_actor, actor) if actor else "",
+        reason=_checked(check_reason, reason) if reason else "",
         canary_bp=canary_bp,
         tools=tuple(str(t) for t in tools),
         protocol=_optional(body, "protocol"),

@@ -19,8 +19,17 @@ from typing import TYPE_CHECKING
 
 from engine.adapters.config import AdapterOptions
 from engine.clock import SystemClock
-from engine.errors import BackendError, ConfigError, EngineError, LedgerError, NegotiationError
+from engine.errors import (
+    BackendError,
+    ConfigError,
+    EngineError,
+    IdentifierRefused,
+    LedgerError,
+    NegotiationError,
+)
 from engine.errors import ServiceRefused as ServiceRefusedError
+from engine.limits import check_call_node, check_principal, encoded_size
+from service.config import LimitsConfig
 
 if TYPE_CHECKING:  # both ledgers (DuckDB, PostgreSQL) offer this port
     from engine.ledger.port import LedgerPort
@@ -80,6 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--call-node", required=True)
     call.add_argument("--ledger", required=True)
     call.add_argument("--principal", default="anonymous")
+    call.add_argument(
+        "--max-argument-bytes",
+        type=int,
+        default=LimitsConfig().body_bytes,
+        help="refuse arguments larger than this as compact JSON (default: the service's body limit)",
+    )
     call.add_argument("--token")
     call.add_argument("--cancel-after", type=_seconds, metavar="SECONDS")
     call.add_argument("--wait-budget", type=_seconds, default=timedelta(minutes=15), metavar="SECONDS")
@@ -435,6 +450,20 @@ def _open(target: str, *, read_only: bool = False) -> LedgerPort:
 
 
 def cmd_call(args: argparse.Namespace) -> int:
+    # The control API's identifier rules and argument limit hold here too, before the ledger opens.
+    for flag, check, value in (
+        ("--call-node", check_call_node, args.call_node),
+        ("--principal", check_principal, args.principal),
+    ):
+        try:
+            check(value)
+        except IdentifierRefused as exc:
+            raise ConfigError(flag, str(exc)) from exc
+    size = encoded_size(args.args)
+    if size > args.max_argument_bytes:
+        raise ConfigError(
+            "--args", f"arguments of {size} bytes exceed the limit of {args.max_argument_bytes} bytes"
+        )
     tool = ToolRef(
         name=args.tool,
         version=args.tool_version,
@@ -793,7 +822,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 return cmd_service(args)
     except ServiceRefusedError as exc:
         print(f"finality: {exc}", file=sys.stderr)
-        return EXIT_USAGE if exc.status in (400, 404, 409, 422) else EXIT_NO_RECEIPT
+        if exc.retry_after is not None:
+            print(f"finality: the service asks to retry in {exc.retry_after} s", file=sys.stderr)
+        return EXIT_USAGE if exc.status in (400, 404, 409, 413, 422) else EXIT_NO_RECEIPT
     except (ConfigError, LedgerError, NegotiationError) as exc:
         print(f"finality: {exc}", file=sys.stderr)
         return EXIT_USAGE

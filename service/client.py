@@ -47,7 +47,10 @@ class ServiceClient:
             body = {"error": response.text[:500]}
         if response.status_code >= 400:
             message = body.get("error", response.reason_phrase) if isinstance(body, dict) else str(body)
-            raise ServiceRefused(response.status_code, str(message))
+            retry = response.headers.get("retry-after", "")
+            raise ServiceRefused(
+                response.status_code, str(message), retry_after=int(retry) if retry.isdigit() else None
+            )
         if not isinstance(body, dict):
             raise ServiceRefused(
                 response.status_code, "the service answered with something other than a JSON object"

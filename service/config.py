@@ -28,6 +28,15 @@ Example::
     wait_budget_s = 900
     on_budget_exhausted = "cancel"           # or "stop" (stop waiting only); a server without cancel
                                              # capability gets a 'budget' reconciliation entry instead
+    max_argument_bytes = 4194304             # optional; this tool's arguments (compact JSON), default
+                                             # limits.body_bytes
+
+    [limits]                                 # optional; the defaults shown (README: Limits)
+    body_bytes = 1048576                     # any request body, enforced while reading (413)
+    answer_bytes = 65536                     # an answer to an input round (413)
+    in_flight_per_principal = 10000          # operations without a receipt, per principal (429)
+    submissions_per_s_per_principal = 200    # token bucket per principal (429 + Retry-After)
+    submission_burst = 400                   # default: twice the rate
 
     [analyst]                                # reads that are not the executor's own (all optional)
     workers = 2                              # reader threads (analyst SQL, console, gates, metrics)
@@ -75,6 +84,14 @@ _TOOL_KEYS = {
     "wait_budget_s",
     "on_budget_exhausted",
     "shadow_server",
+    "max_argument_bytes",
+}
+_LIMIT_KEYS = {
+    "body_bytes",
+    "answer_bytes",
+    "in_flight_per_principal",
+    "submissions_per_s_per_principal",
+    "submission_burst",
 }
 _TOP_KEYS = {
     "ledger",
@@ -86,6 +103,7 @@ _TOP_KEYS = {
     "gate_interval_s",
     "lease_s",
     "analyst",
+    "limits",
 }
 _ANALYST_KEYS = {
     "workers",
@@ -128,6 +146,8 @@ class ToolConfig:
     wait_budget: timedelta = timedelta(minutes=15)
     on_budget_exhausted: Literal["cancel", "stop"] = "cancel"
     shadow_server: str | None = None
+    max_argument_bytes: int | None = None
+    """This tool's arguments, as compact JSON; None: ``limits.body_bytes``."""
 
     @property
     def ref(self) -> ToolRef:
@@ -162,6 +182,17 @@ class AnalystConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LimitsConfig:
+    """What one request and one principal may ask of the service (README: Limits)."""
+
+    body_bytes: int = 1 << 20
+    answer_bytes: int = 64 << 10
+    in_flight_per_principal: int = 10_000
+    submissions_per_s_per_principal: float = 200.0
+    submission_burst: float = 400.0
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceConfig:
     servers: dict[str, ServerConfig]
     tools: dict[str, ToolConfig]
@@ -174,6 +205,19 @@ class ServiceConfig:
     lease_s: float = 30.0
     """PostgreSQL ledger: how long an executor's lease lasts without renewal (renewed every third)."""
     analyst: AnalystConfig = field(default_factory=AnalystConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+
+    def argument_limit(self, tool: str) -> int:
+        """The byte limit on ``tool``'s arguments (its own, else the body limit)."""
+        config = self.tools.get(tool)
+        own = config.max_argument_bytes if config is not None else None
+        return own if own is not None else self.limits.body_bytes
+
+    @property
+    def calls_body_limit(self) -> int:
+        """What ``POST /api/v1/calls`` reads at most: the largest argument limit plus room for the rest."""
+        largest = max([self.limits.body_bytes, *(self.argument_limit(t) for t in self.tools)])
+        return largest if largest == self.limits.body_bytes else largest + (64 << 10)
 
 
 def _key(where: str, key: str) -> str:
@@ -286,6 +330,7 @@ def parse_config(data: dict[str, object]) -> ServiceConfig:
             )
         sync = _number(table, "sync_limit_s", where)
         budget = _number(table, "wait_budget_s", where)
+        max_arguments = _integer(table, "max_argument_bytes", where)
         tools[name] = ToolConfig(
             name=name,
             server=server,
@@ -296,6 +341,7 @@ def parse_config(data: dict[str, object]) -> ServiceConfig:
             wait_budget=timedelta(seconds=budget) if budget is not None else timedelta(minutes=15),
             on_budget_exhausted="cancel" if on_exhausted == "cancel" else "stop",
             shadow_server=shadow,
+            max_argument_bytes=max_arguments,
         )
     poll_table = _table(data.get("poll", {}), "poll")
     _unknown(poll_table, _POLL_KEYS, "poll")
@@ -327,6 +373,7 @@ def parse_config(data: dict[str, object]) -> ServiceConfig:
         ledger=_string(data, "ledger", ""),
         poll=poll,
         lease_s=_number(data, "lease_s", "") or 30.0,
+        limits=_limits(_table(data.get("limits", {}), "limits")),
     )
 
 
@@ -358,6 +405,32 @@ def _analyst(table: dict[str, object]) -> AnalystConfig:
     )
 
 
+def _limits(table: dict[str, object]) -> LimitsConfig:
+    _unknown(table, _LIMIT_KEYS, "limits")
+    d = LimitsConfig()
+    rate = _number(table, "submissions_per_s_per_principal", "limits")
+    burst = _number(table, "submission_burst", "limits")
+    if burst is not None and burst < 1:
+        raise ConfigError("limits.submission_burst", f"must be at least 1, got {burst:g}")
+    in_flight = _integer(table, "in_flight_per_principal", "limits")
+    return LimitsConfig(
+        body_bytes=_integer(table, "body_bytes", "limits") or d.body_bytes,
+        answer_bytes=_integer(table, "answer_bytes", "limits") or d.answer_bytes,
+        in_flight_per_principal=in_flight or d.in_flight_per_principal,
+        submissions_per_s_per_principal=rate or d.submissions_per_s_per_principal,
+        submission_burst=burst or (max(1.0, 2 * rate) if rate else d.submission_burst),
+    )
+
+
+def _integer(table: dict[str, object], key: str, where: str) -> int | None:
+    if key not in table:
+        return None
+    value = table[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(_key(where, key), f"must be a positive integer, got {value!r}")
+    return value
+
+
 def load_config(path: str | Path) -> ServiceConfig:
     """Read and validate a TOML config file.
 
@@ -377,6 +450,7 @@ def load_config(path: str | Path) -> ServiceConfig:
 
 __all__ = [
     "AnalystConfig",
+    "LimitsConfig",
     "PollConfig",
     "ServerConfig",
     "ServiceConfig",

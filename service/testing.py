@@ -22,7 +22,7 @@ from engine.errors import ServiceProcessError
 from refserver.testing import RefServer
 from service.client import ServiceClient
 
-_ROOT = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import (
+    InvalidRecord,
     LedgerCorrupt,
     LedgerError,
     LedgerUnavailable,
@@ -261,6 +262,13 @@ class Ledger(SqlLedger):
             tx.unregister("new_rows")
 
     def _conflict(self, exc: Exception) -> bool:
+        # A CHECK failure (engine.limits' identifier rules, migration 8) is a refusal, not a
+        # conflict with another writer; it may sit under the aborted transaction's error.
+        seen: BaseException | None = exc
+        while seen is not None:
+            if isinstance(seen, duckdb.ConstraintException) and "CHECK constraint" in str(seen):
+                raise InvalidRecord(f"the ledger's identifier rules refuse this row: {seen}") from exc
+            seen = seen.__context__
         return isinstance(exc, duckdb.ConstraintException | duckdb.TransactionException)
 
     def _operations_in(self, column: str, values: Sequence[str]) -> list[Operation]:

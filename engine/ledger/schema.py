@@ -10,6 +10,8 @@ from typing import Final
 
 import pyarrow as pa
 
+from engine.limits import IDENTIFIER_COLUMNS, Dialect, check_sql
+
 EXPLORER_CODE_MIGRATION: Final[tuple[str, ...]] = (
     # Rows from before this migration did not say what ran: 'unrecorded', which no gate counts.
     "ALTER TABLE explorer_runs ADD COLUMN code VARCHAR DEFAULT 'unrecorded'",
@@ -17,7 +19,63 @@ EXPLORER_CODE_MIGRATION: Final[tuple[str, ...]] = (
 )
 """Shared with the PostgreSQL ledger (its own migration number)."""
 
-MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
+IDENTIFIER_CHECKS_NAME: Final = (
+    "identifier rules as CHECK constraints (call node ids, principals, actors, reasons)"
+)
+
+
+def _constraints(table: str, dialect: Dialect) -> list[tuple[str, str]]:
+    return [
+        (f"{table}_{column}_rule", check_sql(rule, column, dialect, nullable=nullable))
+        for t, column, rule, nullable in IDENTIFIER_COLUMNS
+        if t == table
+    ]
+
+
+def identifier_checks_migration(dialect: Dialect, created: dict[str, str]) -> tuple[str, ...]:
+    """The statements that put ``engine.limits``' rules on the ledger's identifier columns.
+
+    PostgreSQL adds the constraints in place. DuckDB cannot add a CHECK to an existing table, so
+    each table is rebuilt from its original definition (``created``: table -> CREATE statement)
+    with the constraints, its rows copied over: a row that breaks a rule fails the migration
+    (loudly) instead of staying behind unchecked.
+    """
+    tables = list(dict.fromkeys(table for table, _, _, _ in IDENTIFIER_COLUMNS))
+    if dialect == "postgres":
+        return tuple(
+            f"ALTER TABLE {table} ADD CONSTRAINT {name} CHECK ({expression})"
+            for table in tables
+            for name, expression in _constraints(table, dialect)
+        )
+    statements: list[str] = []
+    for table in tables:
+        ddl = created[table].rstrip()
+        assert ddl.endswith(")"), table
+        checks = "".join(
+            f",\n                CONSTRAINT {name} CHECK ({expression})"
+            for name, expression in _constraints(table, dialect)
+        )
+        rebuilt = ddl[:-1].rstrip() + checks + "\n            )"
+        statements += [
+            rebuilt.replace(f"CREATE TABLE {table} (", f"CREATE TABLE {table}__checked (", 1),
+            f"INSERT INTO {table}__checked SELECT * FROM {table}",
+            f"DROP TABLE {table}",
+            f"ALTER TABLE {table}__checked RENAME TO {table}",
+        ]
+    return tuple(statements)
+
+
+def created_tables(statements: tuple[str, ...]) -> dict[str, str]:
+    """Table name -> its CREATE TABLE statement, from one migration's statements."""
+    found: dict[str, str] = {}
+    for statement in statements:
+        head = statement.lstrip()
+        if head.startswith("CREATE TABLE "):
+            found[head.split()[2]] = head
+    return found
+
+
+_RELEASED: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (
         1,
         "operations, transitions, receipts, outbox",
@@ -311,6 +369,16 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         EXPLORER_CODE_MIGRATION,
     ),
 )
+MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
+    *_RELEASED,
+    (
+        8,
+        IDENTIFIER_CHECKS_NAME,
+        identifier_checks_migration(
+            "duckdb", created_tables(tuple(s for _, _, group in _RELEASED for s in group))
+        ),
+    ),
+)
 
 
 SUPPORTED_SCHEMA: Final[int] = MIGRATIONS[-1][0]
@@ -406,6 +474,7 @@ PG_MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         "explorer runs name the code that ran and its revision (the gate counts only the shipped code's)",
         EXPLORER_CODE_MIGRATION,
     ),
+    (10, IDENTIFIER_CHECKS_NAME, identifier_checks_migration("postgres", {})),
 )
 PG_SUPPORTED_SCHEMA: Final[int] = PG_MIGRATIONS[-1][0]
 
@@ -688,6 +757,7 @@ ROW_SCHEMAS: Final[dict[str, pa.Schema]] = {
 __all__ = [
     "ASSIGNMENT_COLUMNS",
     "EXPLORER_CODE_MIGRATION",
+    "IDENTIFIER_CHECKS_NAME",
     "LEASE_COLUMNS",
     "MIGRATIONS",
     "PG_MIGRATIONS",
@@ -697,4 +767,6 @@ __all__ = [
     "SEND_SLOTS_TABLE",
     "SHADOW_DIFF_COLUMNS",
     "SUPPORTED_SCHEMA",
+    "created_tables",
+    "identifier_checks_migration",
 ]
