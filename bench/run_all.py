@@ -45,7 +45,16 @@ MIN_RUNS = 5
 # and a test share; the fastmcp side and the raw poller of fastmcp_compare.py run as its subprocesses;
 # the profiler driver runs by hand (python bench/_profile.py).
 NOT_BENCHMARKS = frozenset(
-    {"figures.py", "run_all.py", "crashtrial.py", "_fastmcp_side.py", "_raw_poller.py", "_profile.py"}
+    # mutants.py is `make mutants` (a mutation run, not a benchmark).
+    {
+        "figures.py",
+        "run_all.py",
+        "crashtrial.py",
+        "mutants.py",
+        "_fastmcp_side.py",
+        "_raw_poller.py",
+        "_profile.py",
+    }
 )
 STDERR_TAIL = 2500
 

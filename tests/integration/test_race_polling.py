@@ -43,13 +43,17 @@ async def two_pollers(server: RefServer, ledger: Ledger, op: Operation) -> None:
                 await driver.backend.aclose()
 
 
+# slow_response fires on the creating reply first, then on the first poll: the one that is
+# answered with the stale snapshot, so that reply arrives ~500 ms after the fresh one.
+OUT_OF_ORDER_SIM = {
+    "duration_ms": QUICK,
+    "faults": [{"name": "slow_response", "times": 2, "delay_ms": 50_000}, "poll_out_of_order"],
+}
+
+
 async def out_of_order_replies(server: RefServer, ledger: Ledger) -> Operation:
     """Submit, let the task finish unseen, then two pollers at once: the stale reply lands last."""
-    # slow_response fires on the creating reply first, then on the first poll: the one that is
-    # answered with the stale snapshot, so that reply arrives ~500 ms after the fresh one.
-    slow = {"name": "slow_response", "times": 2, "delay_ms": 50_000}
-    sim = {"duration_ms": QUICK, "faults": [slow, "poll_out_of_order"]}
-    submitted = await call(server, ledger, sim=sim, wait_budget=timedelta(0))
+    submitted = await call(server, ledger, sim=OUT_OF_ORDER_SIM, wait_budget=timedelta(0))
     assert submitted.state is LocalState.WORKING
     assert server.stats()["tasks"][0]["status"] == "completed"
     await two_pollers(server, ledger, submitted)
@@ -64,7 +68,8 @@ async def test_two_poll_replies_out_of_order_never_move_a_terminal_status_back(s
     assert between is not None
     assert (between.state, between.server_status) == (LocalState.TERMINAL_OBSERVED, ServerStatus.COMPLETED)
 
-    op = await call(server, ledger, sim={})
+    # Resuming the same call node takes the same request (another one would be refused).
+    op = await call(server, ledger, sim=OUT_OF_ORDER_SIM)
 
     seen = invariants(ledger, server)
     assert seen.fired().count("poll_out_of_order") == 1
