@@ -34,7 +34,56 @@ from service.config import ServerConfig, ServiceConfig, ToolConfig
 if TYPE_CHECKING:
     from rollout.controller import RolloutController
     from rollout.route import Router
-    from service.executor.leases import Tenancy
+
+
+class Tenancy(abc.ABC):
+    """Whether other executors share the ledger, and everything that follows from it."""
+
+    lease_due: datetime
+    """When ``maintain`` is next due."""
+    shared: bool
+    """Whether other executors share the ledger (for status and logs; the executor never branches on it)."""
+
+    @property
+    @abc.abstractmethod
+    def reads(self) -> LedgerPort:
+        """The unfenced ledger: rollout state, epoch reads, leases."""
+
+    @abc.abstractmethod
+    def handle(self, epoch: Epoch) -> LedgerPort:
+        """The ledger to write through at ``epoch``."""
+
+    @abc.abstractmethod
+    def limiter(self, clock: Clock, *, global_qps: float, per_server: dict[str, float]) -> Limiter:
+        """The QPS budget: this process's own, or booked across processes."""
+
+    @abc.abstractmethod
+    def loaded_at_start(self) -> list[Operation]:
+        """The live operations this process owns without claiming them (all of them when alone)."""
+
+    @abc.abstractmethod
+    def drives(self, op_id: str, *, tracked: bool) -> bool:
+        """Whether an existing operation found by a submit is this process's to drive."""
+
+    @abc.abstractmethod
+    def adoption_candidates(self, held: list[str], epoch: Epoch) -> list[Operation]:
+        """The live operations behind ``epoch`` this process adopts after a rollback."""
+
+    @abc.abstractmethod
+    def renew(self, now: datetime) -> set[str] | None:
+        """Renew this process's leases; what it still holds, or None when nothing is leased (alone).
+
+        Raises ``LeaseLost`` or ``EngineError``; sets ``lease_due`` first, so a failure is retried then.
+        """
+
+    @abc.abstractmethod
+    def claim(self, now: datetime, *, room: int, epoch: Epoch, servers: list[str]) -> list[Operation]:
+        """Lease up to ``room`` free or expired operations of ``servers`` (raises like ``renew``)."""
+
+    @abc.abstractmethod
+    def release(self) -> None:
+        """A clean stop: hand back what this process holds."""
+
 
 S = LocalState
 T = TypeVar("T")
