@@ -8,6 +8,7 @@ what-if in the console runs this same function with other thresholds.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.model import GateRecord
 
@@ -182,9 +183,42 @@ def evaluate(inputs: dict[str, dict[str, object]], thresholds: Thresholds = Thre
     return GateReport(out)
 
 
+# How each gate's value and threshold read to a person (one formatter for the console and the CLI).
+def _count(noun: str) -> Any:
+    return lambda v: f"{v:.0f} {noun}"
+
+
+_GATE_FORMATS: dict[str, tuple[Any, str]] = {
+    "terminal_divergence": (_count("divergent"), "≤"),
+    "duplicate_operations": (_count("duplicated"), "≤"),
+    "poll_amplification": (lambda v: f"{v:.0f} req/s", "≤"),
+    "cancel_confirmation": (lambda v: f"{v:.1f} s" if v < 100 else f"{v:.0f} s", "<"),
+    "unknown_reconciliation": (lambda v: f"{v / 60:.1f} min", "≤"),
+    "traceability": (lambda v: f"{v:.1%}", "≥"),
+}
+
+
+def gate_value(gate: str, value: float | None) -> str:
+    """A gate's value with its unit at a readable precision (``12.4 s``, ``3.2 min``, ``99.8%``); ``—`` for none."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "—"
+    fmt = _GATE_FORMATS.get(gate)
+    return fmt[0](float(value)) if fmt else f"{float(value):g}"
+
+
+def gate_threshold(gate: str, threshold: float | None) -> str:
+    """The passing side of a gate's threshold with its unit (``< 60.0 s``, ``≤ 15.0 min``)."""
+    if threshold is None:
+        return "—"
+    fmt = _GATE_FORMATS.get(gate)
+    return f"{fmt[1]} {gate_value(gate, threshold)}" if fmt else f"{float(threshold):g}"
+
+
 __all__ = [
     "GATES",
     "GateReport",
     "Thresholds",
     "evaluate",
+    "gate_threshold",
+    "gate_value",
 ]

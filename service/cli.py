@@ -555,7 +555,7 @@ def _gate_json(r: object) -> dict[str, object]:
 
 
 def _print_gates(body: dict[str, object]) -> None:
-    from console.views import gate_threshold, gate_value
+    from rollout.gates import gate_threshold, gate_value
 
     gates = body.get("gates") or []
     assert isinstance(gates, list)
