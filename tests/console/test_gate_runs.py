@@ -8,7 +8,6 @@ evaluate now" asks the service (POST /api/v1/gates), which evaluates and records
 from __future__ import annotations
 
 import json
-import math
 import shutil
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -25,7 +24,7 @@ from engine.ledger.gate_sql import gate_inputs_from_recorded
 from engine.ledger.port import ExplorerRun
 from engine.ledger.sandbox import run_query
 from engine.revision import running_revision
-from rollout.gates import Thresholds, evaluate
+from rollout.gates import Thresholds, evaluate, gate_threshold, gate_value
 from service.client import ServiceClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,12 +69,10 @@ def latest_run(path: Path) -> tuple[int, datetime, dict[str, dict[str, object]]]
     return int(str(rows[0][0])), at.astimezone(UTC), inputs
 
 
-def same_value(shown: object, value: float | None) -> bool:
-    """A gate's value as the table shows it: NaN for a gate without data (the seeded ledger has no
-    explorer run of the shipped code, so terminal_divergence has none)."""
-    if value is None:
-        return (isinstance(shown, float) and math.isnan(shown)) or shown is None
-    return bool(shown == pytest.approx(value))
+def same_value(shown: object, gate: str, value: float | None) -> bool:
+    """A gate's value as the table shows it: with its unit, through the one formatter the console and
+    the CLI share ("—" for a gate without data: the seeded ledger has no explorer run of the shipped code)."""
+    return shown == gate_value(gate, value)
 
 
 def captions(at: AppTest) -> str:
@@ -125,7 +122,7 @@ def test_overview_shows_the_recorded_run_with_its_time_and_values(
             "poll_amplification",
             "terminal_divergence",
         ):
-            assert same_value(rows[record.gate]["value"], record.value)
+            assert same_value(rows[record.gate]["value"], record.gate, record.value)
             assert json.loads(str(rows[record.gate]["raw inputs"])) == json.loads(
                 json.dumps(record.inputs, default=str, sort_keys=True)
             )
@@ -205,16 +202,18 @@ def test_what_if_evaluates_the_recorded_runs_inputs(open_console: Open, ledger_c
     assert any(f"recorded run #{run_id}" in str(c.value) for c in page.caption)
     page.number_input(key="gates_max_duplicates").set_value(7)
     page.slider(key="gates_traceable").set_value(0.5).run()
-    table = next(e.value for e in page.dataframe if "threshold (what if)" in e.value.columns)
+    table = next(e.value for e in page.dataframe if "passes when (what if)" in e.value.columns)
     expected = {
         r.gate: r for r in evaluate(inputs, Thresholds(max_duplicates=7, min_traceable_share=0.5)).results
     }
     by_gate = {str(r["gate"]): r for r in table.to_dict("records")}
-    assert by_gate["duplicate_operations"]["threshold (what if)"] == 7
-    assert by_gate["traceability"]["threshold (what if)"] == 0.5
+    assert by_gate["duplicate_operations"]["passes when (what if)"] == gate_threshold(
+        "duplicate_operations", 7
+    )
+    assert by_gate["traceability"]["passes when (what if)"] == gate_threshold("traceability", 0.5)
     for gate in ("duplicate_operations", "traceability", "poll_amplification", "terminal_divergence"):
-        assert by_gate[gate]["passes with these thresholds"] == expected[gate].passed
-        assert same_value(by_gate[gate]["value"], expected[gate].value)
+        assert by_gate[gate]["what if"] == ("PASS" if expected[gate].passed else "FAIL")
+        assert same_value(by_gate[gate]["value"], gate, expected[gate].value)
     assert "gate_inputs" not in insights_of(page).last_sql
 
 
