@@ -180,7 +180,12 @@ def _frames(insights: Insights) -> dict[str, int]:
         "approvals_pending": len(insights.approvals_pending()),
         "approvals_answered": len(insights.approvals_answered()),
         "audit_log": 0 if audit is None else len(audit),
+        "cancel_span": int(insights.cancel_span(since=since, until=until) is not None),
+        "shadow_summary": 0 if (summary := insights.shadow_summary()) is None else len(summary),
     }
+    # Diverged shadow pairs depend on what the demo's servers happen to answer in 30 s: the query must
+    # run on the living service, but an empty answer is a correct one.
+    insights.shadow_diverged()
     for title, sql in SQL_EXAMPLES.items():
         if MUST_BE_EMPTY not in title:
             sizes[f"SQL example: {title}"] = len(insights.run_sql(sql).frame)
@@ -216,6 +221,9 @@ def test_every_console_chart_has_data_within_30_seconds_and_sigint_stops_every_p
         "approvals_pending",
         "approvals_answered",
         "audit_log",
+        "cancel_span",
+        "shadow_summary",
+        "shadow_diverged",
     }
     assert {name for names in CHARTS.values() for name in names} <= covered, "a chart this test does not read"
     sizes: dict[str, int] = {}
