@@ -89,10 +89,6 @@ def _columns(rows: Sequence[Sequence[object]], schema: pa.Schema) -> pa.Table:
     )
 
 
-def _is_constraint_error(exc: Exception) -> bool:
-    return isinstance(exc, duckdb.ConstraintException | duckdb.TransactionException)
-
-
 # ------------------------------------------------------------------------------------- the ledger
 
 
@@ -290,7 +286,7 @@ class Ledger(SqlLedger):
             with self._tx() as tx:
                 self._bulk_insert_new(tx, fresh)
         except duckdb.Error as exc:
-            if not _is_constraint_error(exc):
+            if not self._conflict(exc):  # a CHECK refusal raises InvalidRecord there
                 raise
             return None
         return {op.operation_id for op, _ in fresh}
