@@ -493,6 +493,26 @@ def seed_ledger(
             "created_at": pc.take(accepted_at, pt),
         }
     )
+    # The downstream workflow acknowledged each entry a few seconds after it was ready, all but
+    # those of the last two minutes (still ready: the consumer's lag, not yet stale). ``entry_seq``
+    # is the number the import gives each outbox row: its position, on a fresh ledger.
+    ready_at = outbox.column("created_at")
+    ack_delay = np.random.default_rng([seed, 21])  # its own stream: the other seeded values stay as they were
+    acked_at = pc.add(ready_at, pa.array(ack_delay.integers(200_000, 3_000_000, len(pt)), pa.duration("us")))
+    acked = pa.array(
+        np.asarray(pc.less(acked_at, pa.scalar(now, pa.timestamp("us", tz="UTC"))))
+        & (np.asarray(pc.less(ready_at, pa.scalar(now - timedelta(minutes=2), pa.timestamp("us", tz="UTC")))))
+    )
+    outbox_acks = pa.table(
+        {
+            "consumer": pa.array(np.full(len(pt), "workflow")),
+            "call_node_id": outbox.column("call_node_id"),
+            "entry_seq": pa.array(np.arange(1, len(pt) + 1), pa.int64()),
+            "status": outbox.column("terminal_status"),
+            "result_digest": outbox.column("result_digest"),
+            "acked_at": acked_at,
+        }
+    ).filter(acked)
     res = pa.array(np.flatnonzero(~is_cancel))
     results = pa.table(
         {
@@ -575,6 +595,7 @@ def seed_ledger(
                 "transitions": transitions,
                 "receipts": receipts,
                 "outbox": outbox,
+                "outbox_acks": outbox_acks,
                 "results": results,
                 "receipt_audit": receipt_audit,
                 "polls": polls,

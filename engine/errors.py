@@ -97,6 +97,16 @@ class DuplicateOperation(LedgerError):
         self.value = value
 
 
+class AckRefused(LedgerError):
+    """An outbox acknowledgement the ledger refused (and recorded): no such entry, or not what it holds."""
+
+    def __init__(self, call_node_id: str, reason: str, *, missing: bool) -> None:
+        super().__init__(f"acknowledgement of outbox entry {call_node_id} refused: {reason}")
+        self.call_node_id = call_node_id
+        self.reason = reason
+        self.missing = missing
+
+
 class LedgerUnavailable(LedgerError):
     pass
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.ledger.gate_sql import UNACKED_STALE_S
 from engine.model import GateRecord
 
 GATES = (
@@ -32,6 +33,8 @@ class Thresholds:
     cancel_p99_s: float = 60.0
     unknown_max_age_s: float = 15 * 60.0
     min_traceable_share: float = 1.0
+    max_unacked_age_s: float = UNACKED_STALE_S
+    """How long an outbox entry may wait for its first acknowledgement."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,21 +168,31 @@ def evaluate(inputs: dict[str, dict[str, object]], thresholds: Thresholds = Thre
         )
 
     d = inputs["traceability"]
-    rows = _num(d["outbox_rows"]) or 0.0
-    if not rows:
-        out.append(_no_data("traceability", thresholds.min_traceable_share, d, "no outbox rows"))
+    advances = _num(d["advances"]) or 0.0
+    refused = _num(d["refused_acks"]) or 0.0
+    if not advances and not refused:
+        what = "no downstream consumer has acknowledged an outbox entry"
+        if _num(d["outbox_rows"]):
+            what += f" ({d['outbox_rows']} entries ready)"
+        out.append(_no_data("traceability", thresholds.min_traceable_share, d, what))
     else:
-        share = (rows - (_num(d["untraceable"]) or 0.0)) / rows
-        out.append(
-            GateRecord(
-                "traceability",
-                share >= thresholds.min_traceable_share,
-                share,
-                thresholds.min_traceable_share,
-                f"{share:.2%} of {rows:.0f} downstream advances join a terminal receipt",
-                d,
+        # Every claimed advance: the acknowledgements recorded and the ones refused (they claim
+        # an advance that no receipt backs). Traced: recorded ones that join a matching receipt.
+        claimed = advances + refused
+        share = (advances - (_num(d["untraceable"]) or 0.0)) / claimed
+        oldest = _num(d["oldest_unacknowledged_s"]) or 0.0
+        ok = share >= thresholds.min_traceable_share and oldest <= thresholds.max_unacked_age_s
+        verdict = f"{share:.2%} of {claimed:.0f} downstream advances trace to a terminal receipt"
+        if refused:
+            verdict += f" ({refused:.0f} acknowledgements refused)"
+        if d["unacknowledged"]:
+            verdict += (
+                f"; {d['unacknowledged']} entries unacknowledged, oldest {oldest:.0f} s"
+                f" ({d['stale_unacknowledged']} older than {UNACKED_STALE_S:.0f} s)"
             )
-        )
+            if oldest > thresholds.max_unacked_age_s:
+                verdict += f", over the {thresholds.max_unacked_age_s:.0f} s limit"
+        out.append(GateRecord("traceability", ok, share, thresholds.min_traceable_share, verdict, d))
     return GateReport(out)
 
 

@@ -3,9 +3,15 @@
 Routes (all JSON; errors are ``{"error": "..."}`` with a meaningful status):
 
     GET  /api/v1/health                                   liveness, in-flight count, servers, SQL dialect
-    POST /api/v1/calls                                    {call_node, tool, arguments, principal?} -> operation
+    POST /api/v1/calls                                    {call_node, tool, arguments, principal?, wait_s?}
+                                                          -> operation; with wait_s, once it holds a receipt
+                                                          (201) or the wait ended (202, current state)
     GET  /api/v1/operations?state=&protocol=&tool=&limit= operations, newest first
-    GET  /api/v1/operations/{call_node}                   the same object as ``finality show --json``
+    GET  /api/v1/operations/{call_node}?wait_s=           the same object as ``finality show --json``;
+                                                          wait_s: 200 with a receipt, 202 when the wait ended
+    GET  /api/v1/outbox?consumer=&after=&wait_s=&limit=   ready entries for a consumer (``service.delivery``)
+    POST /api/v1/outbox/{call_node}/ack                   {consumer, status, result_digest}; idempotent
+    GET  /api/v1/outbox/lag                               per consumer: acknowledged, behind, oldest waiting
     POST /api/v1/operations/{call_node}/cancel            {actor, reason}
     GET  /api/v1/approvals                                pending input rounds
     POST /api/v1/approvals/{operation_id}/{round}         {actor, answer}; 409 for a stale round
@@ -89,6 +95,7 @@ from rollout.plan import Action as RolloutAction
 from rollout.plan import Request as RolloutRequest
 from service.analysis import AnalystReads
 from service.config import AnalystConfig
+from service.delivery import awaited, build_outbox_routes, wait_seconds
 from service.executor import Executor
 from service.guard import PrincipalLimiter, describe, json_object, read_body, refused
 from service.readers import ReaderPool, ReadersBusy
@@ -174,6 +181,10 @@ def _guard(handler: Handler) -> Handler:
 
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+
+
+def _has_receipt(report: dict[str, object] | None) -> bool:
+    return report is not None and report.get("receipt") is not None
 
 
 def _arrow_bytes(table: pa.Table) -> bytes:
@@ -262,11 +273,26 @@ def build_api(
         if tool_config is not None:
             # The principal the operation will carry: the body's, else its server's configured one.
             limiter.admit(principal or config.servers[tool_config.server].principal)
+        wait_s = wait_seconds(body.get("wait_s"))
         op = await executor.submit(call_node=call_node, tool=tool, arguments=arguments, principal=principal)
+        if wait_s:
+            # The operation is recorded: a caller that goes away from here on cancels nothing.
+            report = await _await_receipt(op.call_node_id, wait_s)
+            return JSON(report, status_code=201 if _has_receipt(report) else 202)
         # Read back on a worker thread: three queries per call, and 200 callers at once would
         # otherwise hold the event loop (and every request in flight) for seconds.
         report = await asyncio.to_thread(operation_report, ledger, op.call_node_id)
         return JSON(report, status_code=201)
+
+    async def _await_receipt(call_node: str, wait_s: float) -> dict[str, object] | None:
+        return await awaited(
+            pool,
+            executor.commit_signal,
+            "operation read",
+            lambda: operation_report(ledger, call_node),
+            _has_receipt,
+            wait_s,
+        )
 
     async def operations(request: Request) -> Response:
         q = request.query_params
@@ -280,10 +306,12 @@ def build_api(
         return JSON({"operations": rows})
 
     async def show(request: Request) -> Response:
-        report = operation_report(ledger, request.path_params["call_node"])
+        call_node = request.path_params["call_node"]
+        wait_s = wait_seconds(request.query_params.get("wait_s"))
+        report = await _await_receipt(call_node, wait_s) if wait_s else operation_report(ledger, call_node)
         if report is None:
-            raise ServiceError(404, f"no operation for call node {request.path_params['call_node']!r}")
-        return JSON(report)
+            raise ServiceError(404, f"no operation for call node {call_node!r}")
+        return JSON(report, status_code=200 if not wait_s or _has_receipt(report) else 202)
 
     async def cancel(request: Request) -> Response:
         body = await _body(request)
@@ -455,6 +483,15 @@ def build_api(
         Route("/api/v1/gates", _guard(gates), methods=["GET", "POST"]),
         Route("/metrics", _guard(metrics)),
         *build_rollout_routes(executor, ledger, pool),
+        *build_outbox_routes(
+            ledger,
+            pool,
+            executor.commit_signal,
+            respond=lambda content, status: JSON(content, status_code=status),
+            body=_body,
+            now=executor.clock.now,
+            guard=_guard,
+        ),
     ]
     app = Starlette(routes=routes)
     app.state.body_bytes = config.limits.body_bytes

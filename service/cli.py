@@ -160,6 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--tool", required=True)
     submit.add_argument("--args", type=_json_object, default={})
     submit.add_argument("--principal")
+    submit.add_argument(
+        "--wait",
+        type=float,
+        nargs="?",
+        const=60.0,
+        default=None,
+        metavar="SECONDS",
+        help="wait (the service holds the answer; default 60 s) until the call holds a receipt; "
+        "exit 0 with the receipt, 3 when the wait ends first (the call goes on: nothing is cancelled)",
+    )
     ops = service_command("ops", "list operations (a table; --json for JSON lines)")
     ops.add_argument("--state")
     ops.add_argument("--protocol")
@@ -701,6 +711,16 @@ def cmd_service(args: argparse.Namespace) -> int:
         match args.command:
             case "health":
                 _emit(client.health(), args.json)
+            case "submit" if args.wait is not None:
+                report = client.submit_and_wait(
+                    call_node=args.call_node,
+                    tool=args.tool,
+                    arguments=args.args,
+                    principal=args.principal,
+                    wait_s=args.wait,
+                )
+                _print_report(report, args.json)
+                return EXIT_OK if report.get("receipt") is not None else EXIT_NO_RECEIPT
             case "submit":
                 _emit(
                     client.submit(

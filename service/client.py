@@ -36,9 +36,19 @@ class ServiceClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, *, json: Json | None = None, params: Json | None = None) -> Json:
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Json | None = None,
+        params: Json | None = None,
+        wait_s: float = 0.0,
+    ) -> Json:
+        # A request that waits on the service (``wait_s``) gets that much longer to be answered.
+        timeout = httpx.USE_CLIENT_DEFAULT if not wait_s else self._http.timeout.read + wait_s  # type: ignore[operator]
         try:
-            response = self._http.request(method, path, json=json, params=params)
+            response = self._http.request(method, path, json=json, params=params, timeout=timeout)
         except httpx.HTTPError as exc:
             raise ServiceUnavailable(f"cannot reach the Finality service at {self.base_url}: {exc}") from exc
         try:
@@ -65,6 +75,41 @@ class ServiceClient:
         if principal:
             body["principal"] = principal
         return self._call("POST", "/api/v1/calls", json=body)
+
+    def submit_and_wait(
+        self, *, call_node: str, tool: str, arguments: Json, wait_s: float, principal: str | None = None
+    ) -> Json:
+        """Submit and let the service hold the answer until the call node holds a receipt or
+        ``wait_s`` ends (then the current state, ``receipt`` None). Submitting the same call node
+        and request again returns the same operation and, once there, the same receipt."""
+        body: Json = {"call_node": call_node, "tool": tool, "arguments": arguments, "wait_s": wait_s}
+        if principal:
+            body["principal"] = principal
+        return self._call("POST", "/api/v1/calls", json=body, wait_s=wait_s)
+
+    def wait(self, call_node: str, *, wait_s: float) -> Json:
+        """The operation once it holds a receipt, or as it is when ``wait_s`` ends."""
+        return self._call("GET", f"/api/v1/operations/{call_node}", params={"wait_s": wait_s}, wait_s=wait_s)
+
+    def outbox(
+        self, consumer: str, *, after: int | None = None, wait_s: float = 0.0, limit: int = 100
+    ) -> Json:
+        """``consumer``'s ready entries after ``after`` (long-polled up to ``wait_s``): ``entries`` and ``cursor``."""
+        params: Json = {"consumer": consumer, "wait_s": wait_s, "limit": limit}
+        if after is not None:
+            params["after"] = after
+        return self._call("GET", "/api/v1/outbox", params=params, wait_s=wait_s)
+
+    def ack(self, entry: Json, *, consumer: str) -> Json:
+        """Acknowledge an entry ``outbox`` returned: the downstream advanced on it (idempotent)."""
+        return self._call(
+            "POST",
+            f"/api/v1/outbox/{entry['call_node_id']}/ack",
+            json={"consumer": consumer, "status": entry["status"], "result_digest": entry["result_digest"]},
+        )
+
+    def outbox_lag(self) -> list[Json]:
+        return list(self._call("GET", "/api/v1/outbox/lag")["consumers"])
 
     def operations(self, **filters: Any) -> list[Json]:
         params = {k: v for k, v in filters.items() if v is not None}

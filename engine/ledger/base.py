@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import (
+    AckRefused,
     DuplicateOperation,
     InvalidRecord,
     LeaseLost,
@@ -37,6 +38,7 @@ from engine.ledger.port import (
     GroupOutcome,
     HeldOutcome,
     Json,
+    OutboxAck,
     PollRecord,
     WriteGroup,
 )
@@ -58,6 +60,7 @@ from engine.ledger.schema import (
     _STATE_COLUMNS,
     _TABLES,
     ASSIGNMENT_COLUMNS,
+    OUTBOX_SEQUENCE,
     ROLLOUT_EVENT_COLUMNS,
     SHADOW_DIFF_COLUMNS,
 )
@@ -80,6 +83,7 @@ _N: Final = len(_STATE_COLUMNS)
 SEQUENCED: Final[dict[str, tuple[str, str]]] = {
     "transitions": ("seq", "transition_seq"),
     "reconciliation": ("entry_id", "reconciliation_seq"),
+    "outbox": ("seq", OUTBOX_SEQUENCE),
 }
 """Tables whose first column a sequence numbers: the column, and the sequence."""
 
@@ -87,6 +91,21 @@ NOT_IMPORTABLE: Final = frozenset(
     # The rollout's state and its hash chain are written only by the rollout module.
     {"operations", "gate_runs", "explorer_runs", "settings", "rollout_state", "rollout_events"}
 )
+
+
+_FIRST_SEQ: Final = -(2**62)
+"""Below every outbox ``seq`` (rows from before the numbering migration are numbered at or below 0)."""
+
+
+def _ack_mismatch(entry: tuple[Any, ...] | None, status: str, result_digest: str | None) -> str | None:
+    """Why an acknowledgement does not match the entry (``seq, status, result_digest``), or None."""
+    if entry is None:
+        return "no such outbox entry"
+    if entry[1] != status:
+        return f"the entry's status is {entry[1]!r}, the acknowledgement says {status!r}"
+    if entry[2] != result_digest:
+        return f"the entry's result digest is {entry[2]!r}, the acknowledgement says {result_digest!r}"
+    return None
 
 
 def cas_params(state_row: Sequence[object]) -> list[object]:
@@ -476,6 +495,7 @@ class SqlLedger(ABC):
             self._insert_many(tx, "results", results)
         outbox = [a.outbox for a in accepted if a.outbox is not None]
         if outbox:
+            self._serialise(tx, sql.OUTBOX_ORDER_LOCK)
             self._insert_many(tx, "outbox", outbox)
 
     def _write_acceptance(self, tx: Any, current: Operation, rows: AcceptanceRows) -> None:
@@ -487,6 +507,7 @@ class SqlLedger(ABC):
         if rows.result is not None:
             tx.execute(self._q(sql.RESULT_INSERT), rows.result)
         if rows.outbox is not None:
+            self._serialise(tx, sql.OUTBOX_ORDER_LOCK)
             tx.execute(self._q(sql.OUTBOX_INSERT), rows.outbox)
 
     def attach_audit_result(self, op: Operation, kind: str, payload: Json | None, at: datetime) -> None:
@@ -496,6 +517,61 @@ class SqlLedger(ABC):
         """
         with self._tx() as tx:
             tx.execute(self._q(sql.AUDIT_INSERT), audit_row(op, kind, payload, at))
+
+    # ------------------------------------------------------------------ the outbox's consumers
+
+    def outbox_ready(self, consumer: str, after: int | None, limit: int) -> list[dict[str, object]]:
+        """``consumer``'s ready entries: those after ``after`` (its cursor; None: from the first) it
+        has not acknowledged, in acceptance order, at most ``limit``.
+
+        At-least-once: an entry stays ready for a consumer until that consumer acknowledges it, so
+        a consumer that restarts with the cursor it had before receiving an entry receives it again.
+        Each entry carries its receipt's status and digests and, for an accepted result, the payload
+        as verified at acceptance; a cancelled call's entry carries the cancel evidence and no payload.
+        """
+        rows = self._rows(sql.OUTBOX_READY, [consumer, _FIRST_SEQ if after is None else after, limit])
+        for row in rows:
+            payload = row.pop("payload")
+            row["result"] = None if payload is None else json.loads(str(payload))
+        return rows
+
+    def ack_outbox(
+        self, consumer: str, call_node_id: str, status: str, result_digest: str | None, at: datetime
+    ) -> OutboxAck:
+        """Record that ``consumer``'s downstream advanced on the entry of ``call_node_id``.
+
+        Idempotent per consumer: a second acknowledgement by the same consumer is a no-op (the
+        first record stands, ``repeated``); another consumer's is its own record. The consumer says
+        what it advanced on (``status``, ``result_digest``); an acknowledgement of an entry that does
+        not exist, or that does not match it, is refused and the refusal recorded (the traceability
+        gate counts refusals as advances that do not trace to a receipt).
+
+        Raises:
+            AckRefused: no such entry (``missing``), or its status or result digest differ.
+        """
+        with self._tx() as tx:
+            entry = tx.execute(self._q(sql.OUTBOX_ENTRY), [call_node_id]).fetchone()
+            reason = _ack_mismatch(entry, status, result_digest)
+            if reason is None:
+                assert entry is not None
+                new = self._affected(
+                    tx, sql.OUTBOX_ACK_INSERT, [consumer, call_node_id, entry[0], status, result_digest, at]
+                )
+                if new:
+                    return OutboxAck(consumer, call_node_id, int(entry[0]), at, repeated=False)
+                first = tx.execute(self._q(sql.OUTBOX_ACK_OF), [consumer, call_node_id]).fetchone()
+                assert first is not None
+                return OutboxAck(consumer, call_node_id, int(entry[0]), first[0], repeated=True)
+            tx.execute(
+                self._q(sql.OUTBOX_ACK_REFUSAL_INSERT),
+                [consumer, call_node_id, status, result_digest, reason, at],
+            )
+        raise AckRefused(call_node_id, reason, missing=entry is None)
+
+    def outbox_lag(self) -> list[dict[str, object]]:
+        """Per consumer that has acknowledged an entry: acknowledged, behind, its last acknowledgement
+        and the oldest entry it has not acknowledged."""
+        return self._rows(sql.OUTBOX_LAG)
 
     # ------------------------------------------------------- polls, approvals and reconciliation
 

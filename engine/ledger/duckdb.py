@@ -50,6 +50,7 @@ from engine.ledger.schema import (
     _STATE_SCHEMA,
     _TRANSITION_SCHEMA,
     MIGRATIONS,
+    OUTBOX_SEQUENCE,
     ROW_SCHEMAS,
     SUPPORTED_SCHEMA,
 )
@@ -253,7 +254,8 @@ class Ledger(SqlLedger):
         tx.register("new_rows", _columns(rows, ROW_SCHEMAS[table]))
         try:
             numbered = "nextval('transition_seq'), " if table == "transitions" else ""
-            tx.execute(f"INSERT INTO {table} SELECT {numbered}* FROM new_rows{suffix}")
+            trailing = f", nextval('{OUTBOX_SEQUENCE}')" if table == "outbox" else ""
+            tx.execute(f"INSERT INTO {table} SELECT {numbered}*{trailing} FROM new_rows{suffix}")
         finally:
             tx.unregister("new_rows")
 

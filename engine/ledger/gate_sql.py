@@ -34,7 +34,10 @@ Definitions (each a whole-ledger aggregate; a million operations read in about a
   request to acceptance; cancels still pending and the oldest one's age at ``now``.
 * unknown_reconciliation: UNKNOWN reconciliation entries; open ones; the oldest open one's age; the
   p99 age (open: at ``now``; resolved: time to resolution); the slowest resolution.
-* traceability: outbox rows; those without a receipt of the same call node, status and digest.
+* traceability: outbox rows; downstream advances (consumers' acknowledgements, ``outbox_acks``) and
+  those without a receipt of the same call node, status and result digest; acknowledgements the
+  ledger refused (no such entry, or not what it holds); entries no consumer has acknowledged, those
+  ready for longer than ``UNACKED_STALE_S`` and the oldest one's age at ``now``.
 """
 
 from __future__ import annotations
@@ -89,10 +92,15 @@ unknown AS (
   FROM reconciliation WHERE kind = 'unknown'
 ),
 trace AS (
-  SELECT count(*) AS outbox_rows,
-         count(*) FILTER (WHERE r.call_node_id IS NULL OR r.status <> o.terminal_status
-                          OR r.result_digest IS DISTINCT FROM o.result_digest) AS untraceable
-  FROM outbox o LEFT JOIN receipts r USING (call_node_id)
+  SELECT count(*) AS advances,
+         count(*) FILTER (WHERE r.call_node_id IS NULL OR r.status <> a.status
+                          OR r.result_digest IS DISTINCT FROM a.result_digest) AS untraceable
+  FROM outbox_acks a LEFT JOIN receipts r USING (call_node_id)
+),
+unacked AS (
+  SELECT count(*) AS n, max({entry_age}) AS oldest_s,
+         count(*) FILTER (WHERE {entry_age} > {stale_s}) AS stale
+  FROM outbox o WHERE NOT EXISTS (SELECT 1 FROM outbox_acks a WHERE a.call_node_id = o.call_node_id)
 )
 SELECT explorer.runs AS explorer_runs, explorer.interleavings, explorer.divergent, explorer.last_run_at,
        ops.n AS operations, dups.n AS operations_with_second_server_task, ops.resubmitted,
@@ -101,11 +109,18 @@ SELECT explorer.runs AS explorer_runs, explorer.interleavings, explorer.divergen
        (SELECT {qps} FROM settings WHERE key = 'global_qps') AS configured_qps,
        cancels.confirmed, cancels.p99_s, cancels.max_s, pending.n AS pending, pending.oldest_s AS oldest_pending_s,
        unknown.entries, unknown.open, unknown.oldest_open_s, unknown.p99_age_s, unknown.slowest_resolution_s,
-       trace.outbox_rows, trace.untraceable
-FROM explorer, ops, dups, cancels, pending, unknown, trace
+       (SELECT count(*) FROM outbox) AS outbox_rows, trace.advances, trace.untraceable,
+       (SELECT count(*) FROM outbox_ack_refusals) AS refused_acks,
+       unacked.n AS unacknowledged, unacked.stale AS stale_unacknowledged,
+       unacked.oldest_s AS oldest_unacknowledged_s
+FROM explorer, ops, dups, cancels, pending, unknown, trace, unacked
 """
 """The statement, in SQL both DuckDB and PostgreSQL run, with ``{now}`` and the dialect's fragments
 (``GATE_INPUTS_DIALECTS``) as placeholders; fill them with ``gate_inputs_sql``."""
+
+UNACKED_STALE_S: Final = 300.0
+"""How long an outbox entry may stay ready without any consumer's acknowledgement before the
+traceability gate counts it as stale (``stale_unacknowledged``; ``rollout.gates`` fails on the oldest's age)."""
 
 DIALECTS: Final = ("duckdb", "postgres")
 """The SQL dialects of the ledger's backends: DuckDB (``engine.ledger``) and PostgreSQL (``engine.ledger.postgres``)."""
@@ -140,6 +155,8 @@ _COMMON_FRAGMENTS: Final = {
     "pending_age": seconds_between("{now}", "cancel_requested_at"),
     "open_age": seconds_between("{now}", "opened_at"),
     "resolution": seconds_between("resolved_at", "opened_at"),
+    "entry_age": seconds_between("{now}", "o.created_at"),
+    "stale_s": repr(UNACKED_STALE_S),
 }
 
 GATE_INPUTS_FRAGMENTS: Final[dict[str, dict[str, str]]] = {
@@ -170,7 +187,12 @@ COLUMNS: Final = (
     "p99_age_s",
     "slowest_resolution_s",
     "outbox_rows",
+    "advances",
     "untraceable",
+    "refused_acks",
+    "unacknowledged",
+    "stale_unacknowledged",
+    "oldest_unacknowledged_s",
 )
 """The statement's columns, in order."""
 
@@ -189,7 +211,11 @@ _COUNTS: Final = frozenset(
         "entries",
         "open",
         "outbox_rows",
+        "advances",
         "untraceable",
+        "refused_acks",
+        "unacknowledged",
+        "stale_unacknowledged",
     }
 )
 _MEASURES: Final = frozenset(set(COLUMNS) - _COUNTS - {"last_run_at"})
@@ -213,6 +239,8 @@ writes AS (
            (SELECT greatest(max(sent_at), max(received_at)) FROM polls),
            (SELECT max(accepted_at) FROM receipts),
            (SELECT max(created_at) FROM outbox),
+           (SELECT max(acked_at) FROM outbox_acks),
+           (SELECT max(refused_at) FROM outbox_ack_refusals),
            (SELECT greatest(max(opened_at), max(resolved_at)) FROM reconciliation),
            (SELECT max(updated_at) FROM settings)
          ) AS last_write_at,
@@ -220,7 +248,8 @@ writes AS (
          (SELECT count(*) FROM op_state) AS now_operations,
          (SELECT count(*) FROM polls) AS now_requests,
          (SELECT count(*) FROM reconciliation WHERE kind = 'unknown') AS now_entries,
-         (SELECT count(*) FROM outbox) AS now_outbox_rows
+         (SELECT count(*) FROM outbox) AS now_outbox_rows,
+         (SELECT count(*) FROM outbox_acks) AS now_advances
 )
 SELECT latest.run_id, latest.gate, latest.inputs, latest.evaluated_at, writes.*
 FROM latest, writes ORDER BY latest.gate
@@ -235,6 +264,7 @@ _RUN_COUNTS: Final = (
     ("now_requests", "poll_amplification", "requests"),
     ("now_entries", "unknown_reconciliation", "entries"),
     ("now_outbox_rows", "traceability", "outbox_rows"),
+    ("now_advances", "traceability", "advances"),
 )
 
 
@@ -370,7 +400,15 @@ _LAYOUT: Final[dict[str, tuple[tuple[str, str], ...]]] = {
         ("p99_age_s", "p99_age_s"),
         ("slowest_resolution_s", "slowest_resolution_s"),
     ),
-    "traceability": (("outbox_rows", "outbox_rows"), ("untraceable", "untraceable")),
+    "traceability": (
+        ("outbox_rows", "outbox_rows"),
+        ("advances", "advances"),
+        ("untraceable", "untraceable"),
+        ("refused_acks", "refused_acks"),
+        ("unacknowledged", "unacknowledged"),
+        ("stale_unacknowledged", "stale_unacknowledged"),
+        ("oldest_unacknowledged_s", "oldest_unacknowledged_s"),
+    ),
 }
 """Per gate: (input name, statement column) for each raw input, in the order ``rollout.gates`` reads them."""
 
@@ -417,7 +455,8 @@ def advance_clock(inputs: Mapping[str, Mapping[str, object]], seconds: float) ->
     each ``seconds`` older: ``oldest_pending_s`` and ``oldest_open_s`` (the ages a verdict reads)
     advance exactly. ``p99_age_s`` (shown, read by no verdict) advances exactly when every entry is
     open, stays when none is; when open and resolved entries mix it is kept as read (the true value
-    lies between it and it plus ``seconds``). Every other input does not depend on the clock.
+    lies between it and it plus ``seconds``). The oldest unacknowledged outbox entry ages exactly.
+    Every other input does not depend on the clock.
     """
     if seconds < 0:
         raise ValueError(f"the clock does not move backwards ({seconds} s)")
@@ -430,6 +469,10 @@ def advance_clock(inputs: Mapping[str, Mapping[str, object]], seconds: float) ->
         unknown["oldest_open_s"] = _float(unknown["oldest_open_s"]) + seconds
         if unknown["open"] == unknown["entries"] and unknown["p99_age_s"] is not None:
             unknown["p99_age_s"] = _float(unknown["p99_age_s"]) + seconds
+    trace = out["traceability"]
+    if trace["unacknowledged"] and trace["oldest_unacknowledged_s"] is not None:
+        # ``stale_unacknowledged`` (shown, read by no verdict) is kept as read: a lower bound.
+        trace["oldest_unacknowledged_s"] = _float(trace["oldest_unacknowledged_s"]) + seconds
     return out
 
 
@@ -474,6 +517,7 @@ __all__ = [
     "GATE_INPUTS_FRAGMENTS",
     "GATE_INPUTS_TEMPLATE",
     "LATEST_RUN_SQL",
+    "UNACKED_STALE_S",
     "WRITE_SETTLE_S",
     "RecordedRun",
     "advance_clock",

@@ -40,6 +40,18 @@ class PollRecord(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class OutboxAck:
+    """A recorded acknowledgement: ``consumer``'s downstream advanced on the entry of ``call_node_id``."""
+
+    consumer: str
+    call_node_id: str
+    seq: int
+    acknowledged_at: datetime
+    repeated: bool
+    """True when this consumer had acknowledged the entry before (the earlier record stands)."""
+
+
+@dataclass(frozen=True, slots=True)
 class ExplorerRun:
     """One explorer result as ``explorer_runs`` records it (the input of the divergence gate)."""
 
@@ -175,6 +187,14 @@ class LedgerPort(Protocol):
     def put_setting(self, key: str, value: str, at: datetime) -> None: ...
     def setting(self, key: str) -> str | None: ...
     def gate_inputs(self, now: datetime) -> dict[str, dict[str, object]]: ...
+
+    # the outbox's consumers
+    def outbox_ready(self, consumer: str, after: int | None, limit: int) -> list[dict[str, object]]: ...
+    def ack_outbox(
+        self, consumer: str, call_node_id: str, status: str, result_digest: str | None, at: datetime
+    ) -> OutboxAck: ...
+    def outbox_lag(self) -> list[dict[str, object]]: ...
+
     def record_gate_run(self, results: Sequence[GateRecord], at: datetime) -> int: ...
     def gate_runs(self, limit: int = 500) -> list[dict[str, object]]: ...
 
@@ -305,6 +325,7 @@ __all__ = [
     "Lease",
     "LeasingLedgerPort",
     "LedgerPort",
+    "OutboxAck",
     "PollRecord",
     "WriteGroup",
 ]

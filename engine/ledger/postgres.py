@@ -57,6 +57,7 @@ from engine.ledger.sandbox import QueryResult
 from engine.ledger.schema import (
     _STATE_COLUMNS,
     LEASE_COLUMNS,
+    OUTBOX_SEQUENCE,
     ROW_SCHEMAS,
     SEND_SLOTS_TABLE,
 )
@@ -314,7 +315,8 @@ class PgLedger(SqlLedger):
     def _insert_many(self, tx: Any, table: str, rows: Sequence[Sequence[object]], suffix: str = "") -> None:
         values = sql.placeholders(len(ROW_SCHEMAS[table]))
         numbered = "nextval('transition_seq'), " if table == "transitions" else ""
-        tx.executemany(self._q(f"INSERT INTO {table} VALUES ({numbered}{values}){suffix}"), rows)
+        trailing = f", nextval('{OUTBOX_SEQUENCE}')" if table == "outbox" else ""
+        tx.executemany(self._q(f"INSERT INTO {table} VALUES ({numbered}{values}{trailing}){suffix}"), rows)
 
     def _conflict(self, exc: Exception) -> bool:
         return isinstance(exc, pg_errors.UniqueViolation)

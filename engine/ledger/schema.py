@@ -19,6 +19,46 @@ EXPLORER_CODE_MIGRATION: Final[tuple[str, ...]] = (
 )
 """Shared with the PostgreSQL ledger (its own migration number)."""
 
+OUTBOX_DELIVERY_NAME: Final = (
+    "the outbox delivered: entries numbered in acceptance order, consumers' acknowledgements"
+)
+OUTBOX_DELIVERY_MIGRATION: Final[tuple[str, ...]] = (
+    "ALTER TABLE outbox ADD COLUMN seq BIGINT",
+    # Entries written before this migration are numbered in the order they were accepted, at or
+    # below 0; the sequence then counts on from 1, so every cursor stays in acceptance order.
+    """UPDATE outbox SET seq = q.n
+       FROM (SELECT call_node_id,
+                    row_number() OVER (ORDER BY created_at, call_node_id) - (SELECT count(*) FROM outbox) AS n
+             FROM outbox) AS q
+       WHERE outbox.call_node_id = q.call_node_id""",
+    "CREATE SEQUENCE outbox_seq START 1",
+    "CREATE UNIQUE INDEX outbox_seq_order ON outbox (seq)",
+    # One row per (consumer, entry): the downstream advanced on that entry. What the consumer
+    # said it saw is kept, so the traceability gate checks it against the receipt again.
+    """CREATE TABLE outbox_acks (
+        consumer VARCHAR NOT NULL,
+        call_node_id VARCHAR NOT NULL,
+        entry_seq BIGINT NOT NULL,
+        status VARCHAR NOT NULL,
+        result_digest VARCHAR,
+        acked_at TIMESTAMPTZ NOT NULL,
+        PRIMARY KEY (consumer, call_node_id)
+    )""",
+    # An acknowledgement the ledger refused (no such entry, or not what the entry holds).
+    """CREATE TABLE outbox_ack_refusals (
+        consumer VARCHAR NOT NULL,
+        call_node_id VARCHAR NOT NULL,
+        status VARCHAR,
+        result_digest VARCHAR,
+        reason VARCHAR NOT NULL,
+        refused_at TIMESTAMPTZ NOT NULL
+    )""",
+)
+"""Shared by both backends (DuckDB's migration 9, PostgreSQL's 11)."""
+
+OUTBOX_SEQUENCE: Final = "outbox_seq"
+"""Numbers each new outbox row (its last column, ``seq``) as it is written: the consumers' cursor."""
+
 IDENTIFIER_CHECKS_NAME: Final = (
     "identifier rules as CHECK constraints (call node ids, principals, actors, reasons)"
 )
@@ -378,6 +418,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
             "duckdb", created_tables(tuple(s for _, _, group in _RELEASED for s in group))
         ),
     ),
+    (9, OUTBOX_DELIVERY_NAME, OUTBOX_DELIVERY_MIGRATION),
 )
 
 
@@ -475,6 +516,7 @@ PG_MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         EXPLORER_CODE_MIGRATION,
     ),
     (10, IDENTIFIER_CHECKS_NAME, identifier_checks_migration("postgres", {})),
+    (11, OUTBOX_DELIVERY_NAME, OUTBOX_DELIVERY_MIGRATION),
 )
 PG_SUPPORTED_SCHEMA: Final[int] = PG_MIGRATIONS[-1][0]
 
@@ -682,6 +724,8 @@ _TABLES: Final = frozenset(
         "transitions",
         "receipts",
         "outbox",
+        "outbox_acks",
+        "outbox_ack_refusals",
         "results",
         "receipt_audit",
         "polls",
@@ -760,6 +804,9 @@ __all__ = [
     "IDENTIFIER_CHECKS_NAME",
     "LEASE_COLUMNS",
     "MIGRATIONS",
+    "OUTBOX_DELIVERY_MIGRATION",
+    "OUTBOX_DELIVERY_NAME",
+    "OUTBOX_SEQUENCE",
     "PG_MIGRATIONS",
     "PG_SUPPORTED_SCHEMA",
     "ROLLOUT_EVENT_COLUMNS",

@@ -15,7 +15,7 @@ import re
 from functools import lru_cache
 from typing import Final
 
-from engine.ledger.schema import _STATE_COLUMNS
+from engine.ledger.schema import _STATE_COLUMNS, OUTBOX_SEQUENCE
 
 __all__ = [
     "DIALECTS",
@@ -89,7 +89,34 @@ FENCED_REPLIES: Final = "SELECT count(*) FROM transitions WHERE NOT accepted AND
 # ---------------------------------------------------------------------- receipts and outbox
 RECEIPT_INSERT: Final = f"INSERT INTO receipts VALUES ({placeholders(12)})"
 RESULT_INSERT: Final = f"INSERT INTO results VALUES ({placeholders(5)})"
-OUTBOX_INSERT: Final = f"INSERT INTO outbox VALUES ({placeholders(7)})"
+OUTBOX_INSERT: Final = f"INSERT INTO outbox VALUES ({placeholders(7)}, nextval('{OUTBOX_SEQUENCE}'))"
+"""One outbox row, numbered by ``outbox_seq`` as it is written (its ``seq``: the consumers' cursor)."""
+OUTBOX_ORDER_LOCK: Final = "outbox order"
+"""The key a transaction that writes outbox rows serialises on (PostgreSQL: several executors),
+from numbering its rows to its commit: entries become visible in ``seq`` order, so a consumer's
+cursor never passes an entry that commits later with a lower number."""
+OUTBOX_READY: Final = (
+    "SELECT o.seq, o.call_node_id, o.operation_id, o.terminal_status AS status, o.result_digest, "
+    "o.payload, r.cancel_evidence, r.request_digest, r.task_id, r.accepted_at "
+    "FROM outbox o JOIN receipts r USING (call_node_id) "
+    "LEFT JOIN outbox_acks a ON a.call_node_id = o.call_node_id AND a.consumer = ? "
+    "WHERE a.call_node_id IS NULL AND o.seq > ? ORDER BY o.seq LIMIT ?"
+)
+"""A consumer's entries after its cursor that it has not acknowledged, in acceptance order."""
+OUTBOX_ENTRY: Final = (
+    "SELECT o.seq, o.terminal_status, o.result_digest FROM outbox o WHERE o.call_node_id = ?"
+)
+OUTBOX_ACK_INSERT: Final = "INSERT INTO outbox_acks VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+OUTBOX_ACK_OF: Final = "SELECT acked_at FROM outbox_acks WHERE consumer = ? AND call_node_id = ?"
+OUTBOX_ACK_REFUSAL_INSERT: Final = f"INSERT INTO outbox_ack_refusals VALUES ({placeholders(6)})"
+OUTBOX_LAG: Final = (
+    "SELECT a.consumer, count(*) AS acknowledged, max(a.entry_seq) AS last_seq, "
+    "max(a.acked_at) AS last_ack_at, (SELECT count(*) FROM outbox) - count(*) AS behind, "
+    "(SELECT min(o.created_at) FROM outbox o WHERE NOT EXISTS (SELECT 1 FROM outbox_acks x "
+    "WHERE x.consumer = a.consumer AND x.call_node_id = o.call_node_id)) AS oldest_unacked_at "
+    "FROM outbox_acks a GROUP BY a.consumer ORDER BY a.consumer{c}"
+)
+"""Per consumer that has acknowledged anything: how many entries it acknowledged and how many it has not."""
 AUDIT_INSERT: Final = f"INSERT INTO receipt_audit VALUES ({placeholders(6)})"
 RECEIPT_OF_CALL_NODE: Final = (
     "SELECT call_node_id, operation_id, request_digest, task_id, tool_version, epoch, cancel_generation, "

@@ -30,6 +30,7 @@ from engine.runtime.limiter import Limiter
 from engine.schedule import PollPolicy
 from service.batching import BatchingLedger
 from service.config import ServerConfig, ServiceConfig, ToolConfig
+from service.delivery import CommitSignal
 
 if TYPE_CHECKING:
     from rollout.controller import RolloutController
@@ -190,6 +191,8 @@ class ExecutorState(abc.ABC):
             "lease_lost": 0,
         }
     )
+    commit_signal: CommitSignal = field(default_factory=CommitSignal)
+    """Notified after a commit that wrote receipts: requests waiting for a receipt or an outbox entry look again."""
     commit_seconds: float = 0.0
     """Wall time spent waiting for group commits on the writer thread."""
     rollout: RolloutController = field(init=False)

@@ -51,6 +51,8 @@ class WriteGroups(ExecutorState):
         self.commit_seconds += monotonic_seconds() - started
         self.stats["commits"] += 1
         self.stats["committed_writes"] += group.size
+        if group.acceptances:
+            self.commit_signal.notify()
         self._refused(refused, finished)
         for wake in finished:
             self._after(wake)
@@ -59,6 +61,7 @@ class WriteGroups(ExecutorState):
         """Commit what is buffered now, on the loop's thread (around person actions and at stop)."""
         finished, self._finished = self._finished, []
         self._refused(self._store.flush(), finished)
+        self.commit_signal.notify()
         for wake in finished:
             self._after(wake)
 

@@ -71,10 +71,15 @@ def _reference(con: duckdb.DuckDBPyConnection, now: datetime) -> dict[str, objec
             f"SELECT quantile_cont({age}, 0.99) FROM reconciliation WHERE kind = 'unknown'", now
         ),
         "outbox_rows": one("SELECT count(*) FROM outbox"),
+        "advances": one("SELECT count(*) FROM outbox_acks"),
         "untraceable": one(
-            "SELECT count(*) FROM outbox o WHERE NOT EXISTS (SELECT 1 FROM receipts r WHERE "
-            "r.call_node_id = o.call_node_id AND r.status = o.terminal_status "
-            "AND r.result_digest IS NOT DISTINCT FROM o.result_digest)"
+            "SELECT count(*) FROM outbox_acks a WHERE NOT EXISTS (SELECT 1 FROM receipts r WHERE "
+            "r.call_node_id = a.call_node_id AND r.status = a.status "
+            "AND r.result_digest IS NOT DISTINCT FROM a.result_digest)"
+        ),
+        "refused_acks": one("SELECT count(*) FROM outbox_ack_refusals"),
+        "unacknowledged": one(
+            "SELECT count(*) FROM outbox o WHERE o.call_node_id NOT IN (SELECT call_node_id FROM outbox_acks)"
         ),
     }
 
