@@ -201,6 +201,14 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--json", action="store_true")
     sql.add_argument("query")
     sql.add_argument("--max-rows", type=int, default=1000)
+    export = sub.add_parser("export", help="write every ledger table as Parquet (from a snapshot file)")
+    export.add_argument("--parquet", required=True, metavar="DIR", help="folder to write the files into")
+    export.add_argument(
+        "--ledger",
+        required=True,
+        help="a snapshot file (finality snapshot --out) or a ledger file no service holds",
+    )
+    export.add_argument("--json", action="store_true")
     snap = service_command("snapshot", "publish a snapshot of the service's ledger and copy it to a file")
     snap.add_argument("--out", required=True, help="where to write the snapshot (a DuckDB file)")
     _rollout_parsers(sub)
@@ -649,6 +657,20 @@ def _print_reconciliation(entries: list[dict[str, object]]) -> None:
     print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} (--json for every field and candidate)")
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from engine.ledger.sandbox import export_parquet
+
+    if "://" in args.ledger:
+        raise ConfigError("--ledger", "export reads a DuckDB file; a PostgreSQL export is not built yet")
+    written = export_parquet(args.ledger, args.parquet)
+    if args.json:
+        print(json.dumps(written))
+    else:
+        for table, rows in written.items():
+            print(f"{table}\t{rows}")
+    return EXIT_OK
+
+
 def cmd_sql(args: argparse.Namespace) -> int:
     url = _pick_service(args)
     result: dict[str, object] | None = None
@@ -832,6 +854,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 return cmd_serve(args)
             case "gates":
                 return cmd_gates(args)
+            case "export":
+                return cmd_export(args)
             case "sql":
                 return cmd_sql(args)
             case "rollout":
@@ -873,6 +897,7 @@ __all__ = [
     "build_parser",
     "cmd_audit",
     "cmd_call",
+    "cmd_export",
     "cmd_gates",
     "cmd_rollout",
     "cmd_serve",

@@ -7,6 +7,7 @@ wall-clock thresholds.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import duckdb
 import httpx
+import pandas as pd
 import pytest
 
 from refserver.testing import RefServer
@@ -199,6 +201,31 @@ def test_a_snapshot_opens_with_plain_duckdb_while_the_service_writes_and_holds_t
         live_receipts = client.sql(f"SELECT count(*) FROM receipts WHERE accepted_at <= TIMESTAMPTZ '{iso}'")
         assert snap_ops == (live["rows"][0][0],) == (10,)
         assert snap_receipts == (live_receipts["rows"][0][0],)
+        # Parquet from the snapshot, read with plain pandas while the service keeps writing.
+        parquet = tmp_path / "parquet"
+        exported = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "service",
+                "export",
+                "--parquet",
+                str(parquet),
+                "--ledger",
+                str(out),
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert exported.returncode == 0, exported.stderr
+        counts = json.loads(exported.stdout)
+        assert len(pd.read_parquet(parquet / "operations.parquet")) == counts["operations"] == 10
+        polls = pd.read_parquet(parquet / "polls")
+        assert len(polls) == counts["polls"] > 0
+        assert {"sent_at", "outcome", "day"} <= set(polls.columns)
         # The service went on writing after the snapshot: the busy calls still end.
         wait_until(lambda: all_terminal(client, busy), what="busy calls terminal after the snapshot")
         for _ in range(2):
