@@ -25,6 +25,7 @@ from engine.errors import (
     EngineError,
     IdentifierRefused,
     LedgerError,
+    LedgerUnavailable,
     NegotiationError,
 )
 from engine.errors import ServiceRefused as ServiceRefusedError
@@ -201,12 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     sql.add_argument("--json", action="store_true")
     sql.add_argument("query")
     sql.add_argument("--max-rows", type=int, default=1000)
-    export = sub.add_parser("export", help="write every ledger table as Parquet (from a snapshot file)")
+    export = sub.add_parser(
+        "export", help="write every ledger table as Parquet (from a snapshot file or a PostgreSQL ledger)"
+    )
     export.add_argument("--parquet", required=True, metavar="DIR", help="folder to write the files into")
     export.add_argument(
         "--ledger",
         required=True,
-        help="a snapshot file (finality snapshot --out) or a ledger file no service holds",
+        help="a snapshot file (finality snapshot --out), a ledger file no service holds, or a postgresql:// URL",
     )
     export.add_argument("--json", action="store_true")
     snap = service_command("snapshot", "publish a snapshot of the service's ledger and copy it to a file")
@@ -658,16 +661,25 @@ def _print_reconciliation(entries: list[dict[str, object]]) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from engine.ledger.sandbox import export_parquet
+    from engine.ledger import is_postgres
 
-    if "://" in args.ledger:
-        raise ConfigError("--ledger", "export reads a DuckDB file; a PostgreSQL export is not built yet")
-    written = export_parquet(args.ledger, args.parquet)
+    try:
+        ledger = _open(args.ledger, read_only=True)
+    except LedgerUnavailable as exc:
+        if is_postgres(args.ledger) or "lock" not in str(exc).lower():
+            raise
+        raise LedgerUnavailable(
+            f"{exc} -- a running service holds its ledger file: export a snapshot of it instead "
+            "(finality snapshot --out FILE, then finality export --ledger FILE)"
+        ) from exc
+    with closing(ledger):
+        written = ledger.export_parquet(args.parquet)
     if args.json:
         print(json.dumps(written))
     else:
         for table, rows in written.items():
-            print(f"{table}\t{rows}")
+            print(f"{table}\t{rows:,} rows")
+        print(f"{len(written)} tables written to {args.parquet}")
     return EXIT_OK
 
 

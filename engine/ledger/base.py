@@ -17,6 +17,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
+from pathlib import Path
 from typing import Any, ClassVar, Final, TypeVar
 
 import pyarrow as pa
@@ -31,7 +32,7 @@ from engine.errors import (
     ReceiptConflict,
     StaleWrite,
 )
-from engine.ledger import sql
+from engine.ledger import export, sql
 from engine.ledger.port import (
     BatchOutcome,
     ExplorerRun,
@@ -748,6 +749,33 @@ class SqlLedger(ABC):
     @abstractmethod
     def _import_table(self, tx: Any, table: str, rows: pa.Table) -> None:
         """Append ``rows`` to ``table``, columns matched by name."""
+
+    # ------------------------------------------------------------ Parquet export (analysts)
+
+    @abstractmethod
+    def _read_batches(self) -> AbstractContextManager[Callable[[str], pa.RecordBatchReader]]:
+        """One read-only transaction (a single instant); yields ``query -> record batches`` within it."""
+
+    def export_parquet(self, folder: str | Path) -> dict[str, int]:
+        """Write every documented table (``table_columns``) as Parquet under ``folder``; rows per table.
+
+        All tables are read in one read-only transaction, so the files agree with each other as of
+        one instant while writers go on; ``engine.ledger.export`` says how the files are laid out.
+        Columns a backend adds of its own (PostgreSQL's leases) are left out, so both backends write
+        the columns of ``docs/ledger.md``.
+
+        Raises:
+            LedgerUnavailable: the ledger cannot be read.
+        """
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        written: dict[str, int] = {}
+        with self._read_batches() as read:
+            for table, columns in sorted(self.table_columns().items()):
+                own = set(self._unimported_columns.get(table, ()))
+                kept = [c for c in columns if c not in own]
+                written[table] = export.write_table(out, table, read(export.export_select(table, kept)))
+        return written
 
     def _import_plan(self, tables: Mapping[str, pa.Table]) -> list[tuple[str, pa.Table]]:
         """``import_rows``' tables, checked: importable, with exactly the schema's columns (the

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +36,7 @@ from engine.errors import (
 from engine.ledger import rows as codec
 from engine.ledger import sql
 from engine.ledger.base import SqlLedger, cas_params, chain, outcomes, repeated_acceptances
+from engine.ledger.export import BATCH_ROWS
 from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
 from engine.ledger.port import (
     BatchOutcome,
@@ -124,6 +125,11 @@ class Ledger(SqlLedger):
             _check_file(Path(spath), read_only)
         try:
             con = duckdb.connect(spath, read_only=read_only)
+        except duckdb.IOException as exc:
+            if "lock" in str(exc).lower():
+                # Another process (a running finality serve) holds the file: it is fine, only busy.
+                raise LedgerUnavailable(f"ledger {spath} is held by another process: {exc}") from exc
+            raise LedgerCorrupt(f"cannot open ledger {spath}: {exc}") from exc
         except duckdb.Error as exc:
             raise LedgerCorrupt(f"cannot open ledger {spath}: {exc}") from exc
         ledger = cls(con, spath, read_only)
@@ -504,6 +510,15 @@ class Ledger(SqlLedger):
             tx.execute(f"INSERT INTO {table} BY NAME SELECT * FROM imported_rows")
         finally:
             tx.unregister("imported_rows")
+
+    @contextmanager
+    def _read_batches(self) -> Iterator[Callable[[str], pa.RecordBatchReader]]:
+        con = self._con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            yield lambda query: con.sql(query).to_arrow_reader(BATCH_ROWS)
+        finally:
+            con.execute("ROLLBACK")
 
     def snapshot(self, dest: str | Path) -> Path:
         """Write a consistent copy of the whole ledger to ``dest`` (replaced if present), for readers.

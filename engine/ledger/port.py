@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import NamedTuple, Protocol, Self
 
 import pyarrow as pa
@@ -246,6 +247,7 @@ class LedgerPort(Protocol):
     def transitions(self, operation_id: str) -> list[dict[str, object]]: ...
     def count(self, table: str) -> int: ...
     def table_columns(self) -> dict[str, list[str]]: ...
+    def export_parquet(self, folder: str | Path) -> dict[str, int]: ...
 
     # what the backend can do
     @property

@@ -43,6 +43,7 @@ from engine.ledger import rows as codec
 from engine.ledger import sql
 from engine.ledger.analyst import run_query
 from engine.ledger.base import SqlLedger, cas_params, chain, outcomes, repeated_acceptances
+from engine.ledger.export import BATCH_ROWS
 from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
 from engine.ledger.port import (
     BatchOutcome,
@@ -787,6 +788,20 @@ class PgLedger(SqlLedger):
             for record in rows.to_pylist():
                 copy.write_row([record[n] for n in names])
 
+    @contextmanager
+    def _read_batches(self) -> Iterator[Callable[[str], pa.RecordBatchReader]]:
+        """One REPEATABLE READ, READ ONLY transaction under the analyst role: the export reads the
+        ledger exactly as analysts may, on a connection of this ledger's own pool."""
+        with self._conn() as conn, conn.transaction():
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            try:
+                conn.execute(pg_sql.SQL("SET LOCAL ROLE {}").format(pg_sql.Identifier(self.analyst_role)))
+            except psycopg.Error as exc:
+                raise LedgerUnavailable(
+                    f"PostgreSQL ledger {self.path}: cannot read as the analyst role {self.analyst_role}: {exc}"
+                ) from exc
+            yield lambda query: _pg_batches(conn, query)
+
     def gate_inputs(self, now: datetime) -> dict[str, dict[str, object]]:
         """The raw inputs of the six gates, read from the ledger only (no thresholds applied here).
 
@@ -815,6 +830,47 @@ class PgLedger(SqlLedger):
             SqlRefused: the query would write or reach outside the ledger, ran over a limit or failed.
         """
         return run_query(self, query, max_rows=max_rows, timeout=timeout, work_mem_mb=work_mem_mb)
+
+
+# ------------------------------------------------------------------------------- Parquet export
+
+# PostgreSQL type oids -> the Arrow types DuckDB gives the same columns (docs/ledger.md's types).
+_ARROW_OF_OID: Final[dict[int, Any]] = {
+    16: pa.bool_(),
+    20: pa.int64(),
+    21: pa.int16(),
+    23: pa.int32(),
+    700: pa.float32(),
+    701: pa.float64(),
+    1082: pa.date32(),
+    1184: pa.timestamp("us", tz="Etc/UTC"),  # the zone name DuckDB gives its TIMESTAMPTZ
+}
+
+
+def _pg_batches(conn: Connection, query: str) -> pa.RecordBatchReader:
+    """``query``'s rows as Arrow batches, fetched through a server-side cursor (bounded memory)."""
+    cur = conn.cursor(name="finality_export")
+    try:
+        cur.execute(query)
+    except psycopg.Error as exc:
+        cur.close()
+        raise LedgerUnavailable(f"cannot read for export ({query}): {exc}") from exc
+    schema = pa.schema(
+        [(d.name, _ARROW_OF_OID.get(int(d.type_code), pa.string())) for d in cur.description or ()]
+    )
+
+    def batches() -> Iterator[Any]:
+        try:
+            while rows := cur.fetchmany(BATCH_ROWS):
+                columns = list(zip(*rows, strict=True))
+                yield pa.record_batch(
+                    [pa.array(list(col), type=f.type) for col, f in zip(columns, schema, strict=True)],
+                    schema=schema,
+                )
+        finally:
+            cur.close()
+
+    return pa.RecordBatchReader.from_batches(schema, batches())
 
 
 # ------------------------------------------------------------------------------- schema set-up

@@ -318,62 +318,13 @@ def stamp_snapshot(path: str | Path, as_of: datetime, source: str) -> None:
         con.close()
 
 
-# The append-only tables that grow with traffic, and the instant each row is partitioned by.
-PARTITIONED: dict[str, str] = {"transitions": "recorded_at", "polls": "sent_at"}
-
-
-def export_parquet(source: str | Path, folder: str | Path) -> dict[str, int]:
-    """Write every table of a ledger file (a snapshot, or a ledger no process holds) as Parquet under ``folder``.
-
-    ``transitions`` and ``polls`` are partitioned by UTC day (``folder/polls/day=2026-12-01/...``);
-    every other table is one file ``folder/<table>.parquet``. Columns and types are the ledger's
-    own (``docs/ledger.md``), plus the ``day`` partition key. Returns rows written per table.
-
-    Raises:
-        SqlRefused: the file cannot be opened read-only.
-    """
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        con = duckdb.connect(str(source), read_only=True)
-    except duckdb.Error as exc:
-        raise SqlRefused(f"cannot open the ledger for reading: {exc}") from exc
-    written: dict[str, int] = {}
-    try:
-        tables = [
-            str(r[0])
-            for r in con.execute(
-                "SELECT table_name FROM duckdb_tables() WHERE schema_name = 'main' ORDER BY table_name"
-            ).fetchall()
-        ]
-        for table in tables:
-            quoted = '"' + table.replace('"', '""') + '"'
-            row = con.execute(f"SELECT count(*) FROM {quoted}").fetchone()
-            written[table] = int(row[0]) if row else 0
-            stamp = PARTITIONED.get(table)
-            if stamp is not None:
-                target = str(out / table).replace("'", "''")
-                con.execute(
-                    f"COPY (SELECT *, CAST(timezone('UTC', {stamp}) AS DATE) AS day FROM {quoted}) "
-                    f"TO '{target}' (FORMAT parquet, PARTITION_BY (day), OVERWRITE_OR_IGNORE)"
-                )
-            else:
-                target = str(out / f"{table}.parquet").replace("'", "''")
-                con.execute(f"COPY {quoted} TO '{target}' (FORMAT parquet)")
-    finally:
-        con.close()
-    return written
-
-
 __all__ = [
     "DEFAULT_LIMITS",
-    "PARTITIONED",
     "SNAPSHOT_INFO_TABLE",
     "QueryResult",
     "SandboxLimits",
     "check_query",
     "close_sandboxes",
-    "export_parquet",
     "run_arrow",
     "run_query",
     "stamp_snapshot",

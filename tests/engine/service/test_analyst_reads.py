@@ -7,6 +7,8 @@ wall-clock thresholds.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -20,6 +22,7 @@ import pandas as pd
 import pytest
 
 from refserver.testing import RefServer
+from service.cli import main
 from service.client import ServiceClient, ServiceRefused
 from service.testing import ServiceProcess, all_terminal, wait_until
 
@@ -42,6 +45,14 @@ def start(
     yield run
     for svc in started:
         svc.close()
+
+
+def _cli(*argv: str) -> tuple[int, str, str]:
+    """A finality command run in this process: exit code, stdout, stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
 
 
 def _submit(client: ServiceClient, prefix: str, n: int) -> list[str]:
@@ -203,29 +214,17 @@ def test_a_snapshot_opens_with_plain_duckdb_while_the_service_writes_and_holds_t
         assert snap_receipts == (live_receipts["rows"][0][0],)
         # Parquet from the snapshot, read with plain pandas while the service keeps writing.
         parquet = tmp_path / "parquet"
-        exported = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "service",
-                "export",
-                "--parquet",
-                str(parquet),
-                "--ledger",
-                str(out),
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        assert exported.returncode == 0, exported.stderr
-        counts = json.loads(exported.stdout)
+        code, stdout, stderr = _cli("export", "--parquet", str(parquet), "--ledger", str(out), "--json")
+        assert code == 0, stderr
+        counts = json.loads(stdout)
         assert len(pd.read_parquet(parquet / "operations.parquet")) == counts["operations"] == 10
         polls = pd.read_parquet(parquet / "polls")
         assert len(polls) == counts["polls"] > 0
         assert {"sent_at", "outcome", "day"} <= set(polls.columns)
+        # The live file itself is the service's: the export says to take a snapshot instead.
+        code, _, stderr = _cli("export", "--parquet", str(tmp_path / "p2"), "--ledger", str(svc.ledger))
+        assert code != 0
+        assert "finality snapshot --out FILE" in stderr
         # The service went on writing after the snapshot: the busy calls still end.
         wait_until(lambda: all_terminal(client, busy), what="busy calls terminal after the snapshot")
         for _ in range(2):
