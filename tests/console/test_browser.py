@@ -12,9 +12,10 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -172,8 +173,7 @@ def test_rollback_from_the_browser_raises_the_epoch(console: str, service: Servi
             page.get_by_role("link", name="Rollout control").click()
             page.get_by_role("heading", name="Rollout control").wait_for(timeout=60_000)
             before = _epoch(page)
-            page.get_by_role("button", name="Roll back…").click(timeout=90_000)
-            dialog = page.get_by_role("dialog")
+            dialog = _open_dialog(page, "Roll back…", lambda d: d.get_by_label("Reason (required, typed)"))
             reason = dialog.get_by_label("Reason (required, typed)")
             reason.fill("canary p99 regression seen in the browser test")
             reason.press("Enter")
@@ -195,6 +195,23 @@ def test_rollback_from_the_browser_raises_the_epoch(console: str, service: Servi
             browser.close()
     after = httpx.get(f"{service.url}/api/v1/rollout/status", timeout=30).json()
     assert after["epoch"] == before + 1
+
+
+def _open_dialog(page: Any, button: str, ready: Callable[[Any], Any], attempts: int = 4) -> Any:
+    """Click ``button`` until its dialog shows ``ready`` (bounded): a click that lands while the app
+    is still in a full rerun opens a dialog that the rerun's end closes again (Streamlit drops dialogs
+    left over from an earlier run), so a person, and this test, clicks once more."""
+    dialog = page.get_by_role("dialog")
+    for attempt in range(attempts):
+        page.get_by_role("button", name=button).click(timeout=90_000)
+        try:
+            ready(dialog).wait_for(timeout=15_000)
+            return dialog
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            page.keyboard.press("Escape")  # close a half-open dialog before clicking again
+    return dialog
 
 
 # Each page's URL (its file's name) and the heading it draws. The overview is the default page, at "/".
@@ -323,8 +340,7 @@ def test_a_person_answers_sees_and_acts_on_every_page_at_1440x900(
             page.get_by_role("link", name=f"{DIVERGED_NODE} (old path)").wait_for(timeout=30_000)
             page.get_by_role("link", name=f"{DIVERGED_NODE}#shadow (new path)").wait_for(timeout=30_000)
             epoch = _epoch(page)
-            page.get_by_role("button", name="Roll back…").click(timeout=90_000)
-            dialog = page.get_by_role("dialog")
+            dialog = _open_dialog(page, "Roll back…", lambda d: d.get_by_text("Acting as"))
             dialog.get_by_text(f"Execution epoch {epoch} → {epoch + 1}").wait_for(timeout=30_000)
             dialog.get_by_text("Acting as").wait_for(timeout=30_000)
             page.screenshot(path=str(ARTIFACTS / "console-1440-rollback-dialog.png"), full_page=True)
