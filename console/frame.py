@@ -208,12 +208,13 @@ def main() -> None:
 
 
 # Where each gate's and alert's operations are: the page and its query string (Operations applies
-# ``state`` as its filter). A gate with no operations behind it (coverage, a rate, a share) has none.
+# ``state`` and ``duplicated`` as its filters). A gate with no operations behind it (coverage, a
+# rate, a share) has none.
 GATE_LINKS: dict[str, tuple[str, dict[str, str]]] = {
     "terminal_divergence": ("pages/gate_compliance.py", {}),
     "cancel_confirmation": ("pages/operations.py", {"state": "CANCEL_REQUESTED"}),
     "unknown_reconciliation": ("pages/reconciliation.py", {}),
-    "duplicate_operations": ("pages/operations.py", {}),
+    "duplicate_operations": ("pages/operations.py", {"duplicated": "1"}),
 }
 
 

@@ -94,6 +94,7 @@ from engine.errors import (
     ServiceUnavailable,
 )
 from engine.ledger.gate_sql import (
+    DUPLICATED_OPERATION_IDS,
     advance_clock,
     gate_inputs_from_recorded,
     gate_inputs_from_values,
@@ -574,15 +575,18 @@ class Insights:
         arms: Sequence[str] = (),
         since: datetime | None = None,
         until: datetime | None = None,
+        duplicated: bool = False,
         limit: int = 200,
     ) -> pd.DataFrame:
+        """The newest operations matching the filters; ``duplicated``: only those the
+        duplicate_operations gate counts (bound to a second server task)."""
         arm, join = self._arm()
-        where = _op_filter(arm, states, protocols, tools, arms, since, until)
+        where = _op_filter(arm, states, protocols, tools, arms, since, until, duplicated)
         picking_join = join if arms else ""  # the arm is joined to the picked rows only, unless filtered on
         # Pick the newest ids first and join the rest to those only: a top-N over a million-row
         # join is what makes this slow, not the filters.
         candidates = f"op_identity i {picking_join}" + (
-            " JOIN op_state s USING (operation_id)" if states else ""
+            " JOIN op_state s USING (operation_id)" if states or duplicated else ""
         )
         return self._named("operations", where=_Raw(where), candidates=_Raw(candidates), limit=_limit(limit))
 
@@ -595,9 +599,10 @@ class Insights:
         arms: Sequence[str] = (),
         since: datetime | None = None,
         until: datetime | None = None,
+        duplicated: bool = False,
     ) -> pd.DataFrame:
         arm, join = self._arm() if arms else ("", "")
-        where = _op_filter(arm, states, protocols, tools, arms, since, until)
+        where = _op_filter(arm, states, protocols, tools, arms, since, until, duplicated)
         # Join only what the filter reads: op_state alone answers "per state" for everything.
         needs_identity = bool(protocols or tools or arms or since or until)
         source = "op_state s" + (f" JOIN op_identity i USING (operation_id) {join}" if needs_identity else "")
@@ -841,8 +846,11 @@ def _op_filter(
     arms: Sequence[str],
     since: datetime | None,
     until: datetime | None,
+    duplicated: bool = False,
 ) -> str:
     parts = ["TRUE"]
+    if duplicated:  # the gate's own definition (one text), so the link lists exactly what it counts
+        parts.append(f"s.operation_id IN ({DUPLICATED_OPERATION_IDS})")
     if states:
         parts.append(f"s.state IN {lit_list(_choices(states, STATES))}")
     if protocols:

@@ -22,13 +22,18 @@ RANGES = {
 }
 
 st.title("Operations")
-# A link from a gate or an alert carries its filter (``?state=UNKNOWN``, ``?key=<call node>``):
-# applied once per link, then the widgets are the person's again.
-_linked = (tuple(st.query_params.get_all("state")), st.query_params.get("key", ""))
+# A link from a gate or an alert carries its filter (``?state=UNKNOWN``, ``?key=<call node>``,
+# ``?duplicated=1``): applied once per link, then the widgets are the person's again.
+_linked = (
+    tuple(st.query_params.get_all("state")),
+    st.query_params.get("key", ""),
+    st.query_params.get("duplicated", "") == "1",
+)
 if any(_linked) and st.session_state.get("operations_link") != _linked:
     st.session_state["operations_link"] = _linked
     st.session_state["operations_states"] = [s for s in _linked[0] if s in STATES]
     st.session_state["operations_range"] = "everything"
+    st.session_state["operations_duplicated"] = _linked[2]
     if _linked[1]:
         st.session_state["operations_key"] = _linked[1]
 options = insights.filter_options()
@@ -38,6 +43,10 @@ c2.multiselect("Protocol", options["protocol"], key="operations_protocols")
 c3.multiselect("Tool", options["tool"], key="operations_tools")
 c4.multiselect("Arm", ARMS, key="operations_arms")
 c5.selectbox("Created", list(RANGES), index=2, key="operations_range")
+st.checkbox(
+    "Only duplicated operations (bound to a second server task: what the duplicate_operations gate counts)",
+    key="operations_duplicated",
+)
 if st.session_state["operations_range"] == "custom":
     d1, d2 = st.columns(2)
     d1.date_input("From (UTC)", key="operations_from")
@@ -67,6 +76,7 @@ def live() -> None:
         "arms": state["operations_arms"],
         "since": since,
         "until": until,
+        "duplicated": bool(state.get("operations_duplicated")),
     }
     listing_soon = insights.soon(insights.operations, **filters, limit=200)  # read while the counts are drawn
     counts = insights.operations_by_state(**filters)

@@ -32,7 +32,9 @@ def live() -> None:
     gates_soon = insights.soon(insights.gates)
     alerts_soon = insights.soon(insights.alerts)
     flight_soon = insights.soon(insights.in_flight)
-    left, right = st.columns([1, 2])
+    # Rollout and arms side by side, then the gates across the whole width: at 1440x900 a gate
+    # table in two thirds of the page cut its "detail" column (the answer) to a few words.
+    left, right = st.columns([2, 3])
     with left:
         st.subheader("Rollout")
         try:
@@ -52,33 +54,53 @@ def live() -> None:
             )
             if status.disabled_protocols:
                 st.error("Disabled protocols: " + ", ".join(status.disabled_protocols))
-        arms = insights.arms()
-        st.dataframe(arms, hide_index=True, key="overview_arms")
     with right:
-        st.subheader("Gates")
-        gates = gates_soon.result()
-        passed = sum(r.passed for r in gates.results)
-        st.markdown(f"**{passed} of {len(gates.results)} pass**")
-        gate_stamp(insights, gates, "overview_reevaluate")
-        rows = pd.DataFrame(
-            [
-                {
-                    "result": "PASS" if r.passed else "FAIL",
-                    "gate": r.gate,
-                    "value": gate_value(r.gate, r.value),
-                    "passes when": gate_threshold(r.gate, r.threshold),
-                    "detail": r.verdict,
-                    "raw inputs": json.dumps(r.inputs, default=str, sort_keys=True),
-                }
-                for r in gates.results
-            ]
-        )
+        st.subheader("Arms")
+        arms = insights.arms()
+        st.dataframe(arms, hide_index=True, key="overview_arms", width="stretch")
+
+    st.subheader("Gates")
+    gates = gates_soon.result()
+    passed = sum(r.passed for r in gates.results)
+    st.markdown(f"**{passed} of {len(gates.results)} pass**")
+    gate_stamp(insights, gates, "overview_reevaluate")
+    rows = pd.DataFrame(
+        [
+            {
+                "result": "PASS" if r.passed else "FAIL",
+                "gate": r.gate,
+                "value": gate_value(r.gate, r.value),
+                "passes when": gate_threshold(r.gate, r.threshold),
+                "detail": r.verdict,
+            }
+            for r in gates.results
+        ]
+    )
+    st.dataframe(
+        rows.style.map(_fail_red, subset=["result"]),
+        hide_index=True,
+        key="overview_gates",
+        width="stretch",
+        column_config={
+            "result": st.column_config.TextColumn(width=60),
+            "gate": st.column_config.TextColumn(width=190),
+            "value": st.column_config.TextColumn(width=110),
+            "passes when": st.column_config.TextColumn(width=110),
+            # The rest of the width: the longest verdict (about 70 characters) fits at 1440 px.
+            "detail": st.column_config.TextColumn(width=None),
+        },
+    )
+    with st.expander("Raw inputs of each gate"):
         st.dataframe(
-            rows.style.map(_fail_red, subset=["result"]),
+            pd.DataFrame(
+                [
+                    {"gate": r.gate, "raw inputs": json.dumps(r.inputs, default=str, sort_keys=True)}
+                    for r in gates.results
+                ]
+            ),
             hide_index=True,
-            key="overview_gates",
+            key="overview_gate_inputs",
             width="stretch",
-            column_config={"detail": st.column_config.TextColumn(width="large")},
         )
 
     st.subheader("Alerts")

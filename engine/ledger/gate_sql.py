@@ -50,7 +50,14 @@ from typing import Final
 
 from engine.revision import running_revision
 
-GATE_INPUTS_TEMPLATE: Final = """
+DUPLICATED_OPERATION_IDS: Final = (
+    "SELECT operation_id FROM task_bindings GROUP BY operation_id HAVING count(DISTINCT task_id) > 1"
+)
+"""The operations the duplicate_operations gate counts (bound to more than one distinct server task):
+the gate's statement counts these rows and the console's Operations filter lists them, one text."""
+
+GATE_INPUTS_TEMPLATE: Final = (
+    """
 WITH
 explorer AS (
   SELECT count(*) AS runs, CAST(coalesce(sum(distinct_interleavings), 0) AS BIGINT) AS interleavings,
@@ -60,7 +67,9 @@ explorer AS (
 ops AS (SELECT count(*) AS n, count(*) FILTER (WHERE submit_attempts > 0) AS resubmitted FROM op_state),
 dups AS (
   SELECT count(*) AS n
-  FROM (SELECT operation_id FROM task_bindings GROUP BY operation_id HAVING count(DISTINCT task_id) > 1) AS d
+  FROM ("""
+    + DUPLICATED_OPERATION_IDS
+    + """) AS d
 ),
 b AS (SELECT {sent_second} AS sec, count(*) AS n FROM polls GROUP BY 1),
 best AS (SELECT coalesce(max(n), 0) AS n FROM b),
@@ -115,6 +124,7 @@ SELECT explorer.runs AS explorer_runs, explorer.interleavings, explorer.divergen
        unacked.oldest_s AS oldest_unacknowledged_s
 FROM explorer, ops, dups, cancels, pending, unknown, trace, unacked
 """
+)
 """The statement, in SQL both DuckDB and PostgreSQL run, with ``{now}`` and the dialect's fragments
 (``GATE_INPUTS_DIALECTS``) as placeholders; fill them with ``gate_inputs_sql``."""
 
@@ -513,6 +523,7 @@ def _is_nan(value: object) -> bool:
 __all__ = [
     "COLUMNS",
     "DIALECTS",
+    "DUPLICATED_OPERATION_IDS",
     "GATE_INPUTS_DIALECTS",
     "GATE_INPUTS_FRAGMENTS",
     "GATE_INPUTS_TEMPLATE",

@@ -294,12 +294,19 @@ def test_a_person_answers_sees_and_acts_on_every_page_at_1440x900(
             tool="generate_report",
             arguments={"_sim": {"input_rounds": 1, "duration_ms": 2000}},
         )
-        wait_until(
-            lambda: client.show("browser-approval")["state"] == "INPUT_REQUIRED",
-            timeout=60,
-            what="the call to ask for input",
+        client.submit(
+            call_node="browser-approval-elsewhere",
+            tool="generate_report",
+            arguments={"_sim": {"input_rounds": 1, "duration_ms": 2000}},
         )
+        for node in ("browser-approval", "browser-approval-elsewhere"):
+            wait_until(
+                lambda node=node: client.show(node)["state"] == "INPUT_REQUIRED",
+                timeout=60,
+                what=f"{node} to ask for input",
+            )
         operation_id = str(client.show("browser-approval")["operation_id"])
+        elsewhere_id = str(client.show("browser-approval-elsewhere")["operation_id"])
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
         page = browser.new_page(viewport={"width": 1440, "height": 900}, accept_downloads=True)
@@ -317,14 +324,19 @@ def test_a_person_answers_sees_and_acts_on_every_page_at_1440x900(
             shot = "approvals-action"
             page.goto(f"{console}/approvals", timeout=60_000)
             card = page.locator(f".st-key-approval-{operation_id}-1")
+            elsewhere = page.locator(f".st-key-approval-{elsewhere_id}-1")
+            elsewhere.wait_for(timeout=60_000)
             card.get_by_role("button", name="Approve").click(timeout=60_000)
             page.get_by_text("browser-approval round 1 answered as browser-test").wait_for(timeout=60_000)
-            sync_api.expect(
-                page.get_by_test_id("stVerticalBlockBorderWrapper").filter(
-                    has_text="call node `browser-approval`"
-                )
-            ).to_have_count(0, timeout=60_000)
+            # Gone from the page, not merely answered: the card (found by its round's key) is not drawn.
+            sync_api.expect(card).to_have_count(0, timeout=30_000)
             page.screenshot(path=str(ARTIFACTS / "console-1440-approved.png"), full_page=True)
+            # A round answered elsewhere (here through the API) leaves the open page at its next refresh.
+            sync_api.expect(elsewhere).to_have_count(1)
+            with service.client() as client:
+                client.answer(elsewhere_id, 1, actor="someone-else", answer={"approve": False})
+            sync_api.expect(elsewhere).to_have_count(0, timeout=30_000)
+            sync_api.expect(page.get_by_text("call node browser-approval")).to_have_count(0)
 
             shot = "cancel-chart"
             page.goto(f"{console}/cancel_latency", timeout=60_000)

@@ -86,11 +86,20 @@ def insights_of(at: AppTest) -> Insights:
 
 
 def gate_table(at: AppTest) -> list[dict[str, object]]:
+    """The gate table's rows, each with its "raw inputs" (drawn in a table of their own below it)."""
+    gates = inputs = None
     for element in at.dataframe:
-        if "raw inputs" in element.value.columns:
-            records: list[dict[str, object]] = element.value.to_dict("records")
-            return records
-    raise AssertionError("no gate table")
+        columns = set(element.value.columns)
+        if {"gate", "passes when"} <= columns:
+            gates = element.value
+        elif {"gate", "raw inputs"} <= columns:
+            inputs = element.value
+    if gates is None:
+        raise AssertionError("no gate table")
+    if inputs is not None:
+        gates = gates.merge(inputs, on="gate", how="left")
+    records: list[dict[str, object]] = gates.to_dict("records")
+    return records
 
 
 def test_seeded_ledger_ends_with_a_gate_run_on_its_own_data(ledger_copy: Path) -> None:

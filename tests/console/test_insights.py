@@ -149,3 +149,33 @@ def test_the_evidence_manifest_keeps_the_decision_and_the_actor(insights: Insigh
     assert manifest["decision"] == "promote canary 5 % -> 25 %"
     assert manifest["actor"] == "rosa"
     assert "queries/shadow_diverged.csv" in manifest["files"]
+
+
+def test_the_duplicated_filter_lists_exactly_the_operations_the_duplicate_gate_counts(
+    seeded_ledger: Path, tmp_path: Path
+) -> None:
+    """Two operations bound to a second server task: the gate counts 2 and the Operations filter lists those two."""
+    import shutil
+
+    import duckdb
+
+    path = tmp_path / "duplicated.duckdb"
+    shutil.copy(seeded_ledger, path)
+    with duckdb.connect(str(path)) as con:
+        bound = con.execute(
+            "SELECT server, task_id, operation_id FROM task_bindings ORDER BY operation_id LIMIT 2"
+        ).fetchall()
+        for server, task_id, operation_id in bound:
+            con.execute(
+                "INSERT INTO task_bindings (server, task_id, operation_id, bound_at) VALUES (?, ?, ?, now())",
+                [server, f"{task_id}-second", operation_id],
+            )
+    insights = Insights(FileSource(path), cache_s=0)
+    gate = {r.gate: r for r in insights.gates().results}["duplicate_operations"]
+    listed = insights.operations(duplicated=True)
+    counted = insights.operations_by_state(duplicated=True)
+    assert gate.value == 2
+    assert not gate.passed
+    assert sorted(listed["operation_id"]) == sorted(op for _, _, op in bound)
+    assert int(counted["operations"].sum()) == 2
+    assert len(insights.operations()) > 2  # without the filter, the page lists everything

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pandas as pd
+import pytest
 from streamlit.testing.v1 import AppTest
 
 Open = Callable[[str], AppTest]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def texts(at: AppTest) -> str:
@@ -34,7 +37,7 @@ def charts(at: AppTest) -> list[str]:
 def test_overview_shows_six_gates_arms_alerts_and_in_flight(console: Open) -> None:
     """The overview lists all six gates with raw values and thresholds, the arms, alerts and in-flight work."""
     at = console("pages/overview.py")
-    gates = frame(at, "raw inputs")
+    gates = frame(at, "passes when")
     assert list(gates["gate"]) == [
         "terminal_divergence",
         "duplicate_operations",
@@ -43,7 +46,8 @@ def test_overview_shows_six_gates_arms_alerts_and_in_flight(console: Open) -> No
         "unknown_reconciliation",
         "traceability",
     ]
-    assert {"result", "value", "passes when", "raw inputs"} <= set(gates.columns)
+    assert {"result", "value", "passes when", "detail"} <= set(gates.columns)
+    assert list(frame(at, "raw inputs")["gate"]) == list(gates["gate"])  # below, one row per gate
     assert "FAIL" in set(gates["result"])  # the seeded ledger has UNKNOWNs older than 15 minutes
     by_gate = dict(zip(gates["gate"], gates["value"], strict=True))
     assert by_gate["unknown_reconciliation"].endswith(" min")  # the gate is in minutes, and so is its value
@@ -177,3 +181,28 @@ def test_evidence_page_offers_the_bundle_and_shows_the_sql_behind_charts(console
     sql = "\n".join(c.value for c in at.code)
     assert "FROM reconciliation" in sql
     assert "percentile_cont" in sql
+
+
+def test_the_duplicate_gates_link_opens_operations_filtered_to_the_duplicated_ones(
+    seeded_ledger: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate's link carries ?duplicated=1; Operations opened by it ticks the filter and lists only duplicated operations."""
+    from console.frame import GATE_LINKS
+
+    page, params = GATE_LINKS["duplicate_operations"]
+    assert (page, params) == ("pages/operations.py", {"duplicated": "1"})
+    monkeypatch.delenv("FINALITY_SERVICE_URL", raising=False)
+    monkeypatch.setenv("FINALITY_LEDGER", str(seeded_ledger))
+    monkeypatch.setenv("FINALITY_ACTOR", "tester")
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=30)
+    at.switch_page(page)
+    at.query_params.update(params)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.checkbox(key="operations_duplicated").value is True
+    assert at.selectbox(key="operations_range").value == "everything"
+    # The seeded ledger binds no operation to a second task: the filtered page lists none.
+    assert at.dataframe(key="operations_table").value.empty
+    assert "0 operations match" in texts(at)
+    at.checkbox(key="operations_duplicated").uncheck().run()
+    assert len(at.dataframe(key="operations_table").value) > 0
