@@ -13,6 +13,7 @@ EngineError
 │   └── SchemaTooNew         the file was written by a newer Finality
 ├── InvalidRecord            an operation record with missing or malformed fields
 ├── ConfigError              bad configuration or usage: names the offending key
+│   └── AnswerInvalid        a person's answer does not fit the requested schema: names the field
 ├── NegotiationError         the server/tool cannot run this call the way it was asked
 ├── BackendError             talking to a server failed
 │   ├── BackendUnavailable   retryable: connection lost, timeout, 429/503 (carries retry_after)
@@ -133,6 +134,14 @@ class ConfigError(EngineError):
         super().__init__(f"{key}: {problem}")
         self.key = key
         self.problem = problem
+
+
+class AnswerInvalid(ConfigError):
+    """A person's answer that does not fit the schema the server requested; nothing was recorded."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(field, f"the answer does not fit the requested schema: {problem}")
+        self.field = field
 
 
 class NegotiationError(EngineError):

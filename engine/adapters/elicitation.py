@@ -6,6 +6,8 @@ answer before it is sent. It never answers on a person's behalf.
 
 from __future__ import annotations
 
+import jsonschema
+from jsonschema.exceptions import SchemaError
 from mcp_types import _v2025_11_25 as v2025
 from mcp_types import _v2026_07_28 as v2026
 from pydantic import BaseModel, ValidationError
@@ -97,10 +99,43 @@ def check_answer(method: str | None, response: Json) -> None:
         raise ConfigError("input response", f"not an elicitation result: {summarize(exc)}") from exc
 
 
+def answer_problem(requested_schema: Json, answer: Json) -> tuple[str, str] | None:
+    """What is wrong with a person's answer for the schema the server requested: ``(field, message)``,
+    or ``None`` when it fits.
+
+    ``answer`` is an elicitation result (``{"action": ..., "content": ...}``) or the content itself;
+    only accepted content is checked (a decline or cancel carries none). A missing required property
+    is named by its own path (``content.approve``), anything else by the path of the failing value.
+    """
+    action = answer.get("action") if "action" in answer else "accept"
+    if action != "accept" or not requested_schema:
+        return None
+    content = answer.get("content", {}) if "action" in answer else answer
+    try:
+        validator_class = jsonschema.validators.validator_for(
+            requested_schema, default=jsonschema.Draft202012Validator
+        )
+        validator = validator_class(requested_schema)
+        errors = sorted(validator.iter_errors(content), key=lambda e: list(e.absolute_path))
+    except SchemaError:
+        return None  # the server's schema itself is broken: nothing a person's answer can fix
+    if not errors:
+        return None
+    error = errors[0]
+    path = ["content", *(str(p) for p in error.absolute_path)]
+    if error.validator == "required" and isinstance(error.instance, dict):
+        required = error.validator_value if isinstance(error.validator_value, list) else []
+        missing = [str(name) for name in required if name not in error.instance]
+        if missing:
+            path.append(missing[0])
+    return ".".join(path), error.message
+
+
 __all__ = [
     "ELICIT",
     "INPUT_METHODS",
     "ROUND_KEY_SEPARATOR",
+    "answer_problem",
     "check_answer",
     "input_request_of",
     "round_key",

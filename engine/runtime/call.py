@@ -186,6 +186,7 @@ async def _drive(
         server=spec.server,
         epoch=op.epoch,
         policy=spec.policy,
+        wait_budgets={spec.tool.name: spec.wait_budget},
     )
     start = clock.now()
     deadline = start + spec.wait_budget

@@ -10,9 +10,10 @@ through ``engine.machine.step`` and then through the ledger (``accept_terminal``
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, TypeVar
@@ -28,8 +29,10 @@ from engine.adapters.base import (
     ServerView,
     SubmitRequest,
 )
+from engine.adapters.elicitation import answer_problem
 from engine.clock import Clock
 from engine.errors import (
+    AnswerInvalid,
     BackendError,
     BackendRejected,
     BackendUnavailable,
@@ -136,6 +139,8 @@ class Driver:
     limiter: Limiter | None = None
     ttl: timedelta | None = None
     on_change: Callable[[Operation], None] | None = None
+    wait_budgets: Mapping[str, timedelta] = field(default_factory=dict)
+    """Each tool's wait budget: an approval's deadline when the server gives no expiry."""
     capabilities: Capabilities | None = None
     """What negotiation found out about the server (None: not negotiated; nothing is refused ahead)."""
     _memory: dict[str, _Memory] = field(default_factory=dict)
@@ -250,7 +255,7 @@ class Driver:
                         message=request.message if request else "input required",
                         requested_schema=request.requested_schema if request else {},
                         schema_digest=request.schema_digest if request else "",
-                        deadline=request.deadline if request else None,
+                        deadline=self.approval_deadline(op, request),
                         at=now,
                     )
                 case _:
@@ -584,6 +589,32 @@ class Driver:
             raise CancelNotAllowed(f"cannot cancel operation {op.operation_id} in {current.state}")
         return after
 
+    def approval_deadline(self, op: Operation, request: InputRequest | None) -> datetime | None:
+        """When a person's answer stops being useful: the request's own deadline, else the server's
+        expiry of the task, else the end of the tool's wait budget."""
+        if request is not None and request.deadline is not None:
+            return request.deadline
+        if op.expires_at is not None:
+            return op.expires_at
+        budget = self.wait_budgets.get(op.tool.name)
+        return op.created_at + budget if budget is not None else None
+
+    def check_answer(self, op: Operation, input_round: int, answer: Json) -> None:
+        """Refuse an answer that does not fit the requested schema of its round.
+
+        Raises:
+            AnswerInvalid: naming the failing field.
+        """
+        for approval in self.ledger.approvals(pending_only=True):
+            if approval["operation_id"] == op.operation_id and approval["input_round"] == input_round:
+                raw = approval.get("requested_schema")
+                schema = json.loads(raw) if isinstance(raw, str) else raw
+                if isinstance(schema, dict):
+                    problem = answer_problem(schema, answer)
+                    if problem is not None:
+                        raise AnswerInvalid(*problem)
+                return
+
     def resubmit(self, op: Operation, *, actor: str, reason: str) -> Operation:
         """A person's decision to submit again under the same key, after they declared it absent.
 
@@ -621,10 +652,13 @@ class Driver:
 
         Raises:
             StaleRound: the round is not the open one (already answered, or replaced).
+            AnswerInvalid: the answer does not fit the schema the server requested (the failing
+                field named); nothing is recorded or sent.
         """
         current = self.ledger.get(op.operation_id) or op
         if current.state is not S.INPUT_REQUIRED or current.input_round != input_round:
             raise StaleRound(f"round {input_round} of {op.operation_id} is not open")
+        self.check_answer(current, input_round, answer)
         if not self.ledger.record_answer(op.operation_id, input_round, answer, actor, self.clock.now()):
             raise StaleRound(f"round {input_round} of {op.operation_id} is not pending")
         after = self.commit(current, InputAnswered(input_round, actor))

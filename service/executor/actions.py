@@ -17,6 +17,7 @@ from typing import TypeVar
 from engine.adapters import CallMode, plan_call
 from engine.adapters.base import Json
 from engine.errors import (
+    AnswerInvalid,
     DuplicateOperation,
     EngineError,
     NegotiationError,
@@ -451,6 +452,8 @@ class PersonActions(ExecutorState):
                     after = await driver.answer(op, input_round=input_round, answer=answer, actor=actor)
             except StaleRound as exc:
                 raise ServiceError(409, str(exc)) from exc
+            except AnswerInvalid as exc:
+                raise ServiceError(422, str(exc)) from exc
             self._touched(after)
             return after
 

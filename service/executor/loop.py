@@ -125,6 +125,7 @@ class Loop(ExecutorState):
             limiter=self._limiter,
             ttl=server.ttl,
             capabilities=caps,
+            wait_budgets={name: tool.wait_budget for name, tool in self.config.tools.items()},
         )
 
     def _resume(self) -> None:
