@@ -23,7 +23,8 @@ def service(
 ) -> Iterator[ServiceProcess]:
     for server in servers.values():
         server.reset()
-    with ServiceProcess(tmp_path / "ledger.duckdb", write_config()) as svc:
+    # A generous start: on a shared, loaded machine the service's imports alone can take 25 s.
+    with ServiceProcess(tmp_path / "ledger.duckdb", write_config(), startup_timeout=120) as svc:
         yield svc
 
 
