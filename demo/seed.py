@@ -731,6 +731,9 @@ def _approvals(
             "answered_at": pc.if_else(
                 pa.array(answered), pa.array(answered_at).cast(_TS), pa.nulls(rows.size, _TS)
             ),
+            # Seeded rounds are answered or pending; the service closes the ones no longer answerable.
+            "closed_at": pa.nulls(rows.size, _TS),
+            "closed_reason": pa.nulls(rows.size, pa.string()),
         }
     )
 

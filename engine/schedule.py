@@ -137,6 +137,12 @@ def busiest_window(sent: list[datetime], window: timedelta = timedelta(seconds=1
     return best
 
 
+def wait_budget_end(created_at: datetime, budget: timedelta) -> datetime:
+    """When an operation's wait budget runs out: counted from its creation, so a restart or a
+    person's answer never extends it."""
+    return created_at + budget
+
+
 __all__ = [
     "PollPolicy",
     "RateWindow",
@@ -144,4 +150,5 @@ __all__ = [
     "next_poll_at",
     "poll_delay",
     "retry_delay",
+    "wait_budget_end",
 ]

@@ -13,7 +13,7 @@ Routes (all JSON; errors are ``{"error": "..."}`` with a meaningful status):
     POST /api/v1/outbox/{call_node}/ack                   {consumer, status, result_digest}; idempotent
     GET  /api/v1/outbox/lag                               per consumer: acknowledged, behind, oldest waiting
     POST /api/v1/operations/{call_node}/cancel            {actor, reason}
-    GET  /api/v1/approvals                                pending input rounds
+    GET  /api/v1/approvals[?all=1]                        pending input rounds (?all: every round)
     POST /api/v1/approvals/{operation_id}/{round}         {actor, answer}; 409 for a stale round
     GET  /api/v1/reconciliation                           open entries
     POST /api/v1/reconciliation/{entry_id}/resolve        {actor, reason, task_id?, absent?}
@@ -326,7 +326,9 @@ def build_api(
         return JSON(operation_report(ledger, op.call_node_id), status_code=202)
 
     async def approvals(request: Request) -> Response:
-        return JSON({"approvals": ledger.approvals(pending_only=True)})
+        # Pending rounds only (the answerable ones); ``?all`` also lists answered, expired and
+        # closed rounds, each with when and why it closed.
+        return JSON({"approvals": ledger.approvals(pending_only=request.query_params.get("all") is None)})
 
     async def answer(request: Request) -> Response:
         body = await _body(request)

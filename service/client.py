@@ -129,8 +129,10 @@ class ServiceClient:
             "POST", f"/api/v1/operations/{call_node}/resubmit", json={"actor": actor, "reason": reason}
         )
 
-    def approvals(self) -> list[Json]:
-        return list(self._call("GET", "/api/v1/approvals")["approvals"])
+    def approvals(self, *, include_closed: bool = False) -> list[Json]:
+        """The answerable rounds; ``include_closed`` adds answered, expired and closed ones."""
+        path = "/api/v1/approvals?all=1" if include_closed else "/api/v1/approvals"
+        return list(self._call("GET", path)["approvals"])
 
     def answer(self, operation_id: str, input_round: int, *, actor: str, answer: Json) -> Json:
         return self._call(

@@ -451,6 +451,17 @@ class MemPort:
         self.mem.open_entry(op, "approval", message)
         self.approvals.append(Approval(op.operation_id, op.input_round, message))
 
+    def approval(self, operation_id: str, input_round: int) -> dict[str, object] | None:
+        # The explorer's rounds ask for nothing in particular and have no deadline.
+        for a in reversed(self.approvals):
+            if a.operation_id == operation_id and a.input_round == input_round:
+                return {
+                    "status": "pending" if a.open else "closed",
+                    "requested_schema": "{}",
+                    "deadline": None,
+                }
+        return None
+
     def resolve_open(self, operation_id: str, *, kind: str, **_: object) -> int:
         return self.mem.resolve_open(operation_id, kind)
 

@@ -618,12 +618,24 @@ class SqlLedger(ABC):
         with self._tx() as tx:
             return self._affected(tx, sql.APPROVAL_ANSWER, params) == 1
 
+    def close_rounds(self, at: datetime) -> int:
+        """Close every pending round that is no longer answerable at ``at``: its operation moved past
+        it (``closed``) or its deadline passed (``expired``). Returns how many were closed."""
+        with self._tx() as tx:
+            moved = self._affected(tx, sql.ROUNDS_MOVED_PAST, [at])
+            return moved + self._affected(tx, sql.ROUNDS_EXPIRE, [at, at])
+
     def answer_of(self, operation_id: str, input_round: int) -> Json | None:
         row = self._fetchone(sql.ANSWER_OF, [operation_id, input_round])
         if row is None or row[0] is None:
             return None
         value = json.loads(str(row[0]))
         return value if isinstance(value, dict) else {"value": value}
+
+    def approval(self, operation_id: str, input_round: int) -> dict[str, object] | None:
+        """One round's approval row (any status), or None if that round never asked a person."""
+        rows = self._rows(sql.APPROVAL_OF, [operation_id, input_round])
+        return rows[0] if rows else None
 
     def approvals(self, *, pending_only: bool = True) -> list[dict[str, object]]:
         query = sql.APPROVALS + (sql.APPROVALS_PENDING if pending_only else "")

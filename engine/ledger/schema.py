@@ -59,6 +59,15 @@ OUTBOX_DELIVERY_MIGRATION: Final[tuple[str, ...]] = (
 OUTBOX_SEQUENCE: Final = "outbox_seq"
 """Numbers each new outbox row (its last column, ``seq``) as it is written: the consumers' cursor."""
 
+ROUNDS_CLOSED_NAME: Final = "approvals record when and why a round stopped being answerable"
+ROUNDS_CLOSED_MIGRATION: Final[tuple[str, ...]] = (
+    # status is then 'pending', 'answered', 'expired' (its deadline passed) or 'closed' (its
+    # operation moved past it); closed_at is when Finality recorded that, closed_reason says why.
+    "ALTER TABLE approvals ADD COLUMN closed_at TIMESTAMPTZ",
+    "ALTER TABLE approvals ADD COLUMN closed_reason VARCHAR",
+)
+"""Shared by both backends (DuckDB's migration 10, PostgreSQL's 12)."""
+
 IDENTIFIER_CHECKS_NAME: Final = (
     "identifier rules as CHECK constraints (call node ids, principals, actors, reasons)"
 )
@@ -419,6 +428,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         ),
     ),
     (9, OUTBOX_DELIVERY_NAME, OUTBOX_DELIVERY_MIGRATION),
+    (10, ROUNDS_CLOSED_NAME, ROUNDS_CLOSED_MIGRATION),
 )
 
 
@@ -517,6 +527,7 @@ PG_MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     ),
     (10, IDENTIFIER_CHECKS_NAME, identifier_checks_migration("postgres", {})),
     (11, OUTBOX_DELIVERY_NAME, OUTBOX_DELIVERY_MIGRATION),
+    (12, ROUNDS_CLOSED_NAME, ROUNDS_CLOSED_MIGRATION),
 )
 PG_SUPPORTED_SCHEMA: Final[int] = PG_MIGRATIONS[-1][0]
 
@@ -810,6 +821,8 @@ __all__ = [
     "PG_MIGRATIONS",
     "PG_SUPPORTED_SCHEMA",
     "ROLLOUT_EVENT_COLUMNS",
+    "ROUNDS_CLOSED_MIGRATION",
+    "ROUNDS_CLOSED_NAME",
     "ROW_SCHEMAS",
     "SEND_SLOTS_TABLE",
     "SHADOW_DIFF_COLUMNS",

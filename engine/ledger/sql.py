@@ -141,8 +141,27 @@ POLLS_OF: Final = "SELECT * FROM polls WHERE operation_id = ? ORDER BY sent_at"
 POLL_COUNT: Final = "SELECT count(*) FROM polls WHERE operation_id = ?"
 POLL_COUNTS: Final = "SELECT outcome, count(*) FROM polls GROUP BY outcome ORDER BY outcome{c}"
 APPROVAL_INSERT: Final = (
-    "INSERT INTO approvals VALUES (?,?,?,?,?,?,?,'pending',NULL,NULL,?,NULL) ON CONFLICT DO NOTHING"
+    "INSERT INTO approvals (operation_id, input_round, request_key, message, requested_schema, "
+    "schema_digest, deadline, status, opened_at) VALUES (?,?,?,?,?,?,?,'pending',?) ON CONFLICT DO NOTHING"
 )
+ROUNDS_EXPIRE: Final = (
+    "UPDATE approvals SET status = 'expired', closed_at = ?, closed_reason = 'its deadline passed' "
+    "WHERE status = 'pending' AND deadline <= ?"
+)
+"""A pending round whose deadline has passed is no longer answerable (the instant is recorded)."""
+ROUNDS_MOVED_PAST: Final = (
+    "UPDATE approvals SET status = 'closed', closed_at = ?, closed_reason = CASE "
+    "WHEN s.input_round > approvals.input_round "
+    "THEN 'the server moved on to round ' || CAST(s.input_round AS VARCHAR) "
+    "ELSE 'the operation moved on to ' || s.state END "
+    "FROM op_state s WHERE s.operation_id = approvals.operation_id AND approvals.status = 'pending' "
+    "AND (s.input_round > approvals.input_round OR (s.input_round = approvals.input_round "
+    "AND s.state NOT IN ('INPUT_REQUIRED', 'UNKNOWN')))"
+)
+"""A pending round whose operation no longer waits on it: the server asked a newer question, or the
+operation is working again, cancelled or ended at that round. UNKNOWN is left alone (nothing is
+known yet), and so is a round the stored state has not reached: the executor that opened it may
+not have committed its move into the round yet (its writes are group-committed)."""
 APPROVAL_ANSWER: Final = (
     "UPDATE approvals SET status = 'answered', answer = ?, actor = ?, answered_at = ? "
     "WHERE operation_id = ? AND input_round = ? AND status = 'pending'"
@@ -150,6 +169,7 @@ APPROVAL_ANSWER: Final = (
 ANSWER_OF: Final = (
     "SELECT answer FROM approvals WHERE operation_id = ? AND input_round = ? AND status = 'answered'"
 )
+APPROVAL_OF: Final = "SELECT * FROM approvals WHERE operation_id = ? AND input_round = ?"
 APPROVALS: Final = "SELECT * FROM approvals"
 APPROVALS_PENDING: Final = " WHERE status = 'pending'"
 APPROVALS_ORDER: Final = " ORDER BY opened_at, operation_id{c}"

@@ -82,7 +82,7 @@ from engine.model import (
 )
 from engine.runtime.limiter import Limiter
 from engine.runtime.plan import Step, next_step
-from engine.schedule import PollPolicy, poll_delay, retry_delay
+from engine.schedule import PollPolicy, poll_delay, retry_delay, wait_budget_end
 
 logger = logging.getLogger(__name__)
 S = LocalState
@@ -140,7 +140,7 @@ class Driver:
     ttl: timedelta | None = None
     on_change: Callable[[Operation], None] | None = None
     wait_budgets: Mapping[str, timedelta] = field(default_factory=dict)
-    """Each tool's wait budget: an approval's deadline when the server gives no expiry."""
+    """Each tool's wait budget: its end bounds every approval's deadline (``approval_deadline``)."""
     capabilities: Capabilities | None = None
     """What negotiation found out about the server (None: not negotiated; nothing is refused ahead)."""
     _memory: dict[str, _Memory] = field(default_factory=dict)
@@ -590,30 +590,44 @@ class Driver:
         return after
 
     def approval_deadline(self, op: Operation, request: InputRequest | None) -> datetime | None:
-        """When a person's answer stops being useful: the request's own deadline, else the server's
-        expiry of the task, else the end of the tool's wait budget."""
-        if request is not None and request.deadline is not None:
-            return request.deadline
-        if op.expires_at is not None:
-            return op.expires_at
+        """When a person's answer stops being useful: the earliest of the request's own deadline,
+        the server's expiry of the task and the end of the tool's wait budget (past any of them
+        the answer can no longer reach a waiting server or a waiting caller)."""
         budget = self.wait_budgets.get(op.tool.name)
-        return op.created_at + budget if budget is not None else None
+        ends = [
+            request.deadline if request is not None else None,
+            op.expires_at,
+            wait_budget_end(op.created_at, budget) if budget is not None else None,
+        ]
+        known = [end for end in ends if end is not None]
+        return min(known) if known else None
 
     def check_answer(self, op: Operation, input_round: int, answer: Json) -> None:
-        """Refuse an answer that does not fit the requested schema of its round.
+        """Refuse an answer for a round that is no longer answerable, or that does not fit the
+        schema the round requested. Nothing is recorded or sent when it refuses.
 
         Raises:
+            StaleRound: the round is closed, or its deadline has passed (then it is closed as
+                expired here, so the refusal and the record agree).
             AnswerInvalid: naming the failing field.
         """
-        for approval in self.ledger.approvals(pending_only=True):
-            if approval["operation_id"] == op.operation_id and approval["input_round"] == input_round:
-                raw = approval.get("requested_schema")
-                schema = json.loads(raw) if isinstance(raw, str) else raw
-                if isinstance(schema, dict):
-                    problem = answer_problem(schema, answer)
-                    if problem is not None:
-                        raise AnswerInvalid(*problem)
-                return
+        approval = self.ledger.approval(op.operation_id, input_round)
+        if approval is None:
+            return  # a round opened before approvals were recorded: nothing to check against
+        if approval["status"] != "pending":
+            reason = approval.get("closed_reason") or approval["status"]
+            raise StaleRound(f"round {input_round} of {op.operation_id} is {approval['status']} ({reason})")
+        deadline = approval.get("deadline")
+        now = self.clock.now()
+        if isinstance(deadline, datetime) and now >= deadline:
+            self.ledger.close_rounds(now)
+            raise StaleRound(f"round {input_round} of {op.operation_id} expired at {deadline.isoformat()}")
+        raw = approval.get("requested_schema")
+        schema = json.loads(raw) if isinstance(raw, str) else raw
+        if isinstance(schema, dict):
+            problem = answer_problem(schema, answer)
+            if problem is not None:
+                raise AnswerInvalid(*problem)
 
     def resubmit(self, op: Operation, *, actor: str, reason: str) -> Operation:
         """A person's decision to submit again under the same key, after they declared it absent.

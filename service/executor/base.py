@@ -101,6 +101,11 @@ FLUSH_DELAY = timedelta(milliseconds=50)
 A DuckDB commit costs milliseconds whatever it carries, so commits are paced, not per write;
 the delay is small against any poll interval, and person actions never wait for it."""
 
+ROUNDS_EVERY = timedelta(seconds=1)
+"""How often pending approval rounds are checked for a passed deadline or an operation that moved
+past them. An answer is checked against its own deadline when it arrives, so this only bounds how
+long a closed round may still be listed."""
+
 CLAIM_BATCH = 500
 """Operations one claim may lease at once."""
 
@@ -177,6 +182,8 @@ class ExecutorState(abc.ABC):
     _dirty: set[str] = field(default_factory=set)
     _budget_flagged: set[str] = field(default_factory=set)
     """Operations whose spent wait budget was handed to a person (no cancel capability)."""
+    _rounds_due: datetime = NEVER
+    """When pending approval rounds are next closed if no longer answerable (``ROUNDS_EVERY``)."""
     _stopping: bool = False
     stats: dict[str, int] = field(
         default_factory=lambda: {

@@ -31,7 +31,7 @@ from engine.model import (
     Protocol,
 )
 from engine.runtime.driver import Driver, Wake
-from engine.schedule import PollPolicy
+from engine.schedule import PollPolicy, wait_budget_end
 from rollout.controller import RolloutController
 from rollout.route import Router, ToolPaths
 from service.config import ServerConfig
@@ -40,6 +40,7 @@ from service.executor.base import (
     FLUSH_DELAY,
     MAX_IN_FLIGHT_REQUESTS,
     MAX_RUNNING,
+    ROUNDS_EVERY,
     ExecutorState,
     Server,
 )
@@ -248,6 +249,8 @@ class Loop(ExecutorState):
             await self._commit()
         if self.clock.now() >= self._tenancy.lease_due:
             self._maintain_leases()
+        if self.clock.now() >= self._rounds_due:
+            self._close_rounds()
         if self._cancels:
             self._cancel_queued()
         if self._submits:
@@ -365,11 +368,28 @@ class Loop(ExecutorState):
         if wake.at is not None:
             self._schedule(op.operation_id, wake.at)
 
+    def _close_rounds(self) -> None:
+        """Close the approval rounds no one can answer any more: their deadline passed, or their
+        operation moved past them (cancelled, ended, or the server asked a newer question)."""
+        now = self.clock.now()
+        self._rounds_due = now + ROUNDS_EVERY
+        # Make this process's own moves into and out of rounds durable first (and handle any
+        # refused write the usual way), so the rounds are judged against the stored states.
+        self._flush()
+        try:
+            with self._store.immediate():
+                closed = self._store.close_rounds(now)
+        except EngineError as exc:  # a busy ledger: the next sweep tries again
+            logger.warning("closing approval rounds failed: %s", exc)
+            return
+        if closed:
+            logger.info("closed %d approval round(s) no longer answerable", closed)
+
     def _budget_deadline(self, op: Operation) -> datetime | None:
         tool = self.config.tools.get(op.tool.name)
         if tool is None or tool.on_budget_exhausted != "cancel":
             return None
-        return op.created_at + tool.wait_budget
+        return wait_budget_end(op.created_at, tool.wait_budget)
 
     def _budget_exhausted(self, op: Operation) -> bool:
         """The wait budget ran out: cancel, or (no cancel capability) hand it to a person.

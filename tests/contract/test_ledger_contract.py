@@ -67,6 +67,7 @@ from engine.model import (
     GateRecord,
     InputAnswered,
     LocalState,
+    Operation,
     Protocol,
     Role,
     ServerStatus,
@@ -723,6 +724,82 @@ def test_approvals_bind_an_answer_to_its_round(ledger: LedgerPort) -> None:
     assert answered["actor"] == "bob"
     assert answered["status"] == "answered"
     advance(ledger, op, InputAnswered(op.input_round, "bob"))
+
+
+def _asking(ledger: LedgerPort, call_node: str, key: str = "k1") -> Operation:
+    op = created(ledger, call_node)
+    op = advance(ledger, op, Submitted(TaskId(f"t-{call_node}"), E))
+    return advance(
+        ledger,
+        op,
+        StatusObserved(TaskId(f"t-{call_node}"), ServerStatus.INPUT_REQUIRED, E, input_request_key=key),
+    )
+
+
+def _open(ledger: LedgerPort, op: Operation, deadline: timedelta) -> None:
+    opened = ledger.open_approval(
+        op,
+        message="ok?",
+        requested_schema={"type": "object"},
+        schema_digest="sha256:s",
+        deadline=NOW + deadline,
+        at=NOW,
+    )
+    assert opened
+
+
+def test_rounds_close_when_their_operation_moves_past_them_or_their_deadline_passes(
+    ledger: LedgerPort,
+) -> None:
+    """A cancelled operation's round and a round the server replaced are closed (why and when recorded),
+    a round past its deadline is expired, and only the round still asked before its deadline stays listed."""
+    waiting = _asking(ledger, "rw")
+    _open(ledger, waiting, timedelta(minutes=1))
+    cancelled = _asking(ledger, "rc")
+    _open(ledger, cancelled, timedelta(hours=1))
+    advance(ledger, cancelled, CancelRequested(1, "ops", "not needed"))
+    moved = _asking(ledger, "rm")
+    _open(ledger, moved, timedelta(hours=1))
+    moved = advance(
+        ledger, moved, StatusObserved(TaskId("t-rm"), ServerStatus.INPUT_REQUIRED, E, input_request_key="k2")
+    )
+    assert moved.input_round == 2
+    _open(ledger, moved, timedelta(hours=1))
+
+    # A round opened by an executor whose move into it is not committed yet is left alone.
+    early = advance(ledger, created(ledger, "re"), Submitted(TaskId("t-re"), E))
+    asked = step(
+        early, StatusObserved(TaskId("t-re"), ServerStatus.INPUT_REQUIRED, E, input_request_key="k1"), NOW
+    )
+    _open(ledger, asked.after, timedelta(hours=1))
+
+    assert ledger.close_rounds(NOW + timedelta(seconds=30)) == 2
+    rows = {(a["operation_id"], a["input_round"]): a for a in ledger.approvals(pending_only=False)}
+    closed = rows[(cancelled.operation_id, 1)]
+    assert (closed["status"], closed["closed_reason"]) == (
+        "closed",
+        "the operation moved on to CANCEL_REQUESTED",
+    )
+    assert closed["closed_at"] == NOW + timedelta(seconds=30)
+    replaced = rows[(moved.operation_id, 1)]
+    assert (replaced["status"], replaced["closed_reason"]) == ("closed", "the server moved on to round 2")
+    assert sorted((a["operation_id"], a["input_round"]) for a in ledger.approvals()) == sorted(
+        [(waiting.operation_id, 1), (moved.operation_id, 2), (early.operation_id, 1)]
+    )
+
+    assert ledger.close_rounds(NOW + timedelta(minutes=1)) == 1
+    expired = ledger.approval(waiting.operation_id, 1)
+    assert expired is not None
+    assert (expired["status"], expired["closed_reason"]) == ("expired", "its deadline passed")
+    assert expired["closed_at"] == NOW + timedelta(minutes=1)
+    assert sorted((a["operation_id"], a["input_round"]) for a in ledger.approvals()) == sorted(
+        [(moved.operation_id, 2), (early.operation_id, 1)]
+    )
+    assert (
+        ledger.record_answer(waiting.operation_id, 1, {"ok": True}, "bob", NOW + timedelta(minutes=2))
+        is False
+    )
+    assert ledger.close_rounds(NOW + timedelta(minutes=2)) == 0
 
 
 def test_reconciliation_entries_open_once_and_resolve_once(ledger: LedgerPort) -> None:
