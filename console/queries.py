@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from engine.ledger.gate_sql import (
+    CANCEL_PENDING,
     DIALECTS,
     GATE_INPUTS_FRAGMENTS,
     GATE_INPUTS_TEMPLATE,
@@ -226,8 +227,8 @@ SELECT
   (SELECT count(*) FROM approvals WHERE status = 'pending') AS approvals_pending,
   (SELECT count(*) FROM approvals WHERE status = 'pending' AND deadline < {{now}}) AS approvals_overdue,
   (SELECT count(*) FROM op_state WHERE cancel_requested_at IS NOT NULL
-     AND state NOT IN {TERMINAL_SQL}) AS cancels_pending,
-  (SELECT count(*) FROM op_state WHERE cancel_requested_at IS NOT NULL AND state NOT IN {TERMINAL_SQL}
+     AND {CANCEL_PENDING}) AS cancels_pending,
+  (SELECT count(*) FROM op_state WHERE cancel_requested_at IS NOT NULL AND {CANCEL_PENDING}
      AND {secs("{now}", "cancel_requested_at")} > {CANCEL_SLO_S}) AS cancels_over_slo""",
         ),
         NamedQuery(

@@ -144,6 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         help="PostgreSQL ledger: lease length in seconds (default: the config's lease_s)",
     )
+    serve.add_argument(
+        "--explore",
+        type=int,
+        metavar="N",
+        help="meanwhile explore N interleavings of the shipped code and record them for the "
+        "terminal_divergence gate (which needs 10,000)",
+    )
 
     def service_command(name: str, help_text: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help_text)
@@ -726,7 +733,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ledger = args.ledger or config.ledger
     if ledger is None:
         raise ConfigError("--ledger", "no ledger given (and the config names none)")
-    asyncio.run(serve(config, ledger, host=args.host, port=args.port, seed=args.seed, lease_s=args.lease_s))
+    asyncio.run(
+        serve(
+            config,
+            ledger,
+            host=args.host,
+            port=args.port,
+            seed=args.seed,
+            lease_s=args.lease_s,
+            explore=args.explore,
+        )
+    )
     return EXIT_OK
 
 

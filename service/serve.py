@@ -14,8 +14,10 @@ import asyncio
 import logging
 import random
 import signal
+import sys
 import tempfile
-from datetime import timedelta
+from dataclasses import fields
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import uvicorn
@@ -23,7 +25,7 @@ import uvicorn
 from engine.clock import SystemClock
 from engine.ledger import open_ledger
 from engine.ledger.duckdb import Ledger
-from engine.ledger.port import LedgerPort
+from engine.ledger.port import ExplorerRun, LedgerPort
 from engine.ledger.postgres import PgLedger
 from service.analysis import AnalystReads, DuckDbReads, PgReads
 from service.api import build_api
@@ -42,11 +44,14 @@ async def serve(
     port: int,
     seed: int | None = None,
     lease_s: float | None = None,
+    explore: int | None = None,
 ) -> None:
     """Run until SIGINT/SIGTERM; print one ``READY http://host:port`` line once listening.
 
     ``ledger_target`` is a DuckDB path or a PostgreSQL URL (``engine.ledger.open_ledger``);
-    ``lease_s`` overrides the config's lease length (PostgreSQL only).
+    ``lease_s`` overrides the config's lease length (PostgreSQL only); ``explore``: run the race
+    explorer over the shipped code for that many interleavings meanwhile and record its runs
+    (``record_shipped_explorer``).
     """
     ledger = open_ledger(ledger_target)
     shared = isinstance(ledger, PgLedger)
@@ -84,6 +89,7 @@ async def serve(
         runner = asyncio.create_task(executor.run())
         gates = asyncio.create_task(record_gates(executor, ledger, config.gate_interval))
         snapshots = asyncio.create_task(publish_snapshots(executor, readers, sql, analyst.snapshot_every))
+        explorer = asyncio.create_task(record_shipped_explorer(ledger, explore))
         web = asyncio.create_task(server.serve())
         while not server.started:
             if web.done():
@@ -97,6 +103,7 @@ async def serve(
         await web
         gates.cancel()
         snapshots.cancel()
+        explorer.cancel()
         await executor.aclose()
         runner.cancel()
     readers.close()
@@ -142,8 +149,76 @@ async def record_gates(executor: Executor, ledger: LedgerPort, interval: timedel
         await executor.clock.sleep(interval)
 
 
+async def record_shipped_explorer(ledger: LedgerPort, permutations: int | None) -> int:
+    """Explore ``permutations`` interleavings of the shipped driver and adapters (against the
+    reference servers) and record the runs in ``ledger``, where the terminal_divergence gate reads
+    them; returns how many runs were recorded.
+
+    The explorer runs as ``finality explore --code shipped`` in a child process of this same code
+    (its CPU would slow the executor's loop), recording into a ledger file of its own, since this
+    process holds the ledger; its runs are then copied here, the ones of the shipped code at this
+    process's revision only. No run reaches the gate that this code did not explore. A failed
+    exploration is logged and records nothing.
+    """
+    # Imported here: only a service told to explore needs them.
+    from engine.revision import running_revision
+
+    if not permutations:
+        return 0
+    with tempfile.TemporaryDirectory(prefix="finality-explore-") as folder:
+        side = Path(folder) / "explore.duckdb"
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "service",
+            "explore",
+            "--code",
+            "shipped",
+            "--permutations",
+            str(permutations),
+            "--ledger",
+            str(side),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            _, err = await child.communicate()
+        except asyncio.CancelledError:
+            child.kill()
+            await child.wait()
+            raise
+        # 0: no divergence, 1: divergent interleavings found (recorded: the gate must see them).
+        if child.returncode not in (0, 1):
+            logger.error("the shipped-code explorer failed (%s): %s", child.returncode, err.decode()[-500:])
+            return 0
+        with Ledger.open(side, read_only=True) as explored:
+            rows = explored.explorer_runs()
+    revision = running_revision()
+    names = [f.name for f in fields(ExplorerRun)]
+    runs = [
+        ExplorerRun(**{n: _instant(row[n]) if n in ("started_at", "finished_at") else row[n] for n in names})  # type: ignore[arg-type]
+        for row in rows
+        if row["code"] == "shipped" and row["revision"] == revision
+    ]
+    for run in runs:
+        await asyncio.to_thread(ledger.record_explorer_run, run)
+    logger.info(
+        "recorded %d shipped-code explorer runs: %d interleavings, %d divergent",
+        len(runs),
+        sum(r.distinct_interleavings for r in runs),
+        sum(r.divergent for r in runs),
+    )
+    return len(runs)
+
+
+def _instant(value: object) -> datetime:
+    return value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
+
+
 __all__ = [
     "publish_snapshots",
     "record_gates",
+    "record_shipped_explorer",
     "serve",
 ]

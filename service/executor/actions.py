@@ -467,6 +467,10 @@ class PersonActions(ExecutorState):
             raise ServiceError(400, "actor and reason are required")
 
         async def do() -> bool:
+            # An advance that finished while this tick's group commit ran has its transition (say,
+            # to UNKNOWN) still buffered, while the entry it opened is already in the ledger: commit
+            # it first, so the entry is read beside the operation it was opened for, not an older row.
+            self._flush()
             entries = [e for e in self.ledger.reconciliation(open_only=True) if e["entry_id"] == entry_id]
             if not entries:
                 raise ServiceError(404, f"no open reconciliation entry {entry_id}")

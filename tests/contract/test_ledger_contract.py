@@ -67,8 +67,10 @@ from engine.model import (
     GateRecord,
     InputAnswered,
     LocalState,
+    NotFound,
     Operation,
     Protocol,
+    Reconciled,
     Role,
     ServerStatus,
     StatusObserved,
@@ -507,6 +509,22 @@ def test_cancelled_is_accepted_on_the_cancel_response_without_a_payload(ledger: 
     assert ledger.count("receipt_audit") == 1
     assert ledger.result_payload(op.operation_id) is None
     assert raw(ledger, "SELECT payload, terminal_status FROM outbox") == [(None, "cancelled")]
+
+
+def test_a_cancel_pending_until_a_person_declares_its_lost_operation_absent(ledger: LedgerPort) -> None:
+    """A cancel whose task the server lost (UNKNOWN) is pending; once a person declares it absent it is not."""
+    op = created(ledger, "lost")
+    op = advance(ledger, op, Submitted(TaskId("t-lost"), E))
+    op = advance(ledger, op, CancelRequested(1, "a", "closed the tab"))
+    op = advance(ledger, op, NotFound(E))
+    assert op.state is S.UNKNOWN
+    later = NOW + timedelta(seconds=90)
+    pending = ledger.gate_inputs(later)["cancel_confirmation"]
+    assert (pending["pending"], pending["oldest_pending_s"]) == (1, 90.0)
+    op = advance(ledger, op, Reconciled("operator", "the server no longer has the task", None))
+    assert op.state is S.NOT_FOUND_SAFE
+    # Found by the demo: counted as pending for good, it failed cancel_confirmation for the run.
+    assert ledger.gate_inputs(later)["cancel_confirmation"]["pending"] == 0
 
 
 def test_shadow_receipt_never_reaches_the_outbox(ledger: LedgerPort) -> None:

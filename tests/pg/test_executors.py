@@ -35,6 +35,10 @@ KILL_AFTER = CALLS // 2
 
 
 def _config(server: RefServer) -> str:
+    # The reference server dedupes request_id, and the config must say so: without the declaration
+    # a lookup by key is refused (AIP-155 makes request_id optional), so every operation the victim
+    # left in SUBMITTING went to UNKNOWN for a person (CI: Counter({'UNKNOWN': 6}) after 120 s).
+    assert server.dedupes_request_id
     return f"""
 global_qps = {GLOBAL_QPS}
 rollout_salt = "pg"
@@ -50,6 +54,7 @@ retry_backoff_ms = 100
 url = "{server.url}"
 protocol = "aip-151"
 qps = 1000
+request_id_dedupe = true
 
 [tools.analyze_upload]
 server = "aip"
@@ -145,6 +150,7 @@ def test_three_executors_one_killed_nothing_doubled_every_operation_terminal(
                     time.sleep(0.2)  # a bounded poll (deadline above), not a wait for time to pass
                 ops = ledger.operations()
                 receipts = ledger.count("receipts")
+                entries = ledger.reconciliation(open_only=False)
                 sent = [p["sent_at"] for p in ledger.polls()]
             stats = server.stats()
             for executor in survivors:
@@ -173,6 +179,8 @@ def test_three_executors_one_killed_nothing_doubled_every_operation_terminal(
     unfinished = Counter(op.state.value for op in ops if op.state not in RECEIPT_STATES)
     assert not unfinished, unfinished
     assert receipts == CALLS, "double (or missing) receipts"
+    # What the victim left mid-submission was found by its key, not handed to a person.
+    assert entries == [], entries[:3]
     # Server side: exactly one operation per call node, never a second one for a key.
     assert stats["operations_created"]["total"] == CALLS
     per_key = Counter(t["key"] for t in stats["tasks"])
