@@ -25,7 +25,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +33,66 @@ from typing import IO, Any, Self
 
 PROTOCOLS = ("mcp-2025-11-25", "mcp-2026-07-28", "aip-151")
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+
+
+STARVED_CEILING = 10
+"""However starved a child is of CPU, its start fails after this many times its budget of wall time."""
+
+
+def run_queue_wait_s(pid: int) -> float:
+    """Seconds process ``pid``'s main thread spent runnable but waiting for a CPU (Linux schedstat).
+
+    0.0 where the kernel does not say (another OS, or the process is gone): the caller then falls
+    back to plain wall time.
+    """
+    try:
+        with open(f"/proc/{pid}/schedstat", encoding="ascii") as stat:
+            return int(stat.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def read_ready_line(
+    process: subprocess.Popen[bytes],
+    budget: timedelta,
+    *,
+    run_queue_wait: Callable[[int], float] = run_queue_wait_s,
+) -> str:
+    """The first line ``process`` prints on stdout, waited for within ``budget`` of its own time.
+
+    A start is charged the wall time that passed minus the time the child sat in the run queue: on
+    a loaded machine a child that is merely waiting for a CPU is not failing to start, while one that
+    is stuck (a lock, a hung connection, a loop printing nothing) still fails after ``budget``.
+    ``STARVED_CEILING`` times the budget of wall time ends even a child starved of CPU forever.
+    ``run_queue_wait`` reads the run-queue time of a pid (tests pass their own).
+
+    Raises:
+        TimeoutError: the budget (or the ceiling) was spent before a line came.
+        EOFError: stdout closed first (the process exited).
+    """
+    assert process.stdout is not None
+    budget_s = budget.total_seconds()
+    started = time.monotonic()
+    queued_before = run_queue_wait(process.pid)
+    buffer = b""
+    fd = process.stdout.fileno()
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while b"\n" not in buffer:
+            waited = time.monotonic() - started
+            charged = waited - max(0.0, run_queue_wait(process.pid) - queued_before)
+            if charged >= budget_s or waited >= STARVED_CEILING * budget_s:
+                raise TimeoutError(
+                    f"no READY line within {budget_s:g} s of its own time ({waited:.1f} s of wall time)"
+                )
+            # Look again at least every second: the run-queue credit is only known by asking.
+            if not selector.select(min(budget_s - charged, 1.0)):
+                continue
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise EOFError("stdout closed before a line")
+            buffer += chunk
+    return buffer.split(b"\n", 1)[0].decode(errors="replace").strip()
 
 
 class RefServerError(RuntimeError):
@@ -53,7 +113,8 @@ class RefServer:
         tokens: bearer token -> principal; when given, every request needs a token.
         fault_plan: initial plan, ``{"seed": 1, "rules": [...]}``; also restored by ``reset()``.
         page_size: page size of task/operation listings.
-        startup_timeout: how long to wait for the ``READY`` line.
+        startup_timeout: how long to wait for the ``READY`` line, not counting time the server spent
+            waiting for a CPU (see ``read_ready_line``).
         stop_timeout: how long ``stop`` waits after SIGTERM before SIGKILL.
     """
 
@@ -158,26 +219,14 @@ class RefServer:
             raise
 
     def _read_ready(self) -> str:
-        if self._process is None or self._process.stdout is None:
+        if self._process is None:
             raise RefServerError("not started")
-        deadline = time.monotonic() + self._startup_timeout.total_seconds()
-        buffer = b""
-        fd = self._process.stdout.fileno()
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while b"\n" not in buffer:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise RefServerError(
-                        f"no READY line within {self._startup_timeout}; stderr:\n{self._stderr_tail()}"
-                    )
-                if not selector.select(remaining):
-                    continue
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    raise RefServerError(f"the server exited before READY; stderr:\n{self._stderr_tail()}")
-                buffer += chunk
-        line = buffer.split(b"\n", 1)[0].decode().strip()
+        try:
+            line = read_ready_line(self._process, self._startup_timeout)
+        except TimeoutError as exc:
+            raise RefServerError(f"{exc}; stderr:\n{self._stderr_tail()}") from None
+        except EOFError:
+            raise RefServerError(f"the server exited before READY; stderr:\n{self._stderr_tail()}") from None
         if not line.startswith("READY "):
             raise RefServerError(f"unexpected first line {line!r}; stderr:\n{self._stderr_tail()}")
         return line.removeprefix("READY ").strip()
@@ -273,4 +322,6 @@ __all__ = [
     "PROTOCOLS",
     "RefServer",
     "RefServerError",
+    "read_ready_line",
+    "run_queue_wait_s",
 ]

@@ -1,25 +1,26 @@
 """``ServiceProcess``: run ``finality serve`` as a subprocess for integration tests, demos and benchmarks.
 
-Starts the service on a free loopback port, waits (bounded) for its ``READY`` line, and stops it
+Starts the service on a free loopback port, waits (bounded, in the child's own time rather than wall
+time on a loaded machine) for its ``READY`` line, and stops it
 with SIGTERM, or SIGKILL to test crash recovery. Not used by the service itself.
 """
 
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
 from engine.errors import ServiceProcessError
-from refserver.testing import RefServer
+from refserver.testing import RefServer, read_ready_line
 from service.client import ServiceClient
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -94,24 +95,14 @@ class ServiceProcess:
 
     def _wait_ready(self) -> None:
         assert self._process is not None
-        assert self._process.stdout is not None
-        deadline = time.monotonic() + self.startup_timeout
-        buffer = b""
-        fd = self._process.stdout.fileno()
-        with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
-            while b"\n" not in buffer:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise ServiceProcessError(f"no READY within {self.startup_timeout} s:\n{self.stderr()}")
-                if not selector.select(remaining):
-                    continue
-                chunk = os.read(fd, 4096)
-                if not chunk:
-                    raise ServiceProcessError(f"the service exited before READY:\n{self.stderr()}")
-                buffer += chunk
-        if not buffer.startswith(b"READY "):
-            raise ServiceProcessError(f"unexpected first line {buffer!r}:\n{self.stderr()}")
+        try:
+            line = read_ready_line(self._process, timedelta(seconds=self.startup_timeout))
+        except TimeoutError as exc:
+            raise ServiceProcessError(f"{exc}:\n{self.stderr()}") from None
+        except EOFError:
+            raise ServiceProcessError(f"the service exited before READY:\n{self.stderr()}") from None
+        if not line.startswith("READY "):
+            raise ServiceProcessError(f"unexpected first line {line!r}:\n{self.stderr()}")
 
     def client(self) -> ServiceClient:
         return ServiceClient(self.url, timeout=30.0)

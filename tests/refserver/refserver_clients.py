@@ -178,8 +178,17 @@ class Mcp2026Client:
     def get(self, task_id: str) -> dict[str, Any]:
         return self.result("tasks/get", {"taskId": task_id})
 
-    def wait_status(self, task_id: str, *statuses: str) -> dict[str, Any]:
-        return wait_until(lambda: (t := self.get(task_id))["status"] in statuses and t)  # type: ignore[no-any-return]
+    def wait_status(self, task_id: str, *statuses: str, timeout_s: float = DEADLINE_S) -> dict[str, Any]:
+        return wait_until(lambda: (t := self.get(task_id))["status"] in statuses and t, timeout_s)  # type: ignore[no-any-return]
+
+    def round_trip_s(self, samples: int = 3) -> float:
+        """The slowest of ``samples`` server/discover round trips: how long one request takes right now."""
+        slowest = 0.0
+        for _ in range(samples):
+            started = time.monotonic()
+            self.result("server/discover")
+            slowest = max(slowest, time.monotonic() - started)
+        return slowest
 
     def close(self) -> None:
         self.http.close()

@@ -13,11 +13,12 @@ from refserver.testing import RefServer
 TASKS = "io.modelcontextprotocol/tasks"
 EPOCH = "dev.finality/epoch"
 LONG = {"_sim": {"duration_ms": 100_000}}
+TIME_SCALE = 0.01
 
 
 @pytest.fixture(scope="module")
 def server():
-    with RefServer("mcp-2026-07-28", time_scale=0.01, idempotency=True) as running:
+    with RefServer("mcp-2026-07-28", time_scale=TIME_SCALE, idempotency=True) as running:
         yield running
 
 
@@ -215,15 +216,24 @@ def test_result_truncated_gets_a_200_with_cut_json(mcp):
 
 def test_input_replayed_presents_the_answered_key_once_more(server, mcp):
     """After answering, one tasks/get shows the same key again; re-answering it is ignored."""
-    task_id = mcp.start("generate_report", sim(duration_ms=60_000, input_rounds=1, faults=["input_replayed"]))
-    key = next(iter(mcp.wait_status(task_id, "input_required")["inputRequests"]))
+    # The replay shows only while the work after the answer is still running, so that work must
+    # outlast the answer-then-get pair: sized from round trips measured now (a loaded machine gets a
+    # longer segment), never shorter than 0.3 s.
+    segment_s = max(0.3, 20 * mcp.round_trip_s())
+    duration_ms = 2 * segment_s / TIME_SCALE * 1000  # two equal segments
+    wait_s = 5 + 2 * segment_s
+    task_id = mcp.start(
+        "generate_report",
+        sim(duration_ms=duration_ms, ttl_ms=10 * duration_ms, input_rounds=1, faults=["input_replayed"]),
+    )
+    key = next(iter(mcp.wait_status(task_id, "input_required", timeout_s=wait_s)["inputRequests"]))
     answer = {"action": "accept", "content": {"approve": True}}
     mcp.result("tasks/update", {"taskId": task_id, "inputResponses": {key: answer}})
     replay = mcp.get(task_id)
     assert replay["status"] == "input_required"
     assert list(replay["inputRequests"]) == [key]
     mcp.result("tasks/update", {"taskId": task_id, "inputResponses": {key: answer}})
-    assert mcp.wait_status(task_id, "completed")
+    assert mcp.wait_status(task_id, "completed", timeout_s=wait_s)
     assert server.stats()["stale_answers"] == 1
 
 

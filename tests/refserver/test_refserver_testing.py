@@ -2,12 +2,72 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
 import httpx
 import pytest
 
 from refserver.cli import parse_options
 from refserver.context import Protocol
-from refserver.testing import RefServer, RefServerError
+from refserver.testing import STARVED_CEILING, RefServer, RefServerError, read_ready_line, run_queue_wait_s
+
+SILENT = "import sys; sys.stdin.read()"
+"""A child that prints nothing until its stdin closes."""
+
+
+@pytest.fixture
+def silent() -> Iterator[subprocess.Popen[bytes]]:
+    child = subprocess.Popen([sys.executable, "-c", SILENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        yield child
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+        for pipe in (child.stdin, child.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+def test_a_silent_child_fails_its_start_once_its_own_time_is_spent(silent):
+    """Not starved (no run-queue time credited), the wait ends at the budget, never before it."""
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"no READY line within 0\.2 s"):
+        read_ready_line(silent, timedelta(seconds=0.2), run_queue_wait=lambda pid: 0.0)
+    assert time.monotonic() - started >= 0.2
+
+
+def test_time_a_child_waits_for_a_cpu_is_not_charged_to_its_start(silent):
+    """A child always waiting in the run queue is given wall time up to the ceiling, then fails."""
+    clock_start = time.monotonic()
+    starved = lambda pid: time.monotonic() - clock_start  # noqa: E731 - every second passed was queued
+    with pytest.raises(TimeoutError, match="of wall time"):
+        read_ready_line(silent, timedelta(seconds=0.05), run_queue_wait=starved)
+    assert time.monotonic() - clock_start >= STARVED_CEILING * 0.05
+
+
+def test_a_child_that_exits_before_its_line_ends_the_wait_at_once():
+    """stdout closing is EOFError, not a wait to the deadline; a printed line is returned."""
+    done = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE)
+    with pytest.raises(EOFError):
+        read_ready_line(done, timedelta(seconds=60))
+    done.wait(timeout=10)
+    done.stdout.close()
+    ready = subprocess.Popen([sys.executable, "-c", "print('READY x')"], stdout=subprocess.PIPE)
+    assert read_ready_line(ready, timedelta(seconds=60)) == "READY x"
+    ready.wait(timeout=10)
+    ready.stdout.close()
+
+
+def test_the_run_queue_reading_is_a_growing_count_of_seconds_for_a_live_process():
+    """This process's own reading is a number >= 0 that never goes down; a gone pid reads 0."""
+    first = run_queue_wait_s(os.getpid())
+    assert 0.0 <= first <= run_queue_wait_s(os.getpid())
+    assert run_queue_wait_s(2**22 + 7) == 0.0
 
 
 def test_ref_server_reports_its_url_and_health_and_stops():

@@ -12,6 +12,9 @@ import pytest
 
 from refserver.testing import RefServer
 
+HOURS_OF_WORK = '{"duration_ms": 3600000}'
+"""Work that cannot finish while a test waits on it, however slow the CLI is to start."""
+
 
 @pytest.fixture(scope="module")
 def mcp() -> Iterator[RefServer]:
@@ -99,7 +102,7 @@ def test_calling_again_resumes_and_never_submits_twice(aip: RefServer, tmp_path:
 def test_cancel_after_ends_cancelled_with_a_receipt(mcp: RefServer, tmp_path: Path) -> None:
     """--cancel-after requests a cancel; the 2025-11-25 response is terminal evidence."""
     done = call(
-        mcp, tmp_path / "l.duckdb", "c1", "--cancel-after", "0.3", args='{"_sim": {"duration_ms": 60000}}'
+        mcp, tmp_path / "l.duckdb", "c1", "--cancel-after", "0.3", args=f'{{"_sim": {HOURS_OF_WORK}}}'
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -111,8 +114,10 @@ def test_cancel_after_ends_cancelled_with_a_receipt(mcp: RefServer, tmp_path: Pa
 def test_leaving_early_is_not_a_cancel(aip: RefServer, tmp_path: Path) -> None:
     """A caller that stops waiting exits 3; the operation and the server's task go on."""
     aip.reset()
+    # The task outlives any CLI start on a loaded machine (an hour at this scale is 72 s): the budget,
+    # not the work finishing first, is what ends the wait.
     done = call(
-        aip, tmp_path / "l.duckdb", "gone", "--wait-budget", "0.5", args='{"_sim": {"duration_ms": 60000}}'
+        aip, tmp_path / "l.duckdb", "gone", "--wait-budget", "0.5", args=f'{{"_sim": {HOURS_OF_WORK}}}'
     )
     assert done.returncode == 3
     report = json.loads(done.stdout)
