@@ -221,10 +221,21 @@ server = "ext"
 """
 
 
+def service_in(
+    folder: Path, servers: Mapping[str, RefServer], *, startup_timeout: float = 30.0
+) -> ServiceProcess:
+    """A service (not started yet) with its config and a fresh ledger in ``folder``, over ``servers``:
+    what a test module shares when each of its tests uses call nodes of its own."""
+    config = folder / "finality.toml"
+    config.write_text(config_text(servers))
+    return ServiceProcess(folder / "ledger.duckdb", config, startup_timeout=startup_timeout)
+
+
 __all__ = [
     "ServiceProcess",
     "all_terminal",
     "config_text",
     "free_port",
+    "service_in",
     "wait_until",
 ]

@@ -11,7 +11,7 @@ import pytest
 
 from refserver.testing import RefServer
 from service.client import ServiceClient, ServiceRefused
-from service.testing import ServiceProcess, all_terminal, config_text, wait_until
+from service.testing import ServiceProcess, all_terminal, service_in, wait_until
 
 # One input round; kept on the server long after it ends (so this is never an expiry test).
 ROUND = {"duration_ms": 2000, "input_rounds": 1, "ttl_ms": 10_000_000}
@@ -22,13 +22,10 @@ def service(
     tmp_path_factory: pytest.TempPathFactory, servers: dict[str, RefServer]
 ) -> Iterator[ServiceProcess]:
     """One service for the module (each test uses its own call nodes)."""
-    folder = tmp_path_factory.mktemp("approvals")
-    config = folder / "finality.toml"
-    config.write_text(config_text(servers))
     for server in servers.values():
         server.reset()
     # A generous start: on a shared, loaded machine the service's imports alone can take 25 s.
-    with ServiceProcess(folder / "ledger.duckdb", config, startup_timeout=120) as svc:
+    with service_in(tmp_path_factory.mktemp("approvals"), servers, startup_timeout=120) as svc:
         yield svc
 
 

@@ -14,7 +14,7 @@ import pytest
 from engine.errors import ServiceRefused, ServiceUnavailable
 from refserver.testing import RefServer
 from service.client import ServiceClient
-from service.testing import ServiceProcess, config_text
+from service.testing import ServiceProcess, config_text, service_in
 
 SLOW = {"_sim": {"duration_ms": 400_000}}
 """A call that stays in flight for the whole test (20 s at the tests' time scale)."""
@@ -25,10 +25,7 @@ def service(
     tmp_path_factory: pytest.TempPathFactory, servers: dict[str, RefServer]
 ) -> Iterator[ServiceProcess]:
     """One service for the module: each test uses its own call nodes and consumer names."""
-    root = tmp_path_factory.mktemp("outbox")
-    config = root / "finality.toml"
-    config.write_text(config_text(servers))
-    with ServiceProcess(root / "ledger.duckdb", config) as svc:
+    with service_in(tmp_path_factory.mktemp("outbox"), servers) as svc:
         yield svc
 
 
