@@ -225,6 +225,7 @@ class Ledger(SqlLedger):
         current = self.schema_version()
         if current > SUPPORTED_SCHEMA:
             raise SchemaTooNew(current, SUPPORTED_SCHEMA)
+        applied = False
         for version, name, statements in MIGRATIONS:
             if version <= current:
                 continue
@@ -236,6 +237,13 @@ class Ledger(SqlLedger):
                 tx.execute(
                     "INSERT INTO schema_migrations VALUES (?, ?, ?)", [version, name, datetime.now(UTC)]
                 )
+            applied = True
+        if applied:
+            # Write the new schema into the file now. Left in the WAL, a crash before DuckDB's own
+            # checkpoint makes the next open replay the DDL, and replaying an ALTER of a table with
+            # CHECK constraints asks to download an extension (found by SIGKILLing a fresh service):
+            # the ledger would not open again on a machine without network.
+            con.execute("CHECKPOINT")
 
     # ----------------------------------------------------------------------- driver primitives
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 from dataclasses import replace
 from datetime import timedelta
@@ -92,6 +94,29 @@ def test_migrations_are_recorded_once_and_reopen_cleanly(tmp_path: Path) -> None
     with Ledger.open(path) as led:
         assert led.schema_version() == SUPPORTED_SCHEMA
         assert led.count("operations") == 0
+
+
+def _in_a_fresh_process(code: str) -> subprocess.CompletedProcess[str]:
+    # A fresh interpreter: nothing this test process loaded into DuckDB earlier can hide a failure.
+    return subprocess.run(
+        [sys.executable, "-c", f"import os; from engine.ledger.duckdb import Ledger; {code}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_a_fresh_ledger_whose_process_dies_right_after_opening_opens_again(tmp_path: Path) -> None:
+    """A process killed just after creating (migrating) a ledger, before DuckDB checkpoints: the next
+    process opens it (it must not have to replay the schema from the WAL, which asks to download an
+    extension)."""
+    path = str(tmp_path / "ledger.duckdb")
+    died = _in_a_fresh_process(f"led = Ledger.open({path!r}); os._exit(0)")  # no close: no checkpoint
+    assert died.returncode == 0, died.stderr
+    reopened = _in_a_fresh_process(f"print(Ledger.open({path!r}).schema_version())")
+    assert reopened.returncode == 0, reopened.stderr
+    assert reopened.stdout.strip() == str(SUPPORTED_SCHEMA)
 
 
 def test_ledger_from_a_newer_schema_is_refused(tmp_path: Path) -> None:
