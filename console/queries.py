@@ -445,9 +445,10 @@ ORDER BY a.opened_at DESC, a.operation_id, a.input_round LIMIT {limit}""",
             "approvals_answered",
             "Recently answered approvals",
             f"""
-SELECT operation_id, input_round, actor, answer, opened_at, answered_at,
-       {secs("answered_at", "opened_at")} AS waited_s
-FROM approvals WHERE status = 'answered' ORDER BY answered_at DESC, operation_id, input_round LIMIT {{limit}}""",
+SELECT i.call_node_id, i.tool_name, a.input_round, a.actor, a.answer, a.opened_at, a.answered_at,
+       {secs("a.answered_at", "a.opened_at")} AS waited_s, a.operation_id
+FROM approvals a JOIN op_identity i USING (operation_id)
+WHERE a.status = 'answered' ORDER BY a.answered_at DESC, a.operation_id, a.input_round LIMIT {{limit}}""",
             times=("opened_at", "answered_at"),
         ),
         NamedQuery(

@@ -619,11 +619,14 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         config = write_config(data, servers)
+        # A busy laptop can take well over 30 s to start the service (the default wait of the tests'
+        # harness): the demo waits longer rather than stopping a person's first try.
         service = ServiceProcess(
             ledger,
             config,
             port=port_or_free(args.service_port),
             extra_args=["--explore", str(args.explore)] if args.explore else [],
+            startup_timeout=120.0,
         ).start()
         print(f"service: {service.url} (pid {service.pid}, ledger {ledger}, config {config})", flush=True)
         if args.explore:

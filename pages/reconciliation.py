@@ -77,6 +77,18 @@ def live() -> None:
     st.subheader("Open entries, oldest first")
     aging = insights.reconciliation_aging(kinds=kinds)
     st.session_state["reconciliation_open_ids"] = [int(x) for x in aging["entry_id"].tolist()]
+    # What the resolve section shows of the picked entry in full (a table cell cuts the next step).
+    st.session_state["reconciliation_open"] = {
+        int(r["entry_id"]): {
+            "age": f"{float(r['age_s']) / 60:.1f} min",
+            "kind": str(r["kind"]),
+            "reason": str(r["reason"]),
+            "call_node": str(r["call_node_id"]),
+            "next": next_step(str(r["kind"]), r["task_id"], r["candidates"]),
+            "candidates": candidates_summary(r["candidates"]),
+        }
+        for r in aging.to_dict("records")
+    }
     if aging.empty:
         return
     table = pd.DataFrame(
@@ -115,9 +127,30 @@ live()
 
 st.subheader("Resolve an entry")
 acting_as("this resolution")
+_open: dict[int, dict[str, str]] = st.session_state.get("reconciliation_open", {})
+
+
+def _entry_label(entry_id: int) -> str:
+    found = _open.get(entry_id)
+    if found is None:
+        return f"entry {entry_id}"
+    return f"entry {entry_id} · {found['age']} · {found['kind']} · {found['call_node']}"
+
+
+# Outside the form: picking an entry shows its reason and next step at once (a form defers that).
+entry = st.selectbox(
+    "Entry (oldest first)",
+    st.session_state.get("reconciliation_open_ids", []),
+    key="reconciliation_entry",
+    format_func=_entry_label,
+)
+if entry is not None and int(entry) in _open:
+    picked = _open[int(entry)]
+    st.markdown(
+        f"**Why it is open:** {picked['reason']}  \n**Next step:** {picked['next']}  \n"
+        f"**Candidates:** {picked['candidates']}"
+    )
 with st.form("reconciliation_form", clear_on_submit=False):
-    ids = st.session_state.get("reconciliation_open_ids", [])
-    entry = st.selectbox("Entry", ids, key="reconciliation_entry")
     task_id = st.text_input("Task id found on the server (optional)", key="reconciliation_task")
     absent = st.checkbox(
         "The server proved by submission key that it was never created", key="reconciliation_absent"

@@ -87,6 +87,11 @@ def test_reconciliation_shows_ages_against_15_minutes_and_refuses_writes_without
     assert not (aging["over 15 min"] == "OVER").all()
     assert aging["age (min)"].is_monotonic_decreasing
     assert aging["next step"].str.len().min() > 20
+    # The picked entry (the oldest) is spelled out in full below, next step and all.
+    picked = at.selectbox(key="reconciliation_entry")
+    assert picked.value == int(aging["entry"].iloc[0])
+    assert str(aging["call node"].iloc[0]) in str(picked.format_func(picked.value))
+    assert any(f"**Next step:** {aging['next step'].iloc[0]}" in str(m.value) for m in at.markdown)
     at.text_area(key="reconciliation_reason").set_value("found it by key")
     at.button(key="reconciliation_submit").click().run()
     assert any("read-only" in e.value for e in at.error)
@@ -150,6 +155,14 @@ def test_approvals_offer_approve_and_reject_with_the_question_and_deadline(conso
     approve = [b for b in at.button if b.label == "Approve"]
     assert approve
     assert len([b for b in at.button if b.label == "Reject"]) == len(approve)
+    answered = frame(at, "answered_at")
+    assert list(answered.columns[:4]) == [
+        "call_node_id",
+        "tool_name",
+        "input_round",
+        "actor",
+    ]  # not a UUID first
+    assert answered["call_node_id"].notna().all()
     approve[0].click().run()
     assert any("read-only" in e.value for e in at.error)
 
