@@ -18,8 +18,6 @@ from pathlib import Path
 from typing import Any, Final
 
 import pyarrow as pa
-import pyarrow.dataset as pa_ds
-import pyarrow.parquet as pq
 
 PARTITIONED: Final[dict[str, str]] = {"transitions": "recorded_at", "polls": "sent_at"}
 """The tables that grow with traffic, and the instant whose UTC day partitions each row."""
@@ -47,6 +45,11 @@ def export_select(table: str, columns: Sequence[str]) -> str:
 
 def write_table(folder: Path, table: str, batches: pa.RecordBatchReader) -> int:
     """Write ``table``'s rows under ``folder`` (replacing an earlier export of it); rows written."""
+    # Imported here, not at the top: pyarrow.dataset pulls in pandas, a fifth of the import time of
+    # every `finality` process, and only an export needs it.
+    import pyarrow.dataset as pa_ds
+    import pyarrow.parquet as pq
+
     if table in PARTITIONED:
         target = folder / table
         if target.exists():
