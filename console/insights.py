@@ -672,6 +672,19 @@ class Insights:
         self.clear_cache()
         return result
 
+    def outbox_lag(self) -> pd.DataFrame | None:
+        """Per downstream consumer: entries acknowledged and behind, its last acknowledgement, and the
+        age in seconds of the oldest entry it has not acknowledged (None: a ledger without acks)."""
+        if not self.has_table("outbox_acks"):
+            return None
+        frame = self._named("outbox_lag")
+        now = pd.Timestamp(self.now())
+        frame["oldest_waiting_s"] = [
+            None if pd.isna(t) else (now - pd.Timestamp(t)).total_seconds()
+            for t in frame["oldest_unacked_at"]
+        ]
+        return frame
+
     def shadow_summary(self) -> pd.DataFrame | None:
         """Per tool: the old path and the new one, pairs compared and diverged (None: no shadow table)."""
         if not self.has_table("shadow_diffs"):

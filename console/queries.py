@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from engine.ledger import sql as ledger_sql
 from engine.ledger.gate_sql import (
     CANCEL_PENDING,
     DIALECTS,
@@ -452,6 +453,14 @@ WHERE a.status = 'answered' ORDER BY a.answered_at DESC, a.operation_id, a.input
             times=("opened_at", "answered_at"),
         ),
         NamedQuery(
+            "outbox_lag",
+            "Outbox lag per downstream consumer: entries acknowledged, entries behind, the oldest waiting",
+            # The ledger's own statement (``LedgerPort.outbox_lag`` runs the same text).
+            ledger_sql.OUTBOX_LAG,
+            times=("last_ack_at", "oldest_unacked_at"),
+            fragments={d: {"c": ledger_sql.FRAGMENTS[d]["c"]} for d in DIALECTS},
+        ),
+        NamedQuery(
             "shadow_summary",
             "Shadow comparisons per tool: the old path and the new one, compared and diverged",
             """
@@ -531,7 +540,7 @@ SQL_EXAMPLES: Final[dict[str, str]] = {
 
 
 CHARTS: Final[dict[str, tuple[str, ...]]] = {
-    "Overview": ("arms", "in_flight", "alerts"),
+    "Overview": ("arms", "in_flight", "alerts", "outbox_lag"),
     "Cancel latency": (
         "cancel_span",
         "cancel_latency_over_time",

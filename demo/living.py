@@ -7,7 +7,8 @@ the shipped driver and adapters (``--explore``, 10,000 interleavings: some minut
 that run for the terminal_divergence gate, and, through the rollout API, shadows
 the report tool and then opens a 5 % canary (the service records a gate run every 10 s); runs a
 workload (calls, cancels, a person answering approvals after a while, an operator reconciling
-UNKNOWN and leftover-effect entries); and starts the Streamlit console, whose URL it prints. Ctrl-C
+UNKNOWN and leftover-effect entries) and a downstream workflow that long-polls the ready outbox and
+acknowledges each entry it advances on (the traceability gate's real acknowledgements); and starts the Streamlit console, whose URL it prints. Ctrl-C
 (or SIGTERM) stops every process it started, and the demo ends by itself when the service dies.
 Within 30 seconds every console chart has data. A demo harness, not part of the engine.
 
@@ -163,6 +164,8 @@ class Shared:
     lock: threading.Lock = field(default_factory=threading.Lock)
     arguments: dict[str, dict[str, object]] = field(default_factory=dict)
     """Call node -> the arguments it was submitted with (an operator finds a lost task by them)."""
+    tools: dict[str, str] = field(default_factory=dict)
+    """Call node -> its tool (the downstream's workflow step depends on it)."""
     counts: Counter[str] = field(default_factory=Counter)
     """What the simulated people did since the start (the periodic summary line prints it)."""
     unreachable: threading.Event = field(default_factory=threading.Event)
@@ -181,7 +184,8 @@ class Shared:
         return (
             f"[demo {int(elapsed_s) // 60:02d}:{int(elapsed_s) % 60:02d}] submitted {c.get('submitted', 0)}, "
             f"cancelled {c.get('cancelled', 0)}; approver answered {c.get('answered', 0)}; operator resolved "
-            f"{c.get('resolved unknown', 0)} UNKNOWN and {c.get('resolved effects', 0)} leftover-effect entries"
+            f"{c.get('resolved unknown', 0)} UNKNOWN and {c.get('resolved effects', 0)} leftover-effect entries; "
+            f"downstream advanced on {c.get('advanced', 0)} outbox entries"
         )
 
 
@@ -229,10 +233,53 @@ def workload(shared: Shared, seed: int, rate: float) -> None:
             arguments: dict[str, object] = {"job": n, "customer": f"c{rng.randrange(40)}", "_sim": sim}
             with shared.lock:
                 shared.arguments[node] = arguments
+                shared.tools[node] = tool
             if _quietly(shared, "workload", client.submit, call_node=node, tool=tool, arguments=arguments):
                 shared.count("submitted")
                 if cancel_after is not None:
                     heapq.heappush(cancels, (time.monotonic() + cancel_after, node))
+
+
+DOWNSTREAM = "demo-workflow"
+"""The downstream consumer's name: it reads the ready outbox and acknowledges what it advanced on."""
+
+WORKFLOW_STEP = {
+    "generate_report": "report filed",
+    "analyze_upload": "upload triaged",
+    "apply_batch_change": "change rolled out",
+}
+"""The small workflow the downstream advances: one step per tool's completed call."""
+
+
+def workflow_step(entry: dict[str, object], tool_of: dict[str, str]) -> str:
+    """The step the downstream takes on an outbox entry (a cancelled or failed call closes the job)."""
+    if entry["status"] == "cancelled":
+        return "job closed (cancelled)"
+    if entry["status"] != "completed":
+        return f"job flagged ({entry['status']})"
+    return WORKFLOW_STEP.get(tool_of.get(str(entry["call_node_id"]), ""), "job done")
+
+
+def downstream(shared: Shared) -> None:
+    """The downstream workflow: long-polls the ready outbox, takes one workflow step per entry and
+    acknowledges it (so the traceability gate has real acknowledgements). Its cursor moves only
+    past acknowledged entries: an entry it could not acknowledge is received again."""
+    cursor: int | None = None
+    with ServiceClient(shared.url, timeout=15) as client:
+        while not shared.stop.is_set():
+            got = _quietly(shared, "downstream", client.outbox, DOWNSTREAM, after=cursor, wait_s=5)
+            if not isinstance(got, dict):
+                shared.stop.wait(1.0)
+                continue
+            with shared.lock:
+                tool_of = dict(shared.tools)
+            for entry in got["entries"]:
+                step = workflow_step(entry, tool_of)
+                if _quietly(shared, "downstream", client.ack, entry, consumer=DOWNSTREAM) is None:
+                    break  # received again from the same cursor
+                shared.count("advanced")
+                shared.count(step)
+                cursor = int(entry["seq"])
 
 
 def plan_call(n: int, rng: random.Random) -> tuple[str, dict[str, object], float | None]:
@@ -647,7 +694,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         print("rollout: shadow on generate_report; a 5 % canary follows once the gates pass", flush=True)
         people: list[tuple[Callable[..., None], tuple[object, ...]]] = [
-            (workload, (shared, args.seed, args.rate))
+            (workload, (shared, args.seed, args.rate)),
+            (downstream, (shared,)),
         ]
         if "approver" in bots:
             people.append((approver, (shared, args.seed + 1, (4.0, 10.0))))

@@ -158,5 +158,20 @@ def live() -> None:
         )
         st.plotly_chart(fig, key="overview_in_flight")
 
+    st.subheader("Downstream")
+    lag = insights.outbox_lag()
+    if lag is None or lag.empty:
+        st.caption("No downstream consumer has acknowledged an outbox entry yet.")
+    else:
+        st.dataframe(
+            lag[["consumer", "acknowledged", "behind", "oldest_waiting_s", "last_ack_at"]],
+            hide_index=True,
+            key="overview_outbox_lag",
+            column_config={
+                "behind": st.column_config.NumberColumn("behind (entries)"),
+                "oldest_waiting_s": st.column_config.NumberColumn("oldest waiting (s)", format="%.0f"),
+            },
+        )
+
 
 live()

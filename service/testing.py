@@ -63,6 +63,8 @@ class ServiceProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        if self._stderr is not None:  # started again after a stop or a kill: a fresh capture
+            self._stderr.close()
         self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 - lives as long as the process
         self._process = subprocess.Popen(
             [

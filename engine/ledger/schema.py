@@ -32,7 +32,6 @@ OUTBOX_DELIVERY_MIGRATION: Final[tuple[str, ...]] = (
              FROM outbox) AS q
        WHERE outbox.call_node_id = q.call_node_id""",
     "CREATE SEQUENCE outbox_seq START 1",
-    "CREATE UNIQUE INDEX outbox_seq_order ON outbox (seq)",
     # One row per (consumer, entry): the downstream advanced on that entry. What the consumer
     # said it saw is kept, so the traceability gate checks it against the receipt again.
     """CREATE TABLE outbox_acks (
@@ -54,7 +53,10 @@ OUTBOX_DELIVERY_MIGRATION: Final[tuple[str, ...]] = (
         refused_at TIMESTAMPTZ NOT NULL
     )""",
 )
-"""Shared by both backends (DuckDB's migration 9, PostgreSQL's 11)."""
+"""Shared by both backends (DuckDB's migration 9, PostgreSQL's 11, which also indexes ``seq``: DuckDB
+cannot create an index in the transaction that numbered the existing rows)."""
+
+OUTBOX_SEQ_INDEX: Final = "CREATE UNIQUE INDEX outbox_seq_order ON outbox (seq)"
 
 OUTBOX_SEQUENCE: Final = "outbox_seq"
 """Numbers each new outbox row (its last column, ``seq``) as it is written: the consumers' cursor."""
@@ -526,7 +528,7 @@ PG_MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         EXPLORER_CODE_MIGRATION,
     ),
     (10, IDENTIFIER_CHECKS_NAME, identifier_checks_migration("postgres", {})),
-    (11, OUTBOX_DELIVERY_NAME, OUTBOX_DELIVERY_MIGRATION),
+    (11, OUTBOX_DELIVERY_NAME, (*OUTBOX_DELIVERY_MIGRATION, OUTBOX_SEQ_INDEX)),
     (12, ROUNDS_CLOSED_NAME, ROUNDS_CLOSED_MIGRATION),
 )
 PG_SUPPORTED_SCHEMA: Final[int] = PG_MIGRATIONS[-1][0]

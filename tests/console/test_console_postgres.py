@@ -106,6 +106,7 @@ FRAMES: dict[str, Callable[[Insights], pd.DataFrame]] = {
     "arms": lambda i: i.arms(),
     "in_flight": lambda i: i.in_flight(),
     "alerts": lambda i: pd.DataFrame([i.alerts()]),
+    "outbox_lag": lambda i: i.outbox_lag(),
     # cancel latency
     "cancel_latency_over_time": lambda i: i.cancel_latency_over_time(since=SINCE, until=UNTIL),
     "cancel_latency_over_time by arm": lambda i: i.cancel_latency_over_time(

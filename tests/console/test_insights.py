@@ -179,3 +179,19 @@ def test_the_duplicated_filter_lists_exactly_the_operations_the_duplicate_gate_c
     assert sorted(listed["operation_id"]) == sorted(op for _, _, op in bound)
     assert int(counted["operations"].sum()) == 2
     assert len(insights.operations()) > 2  # without the filter, the page lists everything
+
+
+def test_outbox_lag_shows_each_consumers_acknowledged_and_waiting_entries(
+    insights: Insights, seeded_ledger: Path
+) -> None:
+    """Per consumer: acknowledged plus behind is every outbox entry; the oldest waiting entry has an age."""
+    lag = insights.outbox_lag()
+    assert lag is not None
+    with Ledger.open(seeded_ledger, read_only=True) as ledger:
+        entries = ledger.count("outbox")
+        acks = ledger.count("outbox_acks")
+    (row,) = lag.to_dict("records")
+    assert row["consumer"] == "workflow"
+    assert row["acknowledged"] == acks
+    assert row["acknowledged"] + row["behind"] == entries
+    assert row["behind"] == 0 or row["oldest_waiting_s"] >= 0

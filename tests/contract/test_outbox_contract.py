@@ -136,3 +136,33 @@ def test_an_entry_no_consumer_acknowledges_goes_stale_with_its_age(ledger: Ledge
     gate = {r.gate: r for r in evaluate(ledger.gate_inputs(late)).results}["traceability"]
     assert not gate.passed
     assert "2 entries unacknowledged" in gate.verdict
+
+
+def test_entries_written_before_the_numbering_migration_come_first_in_acceptance_order(target: str) -> None:
+    """A ledger from before the outbox migration: its entries get seq <= 0 in acceptance order, new ones follow."""
+    from engine.ledger import open_ledger
+    from engine.ledger.schema import MIGRATIONS, OUTBOX_DELIVERY_NAME, PG_MIGRATIONS
+
+    migrations = PG_MIGRATIONS if "://" in target else MIGRATIONS
+    mine = next(version for version, name, _ in migrations if name == OUTBOX_DELIVERY_NAME)
+    with open_ledger(target) as led:
+        _accept_three(led)
+        # Back to the schema before the migration (its statements undone), the rows kept.
+        for statement in (
+            "DROP TABLE outbox_ack_refusals",
+            "DROP TABLE outbox_acks",
+            *(["DROP INDEX outbox_seq_order"] if "://" in target else []),
+            "ALTER TABLE outbox DROP COLUMN seq",
+            "DROP SEQUENCE outbox_seq",
+            # The migration that came after it (approvals' closed rounds), undone too.
+            "ALTER TABLE approvals DROP COLUMN closed_at",
+            "ALTER TABLE approvals DROP COLUMN closed_reason",
+            f"DELETE FROM schema_migrations WHERE version >= {mine}",
+        ):
+            raw(led, statement)
+    with open_ledger(target) as led:
+        assert led.schema_version() == migrations[-1][0]
+        led.accept_terminal(verified(to_fetching(led, "c3")), PAYLOAD)
+        entries = led.outbox_ready("wf", None, 10)
+    assert [e["call_node_id"] for e in entries] == ["c0", "c1", "c2", "c3"]
+    assert [int(str(e["seq"])) for e in entries] == [-2, -1, 0, 1]
