@@ -5,6 +5,13 @@ a ledger file or PostgreSQL ledger read-only when no service runs: ``FINALITY_SE
 ``FINALITY_LEDGER``).
 Each page's URL is its file's name (``/rollout_control``), and any page can be opened first.
 
+Who acts (README: Who may act): when the service has an ``[auth]`` table the console signs people
+in with their token before it shows any page; the console's own reads use its ``FINALITY_TOKEN``
+(an analyst's), every action goes with the signed-in person's token (the service records that
+token's principal), and pages offer only what the person's roles allow (``may``). In local mode (the
+service has no ``[auth]`` table, or a ledger is read in place) the name typed in the sidebar is the
+actor, as typed.
+
     streamlit run app.py
 
 Why pages call ``console_insights()``: Streamlit treats an app with a ``pages/`` folder as a
@@ -24,6 +31,7 @@ import streamlit as st
 from console.insights import Insights
 from console.views import GateView
 from engine.errors import ConsoleError
+from service.auth import Permission, allows, would_allow
 
 logger = logging.getLogger("finality.console")
 
@@ -31,6 +39,7 @@ logger = logging.getLogger("finality.console")
 # Session-state flag: set while this script runs (a page drawn by ``navigation.run()`` sees it).
 # (No bare string literals at this level: Streamlit's "magic" would draw them.)
 _RUNNING = "app_running"
+_SIGNED_IN = "app_signed_in"
 
 
 def pages() -> list[st.Page]:
@@ -118,25 +127,106 @@ def _reevaluate(insights: Insights) -> None:
         st.session_state["app_gates_error"] = f"Re-evaluation failed: {exc}"
 
 
+def _signs_in() -> bool:
+    insights: Insights | None = st.session_state.get("app_insights")
+    return insights is not None and insights.signs_in
+
+
+def signed_in() -> dict[str, object] | None:
+    """The signed-in person (``principal``, ``roles``, ``token_id``, ``token``), or None."""
+    person = st.session_state.get(_SIGNED_IN)
+    return person if isinstance(person, dict) else None
+
+
 def acting_name() -> str:
     """Who the console acts as: the one name every action records as its actor ("" while none is given).
 
-    Today the name typed in the sidebar (kept in the page's URL as ``?actor=``, so a reload keeps it);
-    a signed-in identity (the authentication issue's ``console.auth``) is to be returned from here,
-    and every page and dialog asks only this function.
+    The signed-in principal when the service has identities (the service records that, whatever is
+    sent); in local mode the name typed in the sidebar (kept in the URL as ``?actor=``, so a reload
+    keeps it). Every page and dialog asks only this function.
     """
+    if _signs_in():
+        person = signed_in()
+        return str(person["principal"]) if person else ""
     return str(st.session_state.get("app_actor", "")).strip()
 
 
+def acting_token() -> str | None:
+    """The signed-in person's token, which every action is sent with (None in local mode)."""
+    person = signed_in()
+    return str(person["token"]) if person and _signs_in() else None
+
+
+def may(permission: Permission) -> bool:
+    """Whether the signed-in person's roles allow ``permission`` (always, in local mode): pages leave
+    out what it does not (the service refuses it all the same)."""
+    if not _signs_in():
+        return True
+    person = signed_in()
+    roles = person["roles"] if person else []
+    return isinstance(roles, list) and allows(frozenset(str(r) for r in roles), permission)
+
+
+def not_allowed(permission: Permission, what: str) -> None:
+    """Say why ``what`` is not offered: the person's roles, and the role that would allow it."""
+    person = signed_in() or {}
+    held = person.get("roles")
+    roles = ", ".join(str(r) for r in held) if isinstance(held, list) and held else "none"
+    st.info(f"{what} needs the role **{would_allow(permission)}**; you are signed in with: {roles}.")
+
+
 def acting_as(what: str = "this action") -> bool:
-    """Show who is acting (in a dialog or form) and return whether a name is given; without one,
+    """Show who is acting (in a dialog or form) and return whether someone is; without anyone,
     say what is missing instead: the action is not offered under a made-up actor."""
     name = acting_name()
     if name:
-        st.caption(f"Acting as **{name}** (recorded as the actor of {what}).")
+        how = "signed in" if _signs_in() else "local mode: the name as typed"
+        st.caption(f"Acting as **{name}** ({how}; recorded as the actor of {what}).")
         return True
     st.warning("Type your name in the sidebar first: it is recorded as the actor of " + what + ".")
     return False
+
+
+def _sign_in(insights: Insights) -> None:
+    token = str(st.session_state.get("app_token_input", "")).strip()
+    st.session_state["app_token_input"] = ""
+    if not token:
+        st.session_state["app_sign_in_error"] = "Paste your token first."
+        return
+    try:
+        who = insights.whoami(token)
+    except ConsoleError as exc:
+        st.session_state["app_sign_in_error"] = f"Sign-in refused: {exc}"
+        return
+    if not who or not who.get("authenticated"):
+        st.session_state["app_sign_in_error"] = "The service does not know this token."
+        return
+    st.session_state[_SIGNED_IN] = {
+        "principal": who["principal"],
+        "roles": list(who.get("roles", [])),
+        "token_id": who.get("token_id", ""),
+        "token": token,
+    }
+    st.session_state.pop("app_sign_in_error", None)
+
+
+def _sign_out() -> None:
+    st.session_state.pop(_SIGNED_IN, None)
+
+
+def _sign_in_page(insights: Insights) -> None:
+    """The only thing shown until someone signs in (the service has identities)."""
+    st.title("Sign in to the Finality console")
+    st.write(
+        "The service asks who acts. Paste your API token (from whoever runs the service: "
+        "`finality token new`; `make demo` prints one per role). It stays in this browser session only."
+    )
+    with st.form("app_sign_in", clear_on_submit=False):
+        st.text_input("Token", type="password", key="app_token_input")
+        st.form_submit_button("Sign in", type="primary", on_click=_sign_in, args=(insights,))
+    failure = st.session_state.get("app_sign_in_error")
+    if failure:
+        st.error(failure)
 
 
 def _set_actor() -> None:
@@ -165,6 +255,9 @@ def main() -> None:
         st.stop()
 
     st.session_state["app_insights"] = insights
+    if insights.signs_in and signed_in() is None:
+        _sign_in_page(insights)
+        st.stop()
     st.session_state["app_refresh_s"] = float(os.environ.get("FINALITY_CONSOLE_REFRESH_S", "10"))
     # The actor lives under a plain key (widget keys are dropped on pages where the widget is not drawn).
     # A reload starts a new session: the name comes back from the URL (``?actor=``).
@@ -186,14 +279,25 @@ def main() -> None:
             st.caption(f"Read-only: ledger file {info.location}")
             if info.note:
                 st.warning(info.note)
-        st.text_input(
-            "Your name (recorded as the actor of every action)",
-            key="app_actor_input",
-            on_change=_set_actor,
-            placeholder="required before any action",
-        )
-        if not acting_name():
-            st.caption(":orange[No name yet: actions stay disabled until you give one.]")
+        person = signed_in()
+        if insights.signs_in and person is not None:
+            held = person["roles"]
+            roles = ", ".join(str(r) for r in held) if isinstance(held, list) else ""
+            st.markdown(f"Signed in as **{person['principal']}** ({roles})")
+            st.button("Sign out", key="app_sign_out", on_click=_sign_out)
+        else:
+            if info.kind == "service":
+                st.caption(
+                    "Local mode: the service has no [auth] table; the name you type is recorded as typed."
+                )
+            st.text_input(
+                "Your name (recorded as the actor of every action)",
+                key="app_actor_input",
+                on_change=_set_actor,
+                placeholder="required before any action",
+            )
+            if not acting_name():
+                st.caption(":orange[No name yet: actions stay disabled until you give one.]")
 
     st.session_state[_RUNNING] = True
     try:
@@ -221,7 +325,7 @@ GATE_LINKS: dict[str, tuple[str, dict[str, str]]] = {
 def link(page: str, label: str, params: dict[str, str] | None = None) -> None:
     """A link to another console page, with its filter in the query string (and the acting name kept)."""
     query = dict(params or {})
-    name = acting_name()
+    name = "" if _signs_in() else acting_name()  # a signed-in name is the session's, never the URL's
     if name and name != os.environ.get("FINALITY_ACTOR", "").strip():
         query["actor"] = name
     st.page_link(page, label=label, query_params=query or None)
@@ -234,12 +338,17 @@ def facts(pairs: list[tuple[str, object]]) -> None:
 
 __all__ = [
     "GATE_LINKS",
+    "Permission",
     "acting_as",
     "acting_name",
+    "acting_token",
     "console_insights",
     "facts",
     "gate_stamp",
     "link",
     "main",
+    "may",
+    "not_allowed",
     "pages",
+    "signed_in",
 ]

@@ -101,6 +101,7 @@ from engine.ledger.gate_sql import (
     recorded_run_from_rows,
 )
 from engine.revision import running_revision
+from service.auth import TOKEN_ENV
 from service.client import ServiceClient
 
 _T = TypeVar("_T")
@@ -153,6 +154,7 @@ class Insights:
         self._tables: tuple[float, frozenset[str]] | None = None
         self._tables_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="finality-console")
+        self._signs_in: bool | None = None
         self.last_sql: dict[str, str] = {}
         """The SQL each named query last ran with (the evidence bundle's 'SQL behind each chart')."""
         if prefetch:
@@ -177,11 +179,18 @@ class Insights:
         interval_s = float(env.get(ENV_GATE_INTERVAL_S, str(SERVICE_GATE_INTERVAL_S)) or 0)
         note = ""
         if url:
-            client = ServiceClient(url, timeout=30.0)
+            # The console's own token (its reads: dashboards run SQL, so an analyst's); each person's
+            # actions go with the token they signed in with.
+            client = ServiceClient(url, timeout=30.0, token=env.get(TOKEN_ENV) or None)
             try:
                 health = client.health()
             except (ServiceUnavailable, ServiceRefused) as exc:
                 client.close()
+                if isinstance(exc, ServiceRefused) and exc.status in (401, 403):
+                    raise NotConfigured(
+                        f"the Finality service at {url} refuses the console's token ({exc.message}): set "
+                        f"{TOKEN_ENV} to an analyst's token for the console's reads (README: Who may act)"
+                    ) from exc
                 if not ledger:
                     raise NotConfigured(f"the Finality service at {url} does not answer: {exc}") from exc
                 note = f"service at {url} does not answer; reading the ledger file read-only"
@@ -216,6 +225,21 @@ class Insights:
     @property
     def info(self) -> SourceInfo:
         return self.source.info
+
+    def whoami(self, token: str | None) -> Json | None:
+        """Who ``token`` is to the service (``ActionRefused`` 401 for a bad one); None: a ledger read in place."""
+        return self.source.whoami(token)
+
+    @property
+    def signs_in(self) -> bool:
+        """Whether the service asks for identities (an ``[auth]`` table): then the console signs people in.
+        False in the service's local mode and for a ledger read in place (a typed name is the actor)."""
+        raw = self._signs_in
+        if raw is None:
+            raw = self._signs_in = bool(
+                self.info.kind == "service" and (self.source.whoami(None) or {}).get("authenticated")
+            )
+        return raw
 
     @property
     def dialect(self) -> str:
@@ -529,9 +553,17 @@ class Insights:
         return self._named("reconciliation_resolved", limit=_limit(limit))
 
     def resolve(
-        self, entry_id: int, *, actor: str, reason: str, task_id: str | None = None, absent: bool = False
+        self,
+        entry_id: int,
+        *,
+        actor: str,
+        reason: str,
+        task_id: str | None = None,
+        absent: bool = False,
+        token: str | None = None,
     ) -> Json:
-        """Resolve a reconciliation entry (through the service: a person's decision, with actor and reason)."""
+        """Resolve a reconciliation entry (through the service: a person's decision, with actor and reason;
+        ``token``: the signed-in person's, whose principal the service records as the actor)."""
         actor, reason = _required(actor, "actor"), _required(reason, "reason")
         body: Json = {
             "actor": actor,
@@ -539,7 +571,7 @@ class Insights:
             "absent": absent,
             "task_id": (task_id or "").strip() or None,
         }
-        result = self.source.resolve(int(entry_id), body)
+        result = self.source.resolve(int(entry_id), body, token)
         self.clear_cache()
         return result
 
@@ -619,9 +651,9 @@ class Insights:
         """Transitions, protocol requests and the receipt of one call node, in time order."""
         return self._named("operation_timeline", key=key.strip())
 
-    def cancel(self, call_node: str, *, actor: str, reason: str) -> Json:
+    def cancel(self, call_node: str, *, actor: str, reason: str, token: str | None = None) -> Json:
         body = {"actor": _required(actor, "actor"), "reason": _required(reason, "reason")}
-        result = self.source.cancel(_path_part(call_node), body)
+        result = self.source.cancel(_path_part(call_node), body, token)
         self.clear_cache()
         return result
 
@@ -635,12 +667,14 @@ class Insights:
     def approvals_answered(self, *, limit: int = 50) -> pd.DataFrame:
         return self._named("approvals_answered", limit=_limit(limit))
 
-    def answer(self, operation_id: str, input_round: int, *, actor: str, answer: Json) -> Json:
+    def answer(
+        self, operation_id: str, input_round: int, *, actor: str, answer: Json, token: str | None = None
+    ) -> Json:
         """Answer one input round; the service refuses (409) an answer to a round that is no longer open."""
         if not isinstance(answer, dict):
             raise ActionRefused(400, "an answer must be a JSON object")
         body = {"actor": _required(actor, "actor"), "answer": answer}
-        result = self.source.answer(_path_part(operation_id), int(input_round), body)
+        result = self.source.answer(_path_part(operation_id), int(input_round), body, token)
         self.clear_cache()
         return result
 
@@ -659,6 +693,7 @@ class Insights:
         reason: str,
         percentage: float | None = None,
         protocol: str | None = None,
+        token: str | None = None,
     ) -> Json:
         """Ask the service for a rollout action (``shadow``, ``canary``, ``promote``, ``rollback``, ...)."""
         if action not in ROLLOUT_ACTIONS:
@@ -668,7 +703,7 @@ class Insights:
             body["percentage"] = percentage
         if protocol is not None:
             body["protocol"] = _choices([protocol], PROTOCOLS)[0]
-        result = self.source.rollout(action, body)
+        result = self.source.rollout(action, body, token)
         self.clear_cache()
         return result
 
@@ -696,6 +731,14 @@ class Insights:
         if not self.has_table("shadow_diffs"):
             return None
         return self._named("shadow_diverged", limit=_limit(limit))
+
+    def access_denials(self, *, limit: int = 200) -> pd.DataFrame | None:
+        """Refused control-API attempts (401/403), newest first; None while the ledger has no such table."""
+        if not self.has_table("access_denials"):
+            return None
+        frame = self._named("access_denials", limit=_limit(limit))
+        frame["recorded_at"] = pd.to_datetime(frame["recorded_at"], utc=True, format="ISO8601")
+        return frame
 
     def audit_log(self, *, limit: int = 200) -> pd.DataFrame | None:
         """The rollout audit log (newest first), or None while the ledger has no ``rollout_events`` table."""
@@ -743,6 +786,8 @@ class Insights:
         files["rollout_status.json"] = _json_bytes(asdict(status) if status else None)
         audit = self.audit_log(limit=5000)
         files["audit_log.csv"] = _csv_bytes(audit) if audit is not None else b""
+        denials = self.access_denials(limit=5000)
+        files["access_denials.csv"] = _csv_bytes(denials) if denials is not None else b""
         files["audit_verification.json"] = _json_bytes(
             asdict(status.audit) if status else {"verified": None, "detail": "no rollout status available"}
         )

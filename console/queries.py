@@ -499,6 +499,14 @@ WHERE table_catalog = current_database() AND table_schema = current_schema() ORD
 SELECT * FROM rollout_events ORDER BY 1 DESC LIMIT {limit}""",
             max_rows=5000,
         ),
+        NamedQuery(
+            "access_denials",
+            "Refused control-API attempts (who, what, when)",
+            """
+SELECT recorded_at, principal, token_id, method, path, permission, status, needed_role, reason, client
+FROM access_denials ORDER BY recorded_at DESC LIMIT {limit}""",
+            max_rows=5000,
+        ),
     )
 }
 """Every chart's and table's SQL. One text for both backends (DuckDB and PostgreSQL run it alike), but

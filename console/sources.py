@@ -62,15 +62,21 @@ class Source(Protocol):
 
     def rollout_status(self) -> Json | None: ...
 
-    def resolve(self, entry_id: int, body: Json) -> Json: ...
+    def whoami(self, token: str | None) -> Json | None:
+        """Who ``token`` is (principal, roles; ``authenticated`` false in the service's local mode);
+        None for a source that has no identities (a file)."""
+        ...
 
-    def answer(self, operation_id: str, input_round: int, body: Json) -> Json: ...
+    # Actions: ``token`` is the signed-in person's (None: the console's own, or local mode).
+    def resolve(self, entry_id: int, body: Json, token: str | None = None) -> Json: ...
 
-    def cancel(self, call_node: str, body: Json) -> Json: ...
+    def answer(self, operation_id: str, input_round: int, body: Json, token: str | None = None) -> Json: ...
 
-    def rollout(self, action: str, body: Json) -> Json: ...
+    def cancel(self, call_node: str, body: Json, token: str | None = None) -> Json: ...
 
-    def evaluate_gates(self) -> Json | None:
+    def rollout(self, action: str, body: Json, token: str | None = None) -> Json: ...
+
+    def evaluate_gates(self, token: str | None = None) -> Json | None:
         """The service's fresh evaluation, recorded as a run (``POST /api/v1/gates``); None without a service."""
         ...
 
@@ -122,28 +128,35 @@ class ServiceSource:
         except ServiceUnavailable as exc:
             raise ActionRefused(503, str(exc)) from exc
 
-    def _do(self, call: Callable[[], Json]) -> Json:
+    def _do(self, call: Callable[[ServiceClient], Json], token: str | None = None) -> Json:
+        """``call`` on the console's client, or on one presenting the signed-in person's ``token``."""
         try:
-            return call()
+            if token is None:
+                return call(self.client)
+            with ServiceClient(self.client.base_url, timeout=30.0, token=token) as person:
+                return call(person)
         except ServiceRefused as exc:
             raise ActionRefused(exc.status, exc.message) from exc
         except ServiceUnavailable as exc:
             raise ActionRefused(503, str(exc)) from exc
 
-    def resolve(self, entry_id: int, body: Json) -> Json:
-        return self._do(lambda: self.client.resolve(entry_id, **body))
+    def whoami(self, token: str | None) -> Json | None:
+        return self._do(lambda c: c.whoami(), token)
 
-    def answer(self, operation_id: str, input_round: int, body: Json) -> Json:
-        return self._do(lambda: self.client.answer(operation_id, input_round, **body))
+    def resolve(self, entry_id: int, body: Json, token: str | None = None) -> Json:
+        return self._do(lambda c: c.resolve(entry_id, **body), token)
 
-    def cancel(self, call_node: str, body: Json) -> Json:
-        return self._do(lambda: self.client.cancel(call_node, **body))
+    def answer(self, operation_id: str, input_round: int, body: Json, token: str | None = None) -> Json:
+        return self._do(lambda c: c.answer(operation_id, input_round, **body), token)
 
-    def rollout(self, action: str, body: Json) -> Json:
-        return self._do(lambda: self.client.rollout(action, body))
+    def cancel(self, call_node: str, body: Json, token: str | None = None) -> Json:
+        return self._do(lambda c: c.cancel(call_node, **body), token)
 
-    def evaluate_gates(self) -> Json | None:
-        return self._do(lambda: self.client.gates(record=True))
+    def rollout(self, action: str, body: Json, token: str | None = None) -> Json:
+        return self._do(lambda c: c.rollout(action, body), token)
+
+    def evaluate_gates(self, token: str | None = None) -> Json | None:
+        return self._do(lambda c: c.gates(record=True), token)
 
 
 class _ReadOnlyActions:
@@ -154,19 +167,22 @@ class _ReadOnlyActions:
     def _refuse(self) -> Json:
         raise ReadOnlyConsole(self.refusal)
 
-    def resolve(self, entry_id: int, body: Json) -> Json:
+    def whoami(self, token: str | None) -> Json | None:
+        return None  # a ledger read in place has no identities
+
+    def resolve(self, entry_id: int, body: Json, token: str | None = None) -> Json:
         return self._refuse()
 
-    def answer(self, operation_id: str, input_round: int, body: Json) -> Json:
+    def answer(self, operation_id: str, input_round: int, body: Json, token: str | None = None) -> Json:
         return self._refuse()
 
-    def cancel(self, call_node: str, body: Json) -> Json:
+    def cancel(self, call_node: str, body: Json, token: str | None = None) -> Json:
         return self._refuse()
 
-    def rollout(self, action: str, body: Json) -> Json:
+    def rollout(self, action: str, body: Json, token: str | None = None) -> Json:
         return self._refuse()
 
-    def evaluate_gates(self) -> Json | None:
+    def evaluate_gates(self, token: str | None = None) -> Json | None:
         return None  # read-only: the console evaluates itself and records nothing
 
 

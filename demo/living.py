@@ -44,6 +44,7 @@ from types import FrameType
 
 from engine.errors import ServiceRefused, ServiceUnavailable
 from refserver.testing import RefServer
+from service.auth import new_token, token_hash
 from service.client import ServiceClient
 from service.testing import ServiceProcess, free_port
 
@@ -51,6 +52,18 @@ ROOT = Path(__file__).resolve().parents[1]
 ACTOR_RELEASE = "demo-release-manager"
 ACTOR_APPROVER = "demo-approver"
 ACTOR_OPERATOR = "demo-operator"
+ACTOR_USER = "demo-user"
+PRINCIPALS = {
+    "viewer": "demo-viewer",
+    "analyst": "demo-analyst",
+    "approver": ACTOR_APPROVER,
+    "operator": ACTOR_OPERATOR,
+    "release-manager": ACTOR_RELEASE,
+    "caller": ACTOR_USER,
+}
+"""One token per role, each its own principal (the bots act with theirs; people sign in with any)."""
+CONSOLE_PRINCIPAL = "demo-console"
+"""The console's own token (analyst: its dashboards run SQL); people's actions go with their own."""
 SHADOW_SUFFIX = "#shadow"
 FIRST_CALLS = 9
 """The scripted first calls, sent in a quick burst so that every chart has data within seconds."""
@@ -95,8 +108,42 @@ def endpoint(server: RefServer) -> str:
     return server.url if server.protocol == "aip-151" else server.endpoint
 
 
-def write_config(folder: Path, servers: dict[str, RefServer]) -> Path:
-    """The demo's service config: the report tool has a new path (the 2026-07-28 server) to roll out."""
+def demo_tokens() -> dict[str, str]:
+    """A fresh token per role (and the console's), new on every run: role -> token."""
+    return {role: new_token() for role in (*PRINCIPALS, "console")}
+
+
+def auth_table(tokens: dict[str, str]) -> str:
+    """The ``[auth]`` table admitting ``tokens`` (their hashes only)."""
+    lines = ["[auth]", "open_metrics = true"]
+    for role, token in tokens.items():
+        principal, roles = (
+            (CONSOLE_PRINCIPAL, ["analyst"]) if role == "console" else (PRINCIPALS[role], [role])
+        )
+        lines += [
+            "",
+            f"[auth.tokens.{principal}]",
+            f'sha256 = "{token_hash(token)}"',
+            f'principal = "{principal}"',
+            f"roles = {json.dumps(roles)}",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def write_tokens(folder: Path, tokens: dict[str, str]) -> Path:
+    """The tokens, readable by this user only (the configuration holds only their hashes)."""
+    path = folder / "tokens.txt"
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    path.write_text(
+        "".join(f"{role}\t{PRINCIPALS.get(role, CONSOLE_PRINCIPAL)}\t{t}\n" for role, t in tokens.items())
+    )
+    return path
+
+
+def write_config(folder: Path, servers: dict[str, RefServer], tokens: dict[str, str]) -> Path:
+    """The demo's service config: the report tool has a new path (the 2026-07-28 server) to roll out;
+    one token per role (``tokens``, stored as hashes)."""
     config = folder / "finality.toml"
     config.write_text(
         f"""# Written by `make demo` (demo/living.py). The rollout (shadow, then a 5 % canary of
@@ -146,7 +193,9 @@ server = "reports_next"
 version = "0.8.0"
 wait_budget_s = 600
 on_budget_exhausted = "stop"
+
 """
+        + auth_table(tokens)
     )
     return config
 
@@ -160,6 +209,8 @@ class Shared:
 
     url: str
     servers: dict[str, RefServer]
+    tokens: dict[str, str] = field(default_factory=dict)
+    """Role -> token: each bot acts with its role's token (the service records its principal)."""
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
     arguments: dict[str, dict[str, object]] = field(default_factory=dict)
@@ -213,14 +264,14 @@ def workload(shared: Shared, seed: int, rate: float) -> None:
     rng = random.Random(seed)
     cancels: list[tuple[float, str]] = []
     n = 0
-    with ServiceClient(shared.url, timeout=15) as client:
+    with ServiceClient(shared.url, timeout=15, token=shared.tokens["caller"]) as client:
         next_at = time.monotonic()
         while not shared.stop.is_set():
             now = time.monotonic()
             while cancels and cancels[0][0] <= now:
                 _, node = heapq.heappop(cancels)
                 if _quietly(
-                    shared, "workload", client.cancel, node, actor="demo-user", reason="closed the report tab"
+                    shared, "workload", client.cancel, node, actor=ACTOR_USER, reason="closed the report tab"
                 ):
                     shared.count("cancelled")
             if now < next_at:
@@ -326,7 +377,7 @@ def approver(shared: Shared, seed: int, delay: tuple[float, float]) -> None:
     rng = random.Random(seed)
     due: dict[tuple[str, int], float] = {}
     first = True
-    with ServiceClient(shared.url, timeout=15) as client:
+    with ServiceClient(shared.url, timeout=15, token=shared.tokens["approver"]) as client:
         while not shared.stop.wait(0.5):
             pending = _quietly(shared, "approver", client.approvals)
             if not isinstance(pending, list):
@@ -363,7 +414,7 @@ def operator(shared: Shared, unknown_after_s: float, effects_after_s: float) -> 
     it absent. A leftover-effect entry (a cancelled batch change) they check and close.
     """
     first_seen: dict[int, float] = {}
-    with ServiceClient(shared.url, timeout=15) as client:
+    with ServiceClient(shared.url, timeout=15, token=shared.tokens["operator"]) as client:
         while not shared.stop.wait(0.5):
             entries = _quietly(shared, "operator", client.reconciliation)
             if not isinstance(entries, list):
@@ -463,7 +514,7 @@ def release_manager(shared: Shared, min_compared: int, override_after_s: float) 
     without data yet), it opens with an override, which the audit log records with its reason.
     """
     started = time.monotonic()
-    with ServiceClient(shared.url, timeout=30) as client:
+    with ServiceClient(shared.url, timeout=30, token=shared.tokens["release-manager"]) as client:
         while not shared.stop.wait(1.0):
             override = time.monotonic() - started >= override_after_s
             diffs = _quietly(shared, "release", client.shadow_diffs)
@@ -539,8 +590,20 @@ def announce(bots: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def start_console(data: Path, service_url: str, ledger: Path, port: int) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, FINALITY_SERVICE_URL=service_url, FINALITY_LEDGER=str(ledger))
+def sign_in_help(tokens: dict[str, str], path: Path) -> str:
+    """How to use the tokens: the console's sign-in, the CLI and notebooks (``FINALITY_TOKEN``)."""
+    lines = [f"tokens (one per role; new every run; also in {path}):"]
+    lines += [f"  {role:<16} {token}" for role, token in tokens.items() if role != "console"]
+    lines.append("  sign in to the console with one; the CLI and notebooks read FINALITY_TOKEN (or --token)")
+    return "\n".join(lines)
+
+
+def start_console(
+    data: Path, service_url: str, ledger: Path, port: int, token: str
+) -> subprocess.Popen[bytes]:
+    env = dict(
+        os.environ, FINALITY_SERVICE_URL=service_url, FINALITY_LEDGER=str(ledger), FINALITY_TOKEN=token
+    )
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     return subprocess.Popen(
         [
@@ -665,7 +728,8 @@ def main(argv: list[str] | None = None) -> int:
             f"race explorer (10,000 interleavings of the model, not counted by the gate): {summary}",
             flush=True,
         )
-        config = write_config(data, servers)
+        tokens = demo_tokens()
+        config = write_config(data, servers, tokens)
         # A busy laptop can take well over 30 s to start the service (the default wait of the tests'
         # harness): the demo waits longer rather than stopping a person's first try.
         service = ServiceProcess(
@@ -676,14 +740,15 @@ def main(argv: list[str] | None = None) -> int:
             startup_timeout=120.0,
         ).start()
         print(f"service: {service.url} (pid {service.pid}, ledger {ledger}, config {config})", flush=True)
+        print(sign_in_help(tokens, write_tokens(data, tokens)), flush=True)
         if args.explore:
             print(
                 f"race explorer over the shipped code: {args.explore:,} interleavings, run and recorded "
                 "by the service for the terminal_divergence gate (some minutes; no data until then)",
                 flush=True,
             )
-        shared = Shared(service.url, servers)
-        with ServiceClient(service.url, timeout=30) as client:
+        shared = Shared(service.url, servers, tokens)
+        with ServiceClient(service.url, timeout=30, token=tokens["release-manager"]) as client:
             client.rollout(
                 "shadow",
                 {
@@ -710,7 +775,7 @@ def main(argv: list[str] | None = None) -> int:
             threads.append(thread)
         if not args.no_console:
             port = port_or_free(args.console_port)
-            console = start_console(data, service.url, ledger, port)
+            console = start_console(data, service.url, ledger, port, tokens["console"])
             print(f"\n  Finality console: http://127.0.0.1:{port}\n", flush=True)
         print(f"ready in {time.monotonic() - started_at:.1f} s. Ctrl-C stops everything.", flush=True)
         deadline = time.monotonic() + args.seconds if args.seconds else None
@@ -752,7 +817,12 @@ def main(argv: list[str] | None = None) -> int:
                 console.kill()
                 console.wait(timeout=10)
         if service is not None:
-            with contextlib.suppress(ServiceUnavailable), ServiceClient(service.url, timeout=5) as client:
+            with (
+                contextlib.suppress(ServiceUnavailable),
+                ServiceClient(
+                    service.url, timeout=5, token=shared.tokens["viewer"] if shared else None
+                ) as client,
+            ):
                 print(json.dumps(client.health()), flush=True)
             service.close()
         pool.shutdown(wait=True)
@@ -771,7 +841,7 @@ def service_alive(service: ServiceProcess, shared: Shared) -> bool:
     shared.unreachable.clear()
     for _ in range(3):
         try:
-            with ServiceClient(service.url, timeout=5) as client:
+            with ServiceClient(service.url, timeout=5, token=shared.tokens.get("viewer")) as client:
                 client.health()
             return True
         except (ServiceUnavailable, ServiceRefused):

@@ -13,7 +13,7 @@ from datetime import datetime
 import pandas as pd  # type: ignore[import-untyped]
 import streamlit as st
 
-from console.frame import acting_as, acting_name, console_insights
+from console.frame import Permission, acting_as, acting_name, acting_token, console_insights, may, not_allowed
 from console.insights import Insights
 from console.views import AnswerField, answer_fields, build_answer, decision_field
 from engine.errors import ConsoleError
@@ -45,7 +45,11 @@ def countdown(deadline: object, now: datetime) -> str:
 def _send(row: dict[str, object], answer: dict[str, object], label: str) -> None:
     try:
         insights.answer(
-            str(row["operation_id"]), int(str(row["input_round"])), actor=acting_name(), answer=answer
+            str(row["operation_id"]),
+            int(str(row["input_round"])),
+            actor=acting_name(),
+            answer=answer,
+            token=acting_token(),
         )
     except ConsoleError as exc:
         st.session_state["approvals_message"] = ("error", f"{label} refused: {exc}")
@@ -82,6 +86,9 @@ def round_card(row: dict[str, object], now: datetime) -> None:
         values = {f.name: _form_value(f"approvals_{key}_{f.name}", f) for f in others}
         with st.expander("Requested schema"):
             st.code(str(row["requested_schema"]), language="json")
+        if not may(Permission.ANSWER):
+            not_allowed(Permission.ANSWER, "Answering")
+            return
         if not acting_as("this answer"):
             return
         if decision is not None:

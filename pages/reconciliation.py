@@ -6,7 +6,7 @@ import pandas as pd  # type: ignore[import-untyped]
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import acting_as, acting_name, console_insights
+from console.frame import Permission, acting_as, acting_name, acting_token, console_insights, may, not_allowed
 from console.insights import Insights
 from console.queries import UNKNOWN_SLO_S
 from console.views import candidates_summary, next_step
@@ -126,7 +126,6 @@ def live() -> None:
 live()
 
 st.subheader("Resolve an entry")
-acting_as("this resolution")
 _open: dict[int, dict[str, str]] = st.session_state.get("reconciliation_open", {})
 
 
@@ -137,39 +136,55 @@ def _entry_label(entry_id: int) -> str:
     return f"entry {entry_id} · {found['age']} · {found['kind']} · {found['call_node']}"
 
 
-# Outside the form: picking an entry shows its reason and next step at once (a form defers that).
-entry = st.selectbox(
-    "Entry (oldest first)",
-    st.session_state.get("reconciliation_open_ids", []),
-    key="reconciliation_entry",
-    format_func=_entry_label,
-)
-if entry is not None and int(entry) in _open:
-    picked = _open[int(entry)]
-    st.markdown(
-        f"**Why it is open:** {picked['reason']}  \n**Next step:** {picked['next']}  \n"
-        f"**Candidates:** {picked['candidates']}"
+def resolve_form() -> None:
+    """Pick an entry, see why it is open, resolve it (offered only to a role that may resolve)."""
+    acting_as("this resolution")
+    # Outside the form: picking an entry shows its reason and next step at once (a form defers that).
+    entry = st.selectbox(
+        "Entry (oldest first)",
+        st.session_state.get("reconciliation_open_ids", []),
+        key="reconciliation_entry",
+        format_func=_entry_label,
     )
-with st.form("reconciliation_form", clear_on_submit=False):
-    task_id = st.text_input("Task id found on the server (optional)", key="reconciliation_task")
-    absent = st.checkbox(
-        "The server proved by submission key that it was never created", key="reconciliation_absent"
-    )
-    reason = st.text_area("Reason (required)", key="reconciliation_reason")
-    submitted = st.form_submit_button("Resolve", type="primary", key="reconciliation_submit")
-if submitted:
-    actor = acting_name()
-    if entry is None:
-        st.error("Pick an entry.")
-    elif not actor.strip() or not reason.strip():
-        st.error("An actor (your name, in the sidebar) and a reason are required.")
-    else:
-        try:
-            insights.resolve(int(entry), actor=actor, reason=reason, task_id=task_id or None, absent=absent)
-        except ConsoleError as exc:
-            st.error(str(exc))
+    if entry is not None and int(entry) in _open:
+        picked = _open[int(entry)]
+        st.markdown(
+            f"**Why it is open:** {picked['reason']}  \n**Next step:** {picked['next']}  \n"
+            f"**Candidates:** {picked['candidates']}"
+        )
+    with st.form("reconciliation_form", clear_on_submit=False):
+        task_id = st.text_input("Task id found on the server (optional)", key="reconciliation_task")
+        absent = st.checkbox(
+            "The server proved by submission key that it was never created", key="reconciliation_absent"
+        )
+        reason = st.text_area("Reason (required)", key="reconciliation_reason")
+        submitted = st.form_submit_button("Resolve", type="primary", key="reconciliation_submit")
+    if submitted:
+        actor = acting_name()
+        if entry is None:
+            st.error("Pick an entry.")
+        elif not actor.strip() or not reason.strip():
+            st.error("An actor (your name, in the sidebar) and a reason are required.")
         else:
-            st.success(f"Entry {entry} resolved.")
+            try:
+                insights.resolve(
+                    int(entry),
+                    actor=actor,
+                    reason=reason,
+                    task_id=task_id or None,
+                    absent=absent,
+                    token=acting_token(),
+                )
+            except ConsoleError as exc:
+                st.error(str(exc))
+            else:
+                st.success(f"Entry {entry} resolved.")
+
+
+if may(Permission.OPERATE):
+    resolve_form()
+else:
+    not_allowed(Permission.OPERATE, "Resolving an entry")
 
 st.subheader("Recently resolved")
 st.dataframe(insights.reconciliation_resolved(), hide_index=True, key="reconciliation_resolved")

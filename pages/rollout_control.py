@@ -5,7 +5,17 @@ from __future__ import annotations
 import pandas as pd  # type: ignore[import-untyped]
 import streamlit as st
 
-from console.frame import acting_as, acting_name, console_insights, gate_stamp, link
+from console.frame import (
+    Permission,
+    acting_as,
+    acting_name,
+    acting_token,
+    console_insights,
+    gate_stamp,
+    link,
+    may,
+    not_allowed,
+)
 from console.insights import Insights
 from console.queries import PROTOCOLS
 from console.views import RolloutStatus, gate_threshold, gate_value
@@ -48,7 +58,12 @@ def pipeline(status: RolloutStatus) -> str:
 def _act(action: str, reason: str, *, percentage: float | None = None, protocol: str | None = None) -> None:
     try:
         result = insights.rollout_action(
-            action, actor=acting_name(), reason=reason, percentage=percentage, protocol=protocol
+            action,
+            actor=acting_name(),
+            reason=reason,
+            percentage=percentage,
+            protocol=protocol,
+            token=acting_token(),
         )
     except ConsoleError as exc:
         st.session_state["rollout_message"] = ("error", f"{action} refused: {exc}")
@@ -251,6 +266,14 @@ def live() -> None:
         st.caption("This ledger has no rollout audit log yet.")
     else:
         st.dataframe(log, hide_index=True, key="rollout_audit")
+    denials = insights.access_denials(limit=100)
+    if denials is not None:
+        st.subheader("Refused attempts")
+        st.caption("Requests the service refused (401: no valid token; 403: a role that does not allow it).")
+        if denials.empty:
+            st.caption("None recorded.")
+        else:
+            st.dataframe(denials, hide_index=True, key="rollout_denials", width="stretch")
 
 
 live()
@@ -263,6 +286,10 @@ if not insights.info.writable:
     st.warning(f"Read-only console ({what}): actions need the running service.")
 
 st.subheader("Actions")
+if not may(Permission.ROLLOUT):
+    # The controls are absent, not disabled: this role may not move the rollout at all.
+    not_allowed(Permission.ROLLOUT, "Moving the rollout (shadow, canary, promote, rollback, kill switch)")
+    st.stop()
 acting_as("every action below")
 a1, a2, a3 = st.columns(3)
 with a1:

@@ -43,6 +43,16 @@ and, for a blocked promotion, ``failing_gates`` with their raw values):
     GET  /api/v1/rollout/shadow-diffs?diverged=&limit=    shadow comparisons, newest first
     GET  /api/v1/rollout/assignments?limit=               operations' arms, newest first
 
+Who may act (``service.access``, ``service.auth``; README: Who may act): with an ``[auth]`` table every
+route but ``/metrics`` (when ``auth.open_metrics``) needs ``Authorization: Bearer <token>``: 401 without
+a valid one, 403 naming the role that would allow the action, each refusal recorded (``GET
+/api/v1/access/denials``). The actor of every action is the token's principal; a body's ``actor``
+naming someone else is refused (403). A caller sees and cancels only its own principal's operations.
+Without ``[auth]`` (local mode) the body's ``actor`` is recorded as typed.
+
+    GET  /api/v1/whoami                                   the request's principal and roles
+    GET  /api/v1/access/denials?limit=                    refused attempts, newest first
+
 Every route that takes a body reads it through ``service.guard`` (413 naming the limit, 422 naming
 an identifier rule of ``engine.limits``, 429 with Retry-After for a principal over its limits; README:
 Limits).
@@ -93,7 +103,9 @@ from rollout.assign import percent_to_bp
 from rollout.controller import verify_ledger
 from rollout.plan import Action as RolloutAction
 from rollout.plan import Request as RolloutRequest
+from service.access import Access, Denied, identity_of
 from service.analysis import AnalystReads
+from service.auth import Identity, Permission, TokenStore
 from service.config import AnalystConfig
 from service.delivery import awaited, build_outbox_routes, wait_seconds
 from service.executor import Executor
@@ -135,9 +147,28 @@ def _checked(check: Callable[[object], str], value: object) -> str:
         raise refused(exc) from exc
 
 
-def _person(body: dict[str, object]) -> tuple[str, str]:
-    """``actor`` and ``reason``: present (400) and within their identifier rules (422)."""
-    return _checked(check_actor, _text(body, "actor")), _checked(check_reason, _text(body, "reason"))
+def _actor(identity: Identity, body: dict[str, object], *, required: bool = True) -> str:
+    """Who acts: the token's principal; a body's ``actor`` naming anyone else is refused (403).
+
+    In local mode (no identities) the body's ``actor`` as typed: present (400, unless not
+    ``required``) and within its identifier rule (422).
+    """
+    typed = body.get("actor")
+    if identity.authenticated:
+        if typed is not None and typed != identity.principal:
+            raise Denied(
+                403,
+                f"'actor' is taken from the token: principal {identity.principal!r} may not act as {typed!r}",
+            )
+        return identity.principal
+    if not required and not typed:
+        return ""
+    return _checked(check_actor, _text(body, "actor"))
+
+
+def _person(identity: Identity, body: dict[str, object]) -> tuple[str, str]:
+    """The actor (``_actor``) and ``reason``: present (400) and within its identifier rule (422)."""
+    return _actor(identity, body), _checked(check_reason, _text(body, "reason"))
 
 
 def _optional(body: dict[str, object], key: str) -> str | None:
@@ -156,10 +187,17 @@ def _text(body: dict[str, object], key: str) -> str:
     return value
 
 
-def _guard(handler: Handler) -> Handler:
+def _guard(handler: Handler, access: Access | None = None) -> Handler:
     async def wrapped(request: Request) -> Response:
         try:
             return await handler(request)
+        except Denied as exc:
+            if access is not None:
+                await access.record(request, exc)
+            response = _error(exc.status, str(exc))
+            if exc.status == 401:
+                response.headers["WWW-Authenticate"] = 'Bearer realm="finality"'
+            return response
         except ReadersBusy as exc:
             response = _error(exc.status, str(exc))
             response.headers["Retry-After"] = str(exc.retry_after_s)
@@ -206,6 +244,17 @@ def build_api(
     pool = readers or ReaderPool()
     limits = analyst or AnalystConfig()
     config = executor.config
+    access = Access(
+        TokenStore(config.auth, executor.clock.now) if config.auth is not None else None,
+        ledger,
+        now=executor.clock.now,
+        monotonic=monotonic_seconds,
+        open_metrics=config.auth.open_metrics if config.auth is not None else True,
+    )
+
+    def door(permission: Permission | None, handler: Handler) -> Handler:
+        return _guard(access.route(permission, handler), access)
+
     limiter = PrincipalLimiter(config.limits, now=monotonic_seconds, in_flight=executor.in_flight_of)
     registry = CollectorRegistry()
     limit_values = Gauge(
@@ -235,6 +284,12 @@ def build_api(
         "finality_protocol_requests", "Protocol requests by outcome", ["outcome"], registry=registry
     )
     ticks = Gauge("finality_executor_ticks", "Executor ticks since start", registry=registry)
+    denials = Gauge(
+        "finality_access_refusals",
+        "Control-API requests refused with 401/403 since start (recorded or not), by status",
+        ["status"],
+        registry=registry,
+    )
     unknown = Gauge(
         "finality_reconciliation_open", "Open reconciliation entries", ["kind"], registry=registry
     )
@@ -263,6 +318,15 @@ def build_api(
         principal = _optional(body, "principal")
         if principal is not None:
             _checked(check_principal, principal)
+        identity = identity_of(request)
+        if identity.authenticated:
+            # The seed binds an operation to a principal: the token's, never one the body names.
+            if principal is not None and principal != identity.principal:
+                raise Denied(
+                    403,
+                    f"'principal' is taken from the token: {identity.principal!r} may not submit as {principal!r}",
+                )
+            principal = identity.principal
         limit = config.argument_limit(tool)
         size = encoded_size(arguments)
         if size > limit:
@@ -300,13 +364,32 @@ def build_api(
             limit = min(int(q.get("limit", "100")), 10_000)
         except ValueError as exc:
             raise ServiceError(400, "limit must be an integer") from exc
+        identity = identity_of(request)
         rows = ledger.list_operations(
-            state=q.get("state"), protocol=q.get("protocol"), tool=q.get("tool"), limit=limit
+            state=q.get("state"),
+            protocol=q.get("protocol"),
+            tool=q.get("tool"),
+            # A caller sees its own principal's operations only.
+            principal=None if identity.sees_all_operations else identity.principal,
+            limit=limit,
         )
         return JSON({"operations": rows})
 
+    def _visible(request: Request, call_node: str) -> dict[str, object]:
+        """The operation's report, if the request's identity may see it (else 404, as if absent)."""
+        identity = identity_of(request)
+        report = operation_report(ledger, call_node)
+        if report is None:
+            raise ServiceError(404, f"no operation for call node {call_node!r}")
+        if not identity.sees_all_operations and report.get("principal") != identity.principal:
+            # Recorded as a denial, answered as a 404: a caller learns nothing of others' operations.
+            raise Denied(404, f"no operation for call node {call_node!r} of principal {identity.principal!r}")
+        return report
+
     async def show(request: Request) -> Response:
         call_node = request.path_params["call_node"]
+        if not identity_of(request).sees_all_operations:
+            _visible(request, call_node)  # a caller reads (and awaits) its own operations only
         wait_s = wait_seconds(request.query_params.get("wait_s"))
         report = await _await_receipt(call_node, wait_s) if wait_s else operation_report(ledger, call_node)
         if report is None:
@@ -314,14 +397,17 @@ def build_api(
         return JSON(report, status_code=200 if not wait_s or _has_receipt(report) else 202)
 
     async def cancel(request: Request) -> Response:
+        identity = identity_of(request)
+        if not identity.may(Permission.OPERATE):
+            _visible(request, request.path_params["call_node"])  # a caller cancels its own only
         body = await _body(request)
-        actor, reason = _person(body)
+        actor, reason = _person(identity, body)
         op = await executor.cancel(request.path_params["call_node"], actor=actor, reason=reason)
         return JSON(operation_report(ledger, op.call_node_id), status_code=202)
 
     async def resubmit(request: Request) -> Response:
         body = await _body(request)
-        actor, reason = _person(body)
+        actor, reason = _person(identity_of(request), body)
         op = await executor.resubmit(request.path_params["call_node"], actor=actor, reason=reason)
         return JSON(operation_report(ledger, op.call_node_id), status_code=202)
 
@@ -332,7 +418,7 @@ def build_api(
 
     async def answer(request: Request) -> Response:
         body = await _body(request)
-        actor = _checked(check_actor, _text(body, "actor"))
+        actor = _actor(identity_of(request), body)
         value = body.get("answer")
         if not isinstance(value, dict):
             raise ServiceError(400, "'answer' must be a JSON object")
@@ -356,7 +442,7 @@ def build_api(
 
     async def resolve(request: Request) -> Response:
         body = await _body(request)
-        actor, reason = _person(body)
+        actor, reason = _person(identity_of(request), body)
         try:
             entry_id = int(request.path_params["entry_id"])
         except ValueError as exc:
@@ -458,6 +544,9 @@ def build_api(
         for kind, count in open_entries:
             unknown.labels(kind=kind).set(count)
         ticks.set(executor.stats["ticks"])
+        denials.clear()
+        for status, count in access.refused.items():
+            denials.labels(status=str(status)).set(count)
         limit_refusals.clear()
         for (limit, principal), count in limiter.refusals.items():
             limit_refusals.labels(limit=limit, principal=principal).set(count)
@@ -466,25 +555,37 @@ def build_api(
             principal_in_flight.labels(principal=principal).set(count)
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    async def whoami(request: Request) -> Response:
+        return JSON(identity_of(request).as_json())
+
+    async def access_denials(request: Request) -> Response:
+        return JSON(
+            {"denials": await pool.run("access denials", lambda: ledger.denials(limit=_limit(request)))}
+        )
+
+    P = Permission
     routes = [
-        Route("/api/v1/health", _guard(health)),
-        Route("/api/v1/calls", _guard(submit), methods=["POST"]),
-        Route("/api/v1/operations", _guard(operations)),
-        Route("/api/v1/operations/{call_node}", _guard(show)),
-        Route("/api/v1/operations/{call_node}/cancel", _guard(cancel), methods=["POST"]),
-        Route("/api/v1/operations/{call_node}/resubmit", _guard(resubmit), methods=["POST"]),
-        Route("/api/v1/approvals", _guard(approvals)),
-        Route("/api/v1/approvals/{operation_id}/{round}", _guard(answer), methods=["POST"]),
-        Route("/api/v1/reconciliation", _guard(reconciliation)),
-        Route("/api/v1/reconciliation/{entry_id}/resolve", _guard(resolve), methods=["POST"]),
-        Route("/api/v1/sql", _guard(run_sql), methods=["POST"]),
-        Route("/api/v1/sql/arrow", _guard(run_sql_arrow), methods=["POST"]),
-        Route("/api/v1/snapshots", _guard(publish_snapshot), methods=["POST"]),
-        Route("/api/v1/snapshots", _guard(list_snapshots), methods=["GET"]),
-        Route("/api/v1/snapshots/{name}", _guard(get_snapshot)),
-        Route("/api/v1/gates", _guard(gates), methods=["GET", "POST"]),
-        Route("/metrics", _guard(metrics)),
-        *build_rollout_routes(executor, ledger, pool),
+        Route("/api/v1/health", door(P.HEALTH, health)),
+        Route("/api/v1/whoami", door(P.HEALTH, whoami)),
+        Route("/api/v1/access/denials", door(P.READ, access_denials)),
+        Route("/api/v1/calls", door(P.SUBMIT, submit), methods=["POST"]),
+        Route("/api/v1/operations", door(P.OWN_OPERATIONS, operations)),
+        Route("/api/v1/operations/{call_node}", door(P.OWN_OPERATIONS, show)),
+        Route("/api/v1/operations/{call_node}/cancel", door(P.CANCEL, cancel), methods=["POST"]),
+        Route("/api/v1/operations/{call_node}/resubmit", door(P.OPERATE, resubmit), methods=["POST"]),
+        Route("/api/v1/approvals", door(P.READ, approvals)),
+        Route("/api/v1/approvals/{operation_id}/{round}", door(P.ANSWER, answer), methods=["POST"]),
+        Route("/api/v1/reconciliation", door(P.READ, reconciliation)),
+        Route("/api/v1/reconciliation/{entry_id}/resolve", door(P.OPERATE, resolve), methods=["POST"]),
+        Route("/api/v1/sql", door(P.SQL, run_sql), methods=["POST"]),
+        Route("/api/v1/sql/arrow", door(P.SQL, run_sql_arrow), methods=["POST"]),
+        Route("/api/v1/snapshots", door(P.SQL, publish_snapshot), methods=["POST"]),
+        Route("/api/v1/snapshots", door(P.SQL, list_snapshots), methods=["GET"]),
+        Route("/api/v1/snapshots/{name}", door(P.SQL, get_snapshot)),
+        # POST records the evaluation it answers (derived data only): a viewer's "Re-evaluate now".
+        Route("/api/v1/gates", door(P.READ, gates), methods=["GET", "POST"]),
+        Route("/metrics", door(None if access.open_metrics else P.READ, metrics)),
+        *build_rollout_routes(executor, ledger, pool, door),
         *build_outbox_routes(
             ledger,
             pool,
@@ -492,7 +593,9 @@ def build_api(
             respond=lambda content, status: JSON(content, status_code=status),
             body=_body,
             now=executor.clock.now,
-            guard=_guard,
+            # A consumer reads the outbox like any reader; acknowledging moves delivery: an operator's.
+            guard=lambda handler: door(P.READ, handler),
+            write_guard=lambda handler: door(P.OPERATE, handler),
         ),
     ]
     app = Starlette(routes=routes)
@@ -503,7 +606,7 @@ def build_api(
 # ------------------------------------------------------------------------------------------ rollout
 
 
-def _rollout_request(action: str, body: dict[str, object]) -> RolloutRequest:
+def _rollout_request(action: str, body: dict[str, object], identity: Identity) -> RolloutRequest:
     try:
         kind = RolloutAction(action)
     except ValueError as exc:
@@ -524,12 +627,12 @@ def _rollout_request(action: str, body: dict[str, object]) -> RolloutRequest:
     tools = body.get("tools", [])
     if not isinstance(tools, list) or not all(isinstance(t, str) for t in tools):
         raise ServiceError(400, "'tools' must be a list of tool names")
-    actor, reason = body.get("actor"), body.get("reason")
+    actor, reason = _actor(identity, body, required=False), body.get("reason")
     # Missing ones are the plan's to refuse (it names what a rollout action needs); present ones
     # must hold the identifier rules.
     return RolloutRequest(
         kind,
-        actor=_checked(check_actor, actor) if actor else "",
+        actor=actor,
         reason=_checked(check_reason, reason) if reason else "",
         canary_bp=canary_bp,
         tools=tuple(str(t) for t in tools),
@@ -560,16 +663,25 @@ def _limit(request: Request, default: int = 100) -> int:
 
 
 def build_rollout_routes(
-    executor: Executor, ledger: LedgerPort, pool: ReaderPool | None = None
+    executor: Executor,
+    ledger: LedgerPort,
+    pool: ReaderPool | None = None,
+    door: Callable[[Permission | None, Handler], Handler] | None = None,
 ) -> list[Route]:
-    """The ``/api/v1/rollout`` routes: status and reads, and one POST per action."""
+    """The ``/api/v1/rollout`` routes: status and reads, and one POST per action (behind ``door``:
+    reads for a viewer, actions for a release manager; None: local mode, no identities)."""
+    if door is None:
+        local = Access(None, ledger, now=executor.clock.now, monotonic=monotonic_seconds)
+
+        def door(permission: Permission | None, handler: Handler) -> Handler:
+            return _guard(local.route(permission, handler), local)
 
     async def status(request: Request) -> Response:
         return JSON(executor.rollout_status())
 
     async def act(request: Request) -> Response:
         body = await _body(request)
-        rollout_request = _rollout_request(request.path_params["action"], body)
+        rollout_request = _rollout_request(request.path_params["action"], body, identity_of(request))
         try:
             result = await executor.rollout_act(rollout_request)
         except RolloutRefused as exc:
@@ -597,13 +709,14 @@ def build_rollout_routes(
     async def assignments(request: Request) -> Response:
         return JSON({"assignments": ledger.assignments(limit=_limit(request, 1000))})
 
+    P = Permission
     return [
-        Route("/api/v1/rollout/status", _guard(status)),
-        Route("/api/v1/rollout/events", _guard(events)),
-        Route("/api/v1/rollout/audit", _guard(audit)),
-        Route("/api/v1/rollout/shadow-diffs", _guard(shadow_diffs)),
-        Route("/api/v1/rollout/assignments", _guard(assignments)),
-        Route("/api/v1/rollout/{action}", _guard(act), methods=["POST"]),
+        Route("/api/v1/rollout/status", door(P.READ, status)),
+        Route("/api/v1/rollout/events", door(P.READ, events)),
+        Route("/api/v1/rollout/audit", door(P.READ, audit)),
+        Route("/api/v1/rollout/shadow-diffs", door(P.READ, shadow_diffs)),
+        Route("/api/v1/rollout/assignments", door(P.READ, assignments)),
+        Route("/api/v1/rollout/{action}", door(P.ROLLOUT, act), methods=["POST"]),
     ]
 
 

@@ -30,6 +30,7 @@ from engine.errors import (
 )
 from engine.errors import ServiceRefused as ServiceRefusedError
 from engine.limits import check_call_node, check_principal, encoded_size
+from service.auth import ROLES, TOKEN_ENV, check_bind, new_token, token_hash
 from service.config import LimitsConfig
 
 if TYPE_CHECKING:  # both ledgers (DuckDB, PostgreSQL) offer this port
@@ -73,7 +74,18 @@ def _json_object(text: str) -> dict[str, object]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="finality", description=__doc__)
+    parser.add_argument(
+        "--token",
+        help="the control API token (default: $FINALITY_TOKEN); the actor recorded is its principal",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
+
+    token = sub.add_parser("token", help="make a new API token for the [auth] table (README: Who may act)")
+    token_actions = token.add_subparsers(dest="token_command", required=True)
+    new = token_actions.add_parser("new", help="print a fresh token and the TOML entry that admits it")
+    new.add_argument("--principal", required=True)
+    new.add_argument("--role", action="append", required=True, help="repeatable; one of " + ", ".join(ROLES))
+    new.add_argument("--id", help="the token's name in the configuration (default: the principal)")
 
     call = sub.add_parser("call", help="drive one long-running tool call to its end")
     call.add_argument("--server", required=True, help="MCP endpoint URL, or AIP-151 service root")
@@ -187,13 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     get.add_argument("--call-node", required=True)
     cancel = service_command("cancel", "request cancellation (recorded before it is sent)")
     cancel.add_argument("--call-node", required=True)
-    cancel.add_argument("--actor", required=True)
+    cancel.add_argument("--actor", help="local mode only: with a token the actor is its principal")
     cancel.add_argument("--reason", required=True)
     service_command("approvals", "pending input rounds")
     answer = service_command("answer", "answer one input round")
     answer.add_argument("--operation", required=True)
     answer.add_argument("--round", type=int, required=True)
-    answer.add_argument("--actor", required=True)
+    answer.add_argument("--actor", help="local mode only: with a token the actor is its principal")
     answer.add_argument("--answer", type=_json_object, required=True)
     recon = service_command("reconcile", "list or resolve reconciliation entries")
     recon.add_argument("--resolve", type=int, metavar="ENTRY_ID")
@@ -300,7 +312,9 @@ def _rollout_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
         p.add_argument("--service", default="http://127.0.0.1:8700", help="control API base URL")
         p.add_argument("--json", action="store_true")
         if acts:
-            p.add_argument("--actor", required=True, help="who does this (recorded in the audit log)")
+            p.add_argument(
+                "--actor", help="local mode only: with a token the actor recorded is the token's principal"
+            )
             p.add_argument("--reason", required=True, help="why (recorded in the audit log)")
         return p
 
@@ -389,7 +403,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         if command == "diffs":
             _emit(client.shadow_diffs(diverged=args.diverged, limit=args.limit), args.json)
             return EXIT_OK
-        body: dict[str, object] = {"actor": args.actor, "reason": args.reason}
+        body: dict[str, object] = {"reason": args.reason}
+        if args.actor:
+            body["actor"] = args.actor
         if command == "shadow" and args.tool:
             body["tools"] = args.tool
         if command == "canary":
@@ -721,6 +737,22 @@ def cmd_sql(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_token(args: argparse.Namespace) -> int:
+    """Print a fresh token (shown once: only its hash goes into the configuration)."""
+    for role in args.role:
+        if role not in ROLES:
+            raise ConfigError("--role", f"unknown role {role!r} (one of {', '.join(ROLES)})")
+    principal = check_principal(args.principal)
+    secret = new_token()
+    print(f"token (shown once; give it to {principal}, keep only the hash):\n  {secret}\n")
+    print("add to the service configuration (read again on change, no restart):\n")
+    print(f"[auth.tokens.{json.dumps(args.id or principal)}]")
+    print(f'sha256 = "{token_hash(secret)}"')
+    print(f"principal = {json.dumps(principal)}")
+    print(f"roles = {json.dumps(args.role)}")
+    return EXIT_OK
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -730,6 +762,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = load_config(args.config)
+    check_bind(args.host, config.auth)
     ledger = args.ledger or config.ledger
     if ledger is None:
         raise ConfigError("--ledger", "no ledger given (and the config names none)")
@@ -812,8 +845,8 @@ def cmd_service(args: argparse.Namespace) -> int:
                     else:
                         _print_reconciliation(entries)
                 else:
-                    if not args.actor or not args.reason:
-                        raise ConfigError("--actor/--reason", "resolving needs both an actor and a reason")
+                    if not args.reason:
+                        raise ConfigError("--reason", "resolving needs a reason")
                     _emit(
                         client.resolve(
                             args.resolve,
@@ -873,8 +906,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
         return refserver_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.token:
+        # Every ServiceClient this command makes presents it (service.client reads the variable).
+        os.environ[TOKEN_ENV] = args.token
     try:
         match args.command:
+            case "token":
+                return cmd_token(args)
             case "call":
                 return cmd_call(args)
             case "show":
@@ -933,6 +971,7 @@ __all__ = [
     "cmd_service",
     "cmd_show",
     "cmd_sql",
+    "cmd_token",
     "default_service_url",
     "main",
 ]

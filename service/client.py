@@ -1,16 +1,21 @@
 """A small client of the control API, for the CLI, the console and notebooks.
 
-Speaks HTTP to a running ``finality serve``; it holds no rules and builds no SQL.
+Speaks HTTP to a running ``finality serve``; it holds no rules and builds no SQL. It presents a
+token (``Authorization: Bearer``): the one given, else ``FINALITY_TOKEN`` from the environment (the CLI's
+``--token``, the console's sign-in and notebooks all end up here). Who acts is the token's principal;
+an ``actor`` is sent only when given (local mode records it as typed).
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from engine.errors import ServiceRefused, ServiceUnavailable
+from service.auth import TOKEN_ENV
 
 if TYPE_CHECKING:
     import pandas as pd  # type: ignore[import-untyped]
@@ -18,14 +23,30 @@ if TYPE_CHECKING:
 Json = dict[str, Any]
 
 
+def _person(actor: str | None, **rest: Any) -> Json:
+    body: Json = dict(rest)
+    if actor:
+        body["actor"] = actor
+    return body
+
+
 class ServiceClient:
     """Blocking client; every call has an explicit timeout."""
 
     def __init__(
-        self, base_url: str, *, timeout: float = 30.0, transport: httpx.BaseTransport | None = None
+        self,
+        base_url: str,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+        token: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout, transport=transport)
+        presented = token if token is not None else os.environ.get(TOKEN_ENV, "").strip()
+        headers = {"Authorization": f"Bearer {presented}"} if presented else None
+        self._http = httpx.Client(
+            base_url=self.base_url, timeout=timeout, transport=transport, headers=headers
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -69,6 +90,14 @@ class ServiceClient:
 
     def health(self) -> Json:
         return self._call("GET", "/api/v1/health")
+
+    def whoami(self) -> Json:
+        """The token's principal and roles (local mode: ``authenticated`` false)."""
+        return self._call("GET", "/api/v1/whoami")
+
+    def denials(self, *, limit: int = 100) -> list[Json]:
+        """Refused attempts (401/403), newest first."""
+        return list(self._call("GET", "/api/v1/access/denials", params={"limit": limit})["denials"])
 
     def submit(self, *, call_node: str, tool: str, arguments: Json, principal: str | None = None) -> Json:
         body: Json = {"call_node": call_node, "tool": tool, "arguments": arguments}
@@ -118,15 +147,15 @@ class ServiceClient:
     def show(self, call_node: str) -> Json:
         return self._call("GET", f"/api/v1/operations/{call_node}")
 
-    def cancel(self, call_node: str, *, actor: str, reason: str) -> Json:
+    def cancel(self, call_node: str, *, reason: str, actor: str | None = None) -> Json:
         return self._call(
-            "POST", f"/api/v1/operations/{call_node}/cancel", json={"actor": actor, "reason": reason}
+            "POST", f"/api/v1/operations/{call_node}/cancel", json=_person(actor, reason=reason)
         )
 
-    def resubmit(self, call_node: str, *, actor: str, reason: str) -> Json:
+    def resubmit(self, call_node: str, *, reason: str, actor: str | None = None) -> Json:
         """A person's resubmission (same key) of an operation they declared absent."""
         return self._call(
-            "POST", f"/api/v1/operations/{call_node}/resubmit", json={"actor": actor, "reason": reason}
+            "POST", f"/api/v1/operations/{call_node}/resubmit", json=_person(actor, reason=reason)
         )
 
     def approvals(self, *, include_closed: bool = False) -> list[Json]:
@@ -134,9 +163,9 @@ class ServiceClient:
         path = "/api/v1/approvals?all=1" if include_closed else "/api/v1/approvals"
         return list(self._call("GET", path)["approvals"])
 
-    def answer(self, operation_id: str, input_round: int, *, actor: str, answer: Json) -> Json:
+    def answer(self, operation_id: str, input_round: int, *, answer: Json, actor: str | None = None) -> Json:
         return self._call(
-            "POST", f"/api/v1/approvals/{operation_id}/{input_round}", json={"actor": actor, "answer": answer}
+            "POST", f"/api/v1/approvals/{operation_id}/{input_round}", json=_person(actor, answer=answer)
         )
 
     def reconciliation(self, *, include_resolved: bool = False) -> list[Json]:
@@ -144,9 +173,15 @@ class ServiceClient:
         return list(self._call("GET", "/api/v1/reconciliation", params=params)["entries"])
 
     def resolve(
-        self, entry_id: int, *, actor: str, reason: str, task_id: str | None = None, absent: bool = False
+        self,
+        entry_id: int,
+        *,
+        reason: str,
+        actor: str | None = None,
+        task_id: str | None = None,
+        absent: bool = False,
     ) -> Json:
-        body: Json = {"actor": actor, "reason": reason, "absent": absent}
+        body = _person(actor, reason=reason, absent=absent)
         if task_id:
             body["task_id"] = task_id
         return self._call("POST", f"/api/v1/reconciliation/{entry_id}/resolve", json=body)
@@ -236,6 +271,7 @@ class ServiceClient:
 
 
 __all__ = [
+    "TOKEN_ENV",
     "Json",
     "ServiceClient",
 ]

@@ -38,6 +38,12 @@ Example::
     submissions_per_s_per_principal = 200    # token bucket per principal (429 + Retry-After)
     submission_burst = 400                   # default: twice the rate
 
+    [auth]                                   # tokens, principals and roles (service.auth; README: Who may act)
+    [auth.tokens.alice]
+    sha256 = "..."                           # finality token new --principal alice --role release-manager
+    principal = "alice"
+    roles = ["release-manager"]
+
     [analyst]                                # reads that are not the executor's own (all optional)
     workers = 2                              # reader threads (analyst SQL, console, gates, metrics)
     queue = 8                                # reads waiting beyond those; more get 503 + Retry-After
@@ -63,6 +69,7 @@ from typing import Literal
 
 from engine.errors import ConfigError
 from engine.model import Protocol, ToolRef
+from service.auth import AuthConfig, parse_auth
 
 _PROTOCOLS = {p.value for p in Protocol} | {"auto"}
 _SERVER_KEYS = {
@@ -104,6 +111,7 @@ _TOP_KEYS = {
     "lease_s",
     "analyst",
     "limits",
+    "auth",
 }
 _ANALYST_KEYS = {
     "workers",
@@ -206,6 +214,8 @@ class ServiceConfig:
     """PostgreSQL ledger: how long an executor's lease lasts without renewal (renewed every third)."""
     analyst: AnalystConfig = field(default_factory=AnalystConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    auth: AuthConfig | None = None
+    """Tokens, principals and roles (``service.auth``); None: local mode (loopback only, no identities)."""
 
     def argument_limit(self, tool: str) -> int:
         """The byte limit on ``tool``'s arguments (its own, else the body limit)."""
@@ -272,8 +282,9 @@ def _ms(table: dict[str, object], key: str, where: str, default: timedelta) -> t
     return default if value is None else timedelta(milliseconds=value)
 
 
-def parse_config(data: dict[str, object]) -> ServiceConfig:
-    """Validate a parsed TOML document.
+def parse_config(data: dict[str, object], source: Path | None = None) -> ServiceConfig:
+    """Validate a parsed TOML document (``source``: the file it came from, where ``[auth]``'s tokens are
+    read again on change).
 
     Raises:
         ConfigError: naming the offending key.
@@ -374,6 +385,7 @@ def parse_config(data: dict[str, object]) -> ServiceConfig:
         poll=poll,
         lease_s=_number(data, "lease_s", "") or 30.0,
         limits=_limits(_table(data.get("limits", {}), "limits")),
+        auth=parse_auth(data, source or Path("finality.toml")),
     )
 
 
@@ -445,7 +457,7 @@ def load_config(path: str | Path) -> ServiceConfig:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(str(path), f"not valid TOML: {exc}") from exc
-    return parse_config(data)
+    return parse_config(data, Path(path))
 
 
 __all__ = [

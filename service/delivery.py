@@ -132,8 +132,13 @@ def build_outbox_routes(
     body: Callable[[Request], Awaitable[dict[str, object]]],
     now: Callable[[], datetime],
     guard: Callable[[Callable[[Request], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]],
+    write_guard: Callable[
+        [Callable[[Request], Awaitable[Response]]], Callable[[Request], Awaitable[Response]]
+    ]
+    | None = None,
 ) -> list[Route]:
-    """The ``/api/v1/outbox`` routes over ``ledger``; ``respond``, ``body``, ``now`` and ``guard`` are the API's."""
+    """The ``/api/v1/outbox`` routes over ``ledger``; ``respond``, ``body``, ``now`` and ``guard`` are the API's
+    (``write_guard``, if given, guards the acknowledgement: a write)."""
 
     async def entries(request: Request) -> Response:
         q = request.query_params
@@ -198,7 +203,7 @@ def build_outbox_routes(
     return [
         Route("/api/v1/outbox", guard(entries)),
         Route("/api/v1/outbox/lag", guard(lag)),
-        Route("/api/v1/outbox/{call_node}/ack", guard(ack), methods=["POST"]),
+        Route("/api/v1/outbox/{call_node}/ack", (write_guard or guard)(ack), methods=["POST"]),
     ]
 
 

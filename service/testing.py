@@ -106,8 +106,9 @@ class ServiceProcess:
         if not line.startswith("READY "):
             raise ServiceProcessError(f"unexpected first line {line!r}:\n{self.stderr()}")
 
-    def client(self) -> ServiceClient:
-        return ServiceClient(self.url, timeout=30.0)
+    def client(self, token: str | None = None) -> ServiceClient:
+        """A client of this service presenting ``token`` (None: ``FINALITY_TOKEN``, if set)."""
+        return ServiceClient(self.url, timeout=30.0, token=token)
 
     def stderr(self, limit: int = 6000) -> str:
         if self._stderr is None:

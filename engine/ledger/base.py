@@ -60,6 +60,7 @@ from engine.ledger.rows import (
 from engine.ledger.schema import (
     _STATE_COLUMNS,
     _TABLES,
+    ACCESS_DENIAL_COLUMNS,
     ASSIGNMENT_COLUMNS,
     OUTBOX_SEQUENCE,
     ROLLOUT_EVENT_COLUMNS,
@@ -90,7 +91,15 @@ SEQUENCED: Final[dict[str, tuple[str, str]]] = {
 
 NOT_IMPORTABLE: Final = frozenset(
     # The rollout's state and its hash chain are written only by the rollout module.
-    {"operations", "gate_runs", "explorer_runs", "settings", "rollout_state", "rollout_events"}
+    {
+        "operations",
+        "gate_runs",
+        "explorer_runs",
+        "settings",
+        "rollout_state",
+        "rollout_events",
+        "access_denials",
+    }
 )
 
 
@@ -847,12 +856,14 @@ class SqlLedger(ABC):
         state: str | None = None,
         protocol: str | None = None,
         tool: str | None = None,
+        principal: str | None = None,
         limit: int = 100,
     ) -> list[dict[str, object]]:
-        """Operations as flat records, newest first, filtered by exact state/protocol/tool."""
+        """Operations as flat records, newest first, filtered by exact state/protocol/tool/principal."""
         where: list[str] = []
         params: list[object] = []
-        for column, value in (("state", state), ("protocol", protocol), ("tool_name", tool)):
+        filters = (("state", state), ("protocol", protocol), ("tool_name", tool), ("principal", principal))
+        for column, value in filters:
             if value is not None:
                 where.append(f"{column} = ?")
                 params.append(value)
@@ -894,6 +905,15 @@ class SqlLedger(ABC):
 
     def gate_runs(self, limit: int = 500) -> list[dict[str, object]]:
         return self._rows(sql.GATE_RUNS, [limit])
+
+    def record_denial(self, row: dict[str, object]) -> None:
+        """Record one refused control-API attempt (``ACCESS_DENIAL_COLUMNS``)."""
+        with self._tx() as tx:
+            tx.execute(self._q(sql.DENIAL_INSERT), [row[c] for c in ACCESS_DENIAL_COLUMNS])
+
+    def denials(self, *, limit: int = 100) -> list[dict[str, object]]:
+        """Refused attempts, newest first."""
+        return self._rows(sql.DENIALS, [limit])
 
     # --------------------------------------------------------------------------------- rollout
     # Persistence for ``rollout/``: the rollout state (with the execution epoch), its hash-chained

@@ -420,6 +420,36 @@ _RELEASED: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
         EXPLORER_CODE_MIGRATION,
     ),
 )
+ACCESS_DENIALS_NAME: Final = "access denials: refused control-API attempts (who, what, when)"
+ACCESS_DENIALS_MIGRATION: Final[tuple[str, ...]] = (
+    # No key: several service processes record into one PostgreSQL ledger; order is recorded_at.
+    """CREATE TABLE access_denials (
+        recorded_at TIMESTAMPTZ NOT NULL,
+        principal VARCHAR NOT NULL,
+        token_id VARCHAR NOT NULL,
+        method VARCHAR NOT NULL,
+        path VARCHAR NOT NULL,
+        permission VARCHAR NOT NULL,
+        status INTEGER NOT NULL,
+        needed_role VARCHAR NOT NULL,
+        reason VARCHAR NOT NULL,
+        client VARCHAR NOT NULL
+    )""",
+)
+ACCESS_DENIAL_COLUMNS: Final[tuple[str, ...]] = (
+    "recorded_at",
+    "principal",
+    "token_id",
+    "method",
+    "path",
+    "permission",
+    "status",
+    "needed_role",
+    "reason",
+    "client",
+)
+"""``access_denials``' columns, in table order."""
+
 MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     *_RELEASED,
     (
@@ -431,6 +461,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     ),
     (9, OUTBOX_DELIVERY_NAME, OUTBOX_DELIVERY_MIGRATION),
     (10, ROUNDS_CLOSED_NAME, ROUNDS_CLOSED_MIGRATION),
+    (11, ACCESS_DENIALS_NAME, ACCESS_DENIALS_MIGRATION),
 )
 
 
@@ -530,6 +561,7 @@ PG_MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (10, IDENTIFIER_CHECKS_NAME, identifier_checks_migration("postgres", {})),
     (11, OUTBOX_DELIVERY_NAME, (*OUTBOX_DELIVERY_MIGRATION, OUTBOX_SEQ_INDEX)),
     (12, ROUNDS_CLOSED_NAME, ROUNDS_CLOSED_MIGRATION),
+    (13, ACCESS_DENIALS_NAME, ACCESS_DENIALS_MIGRATION),
 )
 PG_SUPPORTED_SCHEMA: Final[int] = PG_MIGRATIONS[-1][0]
 
@@ -752,6 +784,7 @@ _TABLES: Final = frozenset(
         "rollout_events",
         "rollout_assignments",
         "shadow_diffs",
+        "access_denials",
     }
 )
 
@@ -812,6 +845,9 @@ ROW_SCHEMAS: Final[dict[str, pa.Schema]] = {
 
 
 __all__ = [
+    "ACCESS_DENIALS_MIGRATION",
+    "ACCESS_DENIALS_NAME",
+    "ACCESS_DENIAL_COLUMNS",
     "ASSIGNMENT_COLUMNS",
     "EXPLORER_CODE_MIGRATION",
     "IDENTIFIER_CHECKS_NAME",

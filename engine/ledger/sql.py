@@ -211,6 +211,8 @@ EXPLORER_RUN_INSERT: Final = (
     f"INSERT INTO explorer_runs VALUES (nextval('explorer_run_seq'),{placeholders(13)}) RETURNING run_id"
 )
 EXPLORER_RUNS: Final = "SELECT * FROM explorer_runs ORDER BY run_id"
+DENIAL_INSERT: Final = f"INSERT INTO access_denials VALUES ({placeholders(10)})"
+DENIALS: Final = "SELECT * FROM access_denials ORDER BY recorded_at DESC LIMIT ?"
 GATE_RUN_ID: Final = "SELECT nextval('gate_run_seq')"
 GATE_RUN_INSERT: Final = f"INSERT INTO gate_runs VALUES ({placeholders(8)})"
 GATE_RUNS: Final = "SELECT * FROM gate_runs ORDER BY run_id DESC, gate{c} LIMIT ?"

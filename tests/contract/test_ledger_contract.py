@@ -1350,3 +1350,27 @@ def test_a_crashed_executor_is_taken_over_without_a_second_operation_or_receipt(
     for table in ("operations", "task_bindings", "receipts", "outbox", "results"):
         assert pg.count(table) == 30, table
     assert raw(pg, "SELECT count(*) FROM op_state WHERE state <> 'ACCEPTED'") == [(0,)]
+
+
+def test_refused_control_api_attempts_are_recorded_and_read_newest_first(ledger: LedgerPort) -> None:
+    """``record_denial`` keeps who, which token, what and when; ``denials`` reads them newest first."""
+    for i, (principal, status) in enumerate((("", 401), ("vera", 403))):
+        ledger.record_denial(
+            {
+                "recorded_at": NOW + timedelta(seconds=i),
+                "principal": principal,
+                "token_id": "vera-laptop" if principal else "",
+                "method": "POST",
+                "path": "/api/v1/rollout/rollback",
+                "permission": "rollout",
+                "status": status,
+                "needed_role": "release-manager" if status == 403 else "",
+                "reason": "refused",
+                "client": "127.0.0.1",
+            }
+        )
+    rows = ledger.denials(limit=10)
+    assert [(r["principal"], r["status"]) for r in rows] == [("vera", 403), ("", 401)]
+    assert rows[0]["token_id"] == "vera-laptop"
+    assert rows[0]["needed_role"] == "release-manager"
+    assert ledger.denials(limit=1)[0]["principal"] == "vera"

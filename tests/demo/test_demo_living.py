@@ -207,7 +207,9 @@ def test_every_console_chart_has_data_within_30_seconds_and_sigint_stops_every_p
     deadline = demo.started + DATA_WITHIN_S
     service_url = demo.wait_for(r"service: (http://\S+)", until=deadline).group(1)
     console_url = demo.wait_for(r"Finality console: (http://\S+)", until=deadline).group(1)
-    client = ServiceClient(service_url, timeout=30)
+    # The console's reads need an analyst's token: the demo prints one per role.
+    analyst = demo.wait_for(r"^\s+analyst\s+(fin_\S+)", until=deadline).group(1)
+    client = ServiceClient(service_url, timeout=30, token=analyst)
     insights = Insights(ServiceSource(client), cache_s=0, gate_cache_s=0)  # what the console builds
     covered = {
         "arms",
