@@ -35,6 +35,14 @@ PROTOCOLS = ("mcp-2025-11-25", "mcp-2026-07-28", "aip-151")
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
+class StartupFailed(RuntimeError):
+    """A child did not print its ``READY`` line: it exited, printed something else, or took too long."""
+
+
+class StartupTimeout(StartupFailed, TimeoutError):
+    """The child's start budget (or the wall-time ceiling) was spent before its first line."""
+
+
 STARVED_CEILING = 10
 """However starved a child is of CPU, its start fails after this many times its budget of wall time."""
 
@@ -58,7 +66,7 @@ def read_ready_line(
     *,
     run_queue_wait: Callable[[int], float] = run_queue_wait_s,
 ) -> str:
-    """The first line ``process`` prints on stdout, waited for within ``budget`` of its own time.
+    """The text after ``READY `` on ``process``'s first stdout line, within ``budget`` of its own time.
 
     A start is charged the wall time that passed minus the time the child sat in the run queue: on
     a loaded machine a child that is merely waiting for a CPU is not failing to start, while one that
@@ -67,8 +75,8 @@ def read_ready_line(
     ``run_queue_wait`` reads the run-queue time of a pid (tests pass their own).
 
     Raises:
-        TimeoutError: the budget (or the ceiling) was spent before a line came.
-        EOFError: stdout closed first (the process exited).
+        StartupTimeout: the budget (or the ceiling) was spent before a line came.
+        StartupFailed: stdout closed first (the process exited), or the line is not ``READY ...``.
     """
     assert process.stdout is not None
     budget_s = budget.total_seconds()
@@ -82,7 +90,7 @@ def read_ready_line(
             waited = time.monotonic() - started
             charged = waited - max(0.0, run_queue_wait(process.pid) - queued_before)
             if charged >= budget_s or waited >= STARVED_CEILING * budget_s:
-                raise TimeoutError(
+                raise StartupTimeout(
                     f"no READY line within {budget_s:g} s of its own time ({waited:.1f} s of wall time)"
                 )
             # Look again at least every second: the run-queue credit is only known by asking.
@@ -90,9 +98,12 @@ def read_ready_line(
                 continue
             chunk = os.read(fd, 4096)
             if not chunk:
-                raise EOFError("stdout closed before a line")
+                raise StartupFailed("the process exited before READY")
             buffer += chunk
-    return buffer.split(b"\n", 1)[0].decode(errors="replace").strip()
+    line = buffer.split(b"\n", 1)[0].decode(errors="replace").strip()
+    if not line.startswith("READY "):
+        raise StartupFailed(f"unexpected first line {line!r}")
+    return line.removeprefix("READY ").strip()
 
 
 class RefServerError(RuntimeError):
@@ -222,14 +233,9 @@ class RefServer:
         if self._process is None:
             raise RefServerError("not started")
         try:
-            line = read_ready_line(self._process, self._startup_timeout)
-        except TimeoutError as exc:
+            return read_ready_line(self._process, self._startup_timeout)
+        except StartupFailed as exc:
             raise RefServerError(f"{exc}; stderr:\n{self._stderr_tail()}") from None
-        except EOFError:
-            raise RefServerError(f"the server exited before READY; stderr:\n{self._stderr_tail()}") from None
-        if not line.startswith("READY "):
-            raise RefServerError(f"unexpected first line {line!r}; stderr:\n{self._stderr_tail()}")
-        return line.removeprefix("READY ").strip()
 
     def _stderr_tail(self, limit: int = 4000) -> str:
         if self._stderr is None:
@@ -322,6 +328,8 @@ __all__ = [
     "PROTOCOLS",
     "RefServer",
     "RefServerError",
+    "StartupFailed",
+    "StartupTimeout",
     "read_ready_line",
     "run_queue_wait_s",
 ]

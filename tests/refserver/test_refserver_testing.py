@@ -14,7 +14,15 @@ import pytest
 
 from refserver.cli import parse_options
 from refserver.context import Protocol
-from refserver.testing import STARVED_CEILING, RefServer, RefServerError, read_ready_line, run_queue_wait_s
+from refserver.testing import (
+    STARVED_CEILING,
+    RefServer,
+    RefServerError,
+    StartupFailed,
+    StartupTimeout,
+    read_ready_line,
+    run_queue_wait_s,
+)
 
 SILENT = "import sys; sys.stdin.read()"
 """A child that prints nothing until its stdin closes."""
@@ -36,7 +44,7 @@ def silent() -> Iterator[subprocess.Popen[bytes]]:
 def test_a_silent_child_fails_its_start_once_its_own_time_is_spent(silent):
     """Not starved (no run-queue time credited), the wait ends at the budget, never before it."""
     started = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"no READY line within 0\.2 s"):
+    with pytest.raises(StartupTimeout, match=r"no READY line within 0\.2 s"):
         read_ready_line(silent, timedelta(seconds=0.2), run_queue_wait=lambda pid: 0.0)
     assert time.monotonic() - started >= 0.2
 
@@ -45,20 +53,20 @@ def test_time_a_child_waits_for_a_cpu_is_not_charged_to_its_start(silent):
     """A child always waiting in the run queue is given wall time up to the ceiling, then fails."""
     clock_start = time.monotonic()
     starved = lambda pid: time.monotonic() - clock_start  # noqa: E731 - every second passed was queued
-    with pytest.raises(TimeoutError, match="of wall time"):
+    with pytest.raises(StartupTimeout, match="of wall time"):
         read_ready_line(silent, timedelta(seconds=0.05), run_queue_wait=starved)
     assert time.monotonic() - clock_start >= STARVED_CEILING * 0.05
 
 
 def test_a_child_that_exits_before_its_line_ends_the_wait_at_once():
-    """stdout closing is EOFError, not a wait to the deadline; a printed line is returned."""
+    """stdout closing fails the start at once, not at the deadline; a READY line gives what follows it."""
     done = subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE)
-    with pytest.raises(EOFError):
+    with pytest.raises(StartupFailed, match="exited before READY"):
         read_ready_line(done, timedelta(seconds=60))
     done.wait(timeout=10)
     done.stdout.close()
     ready = subprocess.Popen([sys.executable, "-c", "print('READY x')"], stdout=subprocess.PIPE)
-    assert read_ready_line(ready, timedelta(seconds=60)) == "READY x"
+    assert read_ready_line(ready, timedelta(seconds=60)) == "x"
     ready.wait(timeout=10)
     ready.stdout.close()
 
