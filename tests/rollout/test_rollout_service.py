@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
 import httpx
 import pytest
-from rollout_kit import created, executions
+from rollout_kit import TIME_SCALE, created, executions
 
 from engine.errors import ServiceRefused
 from engine.ledger.duckdb import Ledger
@@ -267,16 +268,25 @@ def test_rollback_through_the_cli_adopts_in_flight_calls_and_sends_new_ones_to_t
     service: ServiceProcess, capsys: pytest.CaptureFixture[str], paths: dict[str, RefServer]
 ) -> None:
     """One command: epoch raised, in-flight calls finish where they are, nothing runs twice, new calls go old."""
+    started = time.monotonic()
     act(service, capsys, "shadow")
     act(service, capsys, "canary", "5", "--override")
     act(service, capsys, "canary", "50", "--override")
+    per_request_s = (time.monotonic() - started) / 3
     nodes = [f"r{i}" for i in range(30)]
-    long_sim = {"duration_ms": 100_000, "ttl_ms": 3_600_000}
+    # Every call must still be in flight when the rollback lands: the work outlasts the ~70 requests
+    # before it (30 submits, a round of 30 shows, the rollback) at twice the pace just measured, and
+    # never less than 5 s; the tasks are kept ten times as long as they work.
+    work_s = max(5.0, 2 * 70 * per_request_s)
+    duration_ms = work_s / TIME_SCALE * 1000
+    long_sim = {"duration_ms": duration_ms, "ttl_ms": max(3_600_000, 10 * duration_ms)}
     with service.client() as client:
         for node in nodes:
             client.submit(call_node=node, tool="apply_batch_change", arguments={"n": node, "_sim": long_sim})
         wait_until(
-            lambda: all(client.show(n)["state"] == "WORKING" for n in nodes), timeout=30, what="all working"
+            lambda: all(client.show(n)["state"] == "WORKING" for n in nodes),
+            timeout=30 + work_s,
+            what="all working",
         )
         code, out, err = cli(
             capsys, "rollout", "rollback", "--service", service.url, "--actor", "oncall", "--reason", "errors"
@@ -284,7 +294,7 @@ def test_rollback_through_the_cli_adopts_in_flight_calls_and_sends_new_ones_to_t
         assert code == 0, err
         assert "epoch 1 -> 2: adopted 30" in out
         client.submit(call_node="after", tool="apply_batch_change", arguments={"n": "after", "_sim": SIM})
-        wait_until(lambda: all_terminal(client, [*nodes, "after"]), timeout=60, what="all terminal")
+        wait_until(lambda: all_terminal(client, [*nodes, "after"]), timeout=60 + work_s, what="all terminal")
         reports = {n: client.show(n) for n in [*nodes, "after"]}
         arms = {a["call_node_id"]: a["arm"] for a in client.rollout_assignments()}
     assert all(r["epoch"] == 2 and r["receipt"]["epoch"] == 2 for r in reports.values())
