@@ -284,7 +284,10 @@ def _sandbox(path: Path, limits: SandboxLimits) -> duckdb.DuckDBPyConnection:
         # No spilling: a query over the memory limit fails naming it instead of filling the disk.
         con.execute("SET max_temp_directory_size = '0KiB'")
         # No progress bar: it prints from the query's thread into the service's own output.
-        con.execute("SET enable_progress_bar = false")
+        # In a Jupyter kernel (the analysts' notebook) DuckDB refuses to change the setting without
+        # ipywidgets; nothing prints into a service there, so the default stands.
+        with suppress(duckdb.InvalidInputException):
+            con.execute("SET enable_progress_bar = false")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
     except duckdb.Error as exc:
