@@ -47,7 +47,11 @@ from refserver.testing import RefServer
 from service.client import ServiceClient, ServiceRefused
 from service.testing import ServiceProcess
 
-SLOW = "SELECT count(*) FROM range(100000000000) t(a), range(10) u(b)"
+# A query that runs into the service's 10-s limit, in each ledger's dialect.
+SLOW = {
+    "duckdb": "SELECT count(*) FROM range(100000000000) t(a), range(10) u(b)",
+    "postgres": "SELECT count(*) FROM generate_series(1, 100000000000) a",
+}
 READERS = 4
 
 LATENESS_SQL = """
@@ -132,11 +136,11 @@ class Prober:
                 self.stop.wait(self.period)
 
 
-def analyst(url: str, stop: threading.Event, ran: list[str]) -> None:
+def analyst(url: str, slow: str, stop: threading.Event, ran: list[str]) -> None:
     with ServiceClient(url, timeout=120.0) as client:
         while not stop.is_set():
             try:
-                client.sql(SLOW)
+                client.sql(slow)
                 ran.append("done")
             except ServiceRefused as exc:
                 ran.append(str(exc.status))
@@ -177,7 +181,7 @@ def one_run(args: argparse.Namespace, readers: bool, ledger: str, folder: Path) 
             stop = threading.Event()
             ran: list[str] = []
             workers = [
-                threading.Thread(target=analyst, args=(svc.url, stop, ran), daemon=True)
+                threading.Thread(target=analyst, args=(svc.url, SLOW[args.ledger], stop, ran), daemon=True)
                 for _ in range(READERS if readers else 0)
             ]
             window_start = time.time()

@@ -94,7 +94,9 @@ side_effect_free = true
                     call_node=node, tool="generate_report", arguments={"_sim": {"duration_ms": 600_000}}
                 )
                 client.cancel(node, actor="analyst-test", reason="a cancel for the latency chart")
-            wait_until(lambda: all_terminal(client, done + cancelled), what="the calls' receipts", timeout=60)
+            wait_until(
+                lambda: all_terminal(client, done + cancelled), what="the calls' receipts", timeout=120
+            )
             yield svc
 
 
