@@ -331,6 +331,43 @@ def link(page: str, label: str, params: dict[str, str] | None = None) -> None:
     st.page_link(page, label=label, query_params=query or None)
 
 
+def gate_table(gates: GateView, key: str) -> None:
+    """The six gates as one table (PASS/FAIL coloured, values and thresholds in their units) across
+    the page; the short columns are fixed so that the verdict, the answer, gets the rest of the width."""
+    import pandas as pd  # type: ignore[import-untyped]
+
+    from console.views import gate_threshold, gate_value
+
+    rows = pd.DataFrame(
+        [
+            {
+                "result": "PASS" if r.passed else "FAIL",
+                "gate": r.gate,
+                "value": gate_value(r.gate, r.value),
+                "passes when": gate_threshold(r.gate, r.threshold),
+                "detail": r.verdict,
+            }
+            for r in gates.results
+        ]
+    )
+    st.dataframe(
+        rows.style.map(
+            lambda v: "color: white; background-color: #c62828" if v == "FAIL" else "color: #1b5e20",
+            subset=["result"],
+        ),
+        hide_index=True,
+        key=key,
+        width="stretch",
+        column_config={
+            "result": st.column_config.TextColumn(width=56),
+            "gate": st.column_config.TextColumn(width=175),
+            "value": st.column_config.TextColumn(width=95),
+            "passes when": st.column_config.TextColumn(width=105),
+            "detail": st.column_config.TextColumn(width=None),
+        },
+    )
+
+
 def facts(pairs: list[tuple[str, object]]) -> None:
     """Labelled values on one line, never cut off (a row of ``st.metric`` truncates long values)."""
     st.markdown(" · ".join(f"{label} **{value}**" for label, value in pairs))
@@ -345,6 +382,7 @@ __all__ = [
     "console_insights",
     "facts",
     "gate_stamp",
+    "gate_table",
     "link",
     "main",
     "may",

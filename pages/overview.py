@@ -8,16 +8,10 @@ import pandas as pd  # type: ignore[import-untyped]
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import GATE_LINKS, console_insights, facts, gate_stamp, link
+from console.frame import GATE_LINKS, console_insights, facts, gate_stamp, gate_table, link
 from console.insights import Insights
 from console.queries import CANCEL_SLO_S, UNKNOWN_SLO_S
-from console.views import gate_threshold, gate_value
 from engine.errors import ConsoleError
-
-
-def _fail_red(value: object) -> str:
-    return "color: white; background-color: #c62828" if value == "FAIL" else "color: #1b5e20"
-
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
@@ -64,32 +58,7 @@ def live() -> None:
     passed = sum(r.passed for r in gates.results)
     st.markdown(f"**{passed} of {len(gates.results)} pass**")
     gate_stamp(insights, gates, "overview_reevaluate")
-    rows = pd.DataFrame(
-        [
-            {
-                "result": "PASS" if r.passed else "FAIL",
-                "gate": r.gate,
-                "value": gate_value(r.gate, r.value),
-                "passes when": gate_threshold(r.gate, r.threshold),
-                "detail": r.verdict,
-            }
-            for r in gates.results
-        ]
-    )
-    st.dataframe(
-        rows.style.map(_fail_red, subset=["result"]),
-        hide_index=True,
-        key="overview_gates",
-        width="stretch",
-        column_config={
-            "result": st.column_config.TextColumn(width=60),
-            "gate": st.column_config.TextColumn(width=190),
-            "value": st.column_config.TextColumn(width=110),
-            "passes when": st.column_config.TextColumn(width=110),
-            # The rest of the width: the longest verdict (about 70 characters) fits at 1440 px.
-            "detail": st.column_config.TextColumn(width=None),
-        },
-    )
+    gate_table(gates, "overview_gates")  # a failing gate's verdict is also in full under Alerts
     with st.expander("Raw inputs of each gate"):
         st.dataframe(
             pd.DataFrame(

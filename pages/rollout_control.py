@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pandas as pd  # type: ignore[import-untyped]
 import streamlit as st
 
 from console.frame import (
@@ -12,23 +11,20 @@ from console.frame import (
     acting_token,
     console_insights,
     gate_stamp,
+    gate_table,
     link,
     may,
     not_allowed,
 )
 from console.insights import Insights
 from console.queries import PROTOCOLS
-from console.views import RolloutStatus, gate_threshold, gate_value
+from console.views import RolloutStatus
 from engine.errors import ConsoleError
 from rollout.plan import LIVE_STAGES, Stage
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 
 st.title("Rollout control")
-
-
-def _fail_red(value: object) -> str:
-    return "color: white; background-color: #c62828" if value == "FAIL" else "color: #1b5e20"
 
 
 # What a person can do next at each stage (display only: the service decides, by rollout.plan.decide,
@@ -239,23 +235,7 @@ def live() -> None:
         f"**{sum(r.passed for r in gates.results)} of {len(gates.results)} pass** · "
         "a promotion is decided by the service on its own fresh evaluation, not on this view"
     )
-    st.dataframe(
-        pd.DataFrame(
-            [
-                {
-                    "result": "PASS" if r.passed else "FAIL",
-                    "gate": r.gate,
-                    "value": gate_value(r.gate, r.value),
-                    "passes when": gate_threshold(r.gate, r.threshold),
-                    "verdict": r.verdict,
-                }
-                for r in gates.results
-            ]
-        ).style.map(_fail_red, subset=["result"]),
-        hide_index=True,
-        key="rollout_gate_table",
-        width="stretch",
-    )
+    gate_table(gates, "rollout_gate_table")
     gate_stamp(insights, gates, "rollout_reevaluate")
 
     shadow_panel()
