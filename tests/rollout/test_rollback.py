@@ -98,9 +98,12 @@ async def test_rollback_during_a_thousand_in_flight_operations_repeats_nothing(
             for i in range(AFTER)
         ]
         await executor.submit_many(later)
+        # The rest is ~3x the work done so far (three quarters of the calls, the later ones, every
+        # poll and fetch): allowed 8x the time that first part took here, so a loaded machine gets
+        # longer, and never under the former 240 s.
         await settle(
             lambda: set(states(ledger)) <= SETTLED,
-            within=240,
+            within=max(240.0, 8 * figures["rollback_after_s"]),
             what="every operation terminal or in reconciliation",
         )
         figures["total_s"] = round(time.monotonic() - started, 2)
@@ -147,7 +150,13 @@ async def test_rollback_during_a_thousand_in_flight_operations_repeats_nothing(
     assert outbox == receipts
     # Every operation ended terminal or in reconciliation, at the new epoch.
     assert set(final) <= SETTLED, final
-    assert all(op.epoch == 2 for op in ops if op.call_node_id.startswith("rb-"))
+    # Those in flight at the rollback were adopted at epoch 2; only calls that had already finished
+    # (a loaded machine can finish a few before the rollback lands) keep epoch 1, with their receipt.
+    first = [op for op in ops if op.call_node_id.startswith("rb-")]
+    assert {op.epoch for op in first} <= {1, 2}
+    finished_before = [op for op in first if op.epoch == 1]
+    assert len(finished_before) == CALLS - in_flight["operations"], figures
+    assert all(op.state in RECEIPT_STATES for op in finished_before)
     # After the rollback every new call took the old path.
     after_arms = {assignments[op.operation_id]["arm"] for op in ops if op.call_node_id.startswith("after-")}
     assert after_arms == {"control"}
