@@ -365,13 +365,17 @@ def build_api(
         except ValueError as exc:
             raise ServiceError(400, "limit must be an integer") from exc
         identity = identity_of(request)
-        rows = ledger.list_operations(
-            state=q.get("state"),
-            protocol=q.get("protocol"),
-            tool=q.get("tool"),
-            # A caller sees its own principal's operations only.
-            principal=None if identity.sees_all_operations else identity.principal,
-            limit=limit,
+        # A list of up to 10,000 rows is a reader's read (the console's), not the executor's.
+        rows = await pool.run(
+            "operations list",
+            lambda: ledger.list_operations(
+                state=q.get("state"),
+                protocol=q.get("protocol"),
+                tool=q.get("tool"),
+                # A caller sees its own principal's operations only.
+                principal=None if identity.sees_all_operations else identity.principal,
+                limit=limit,
+            ),
         )
         return JSON({"operations": rows})
 
@@ -414,7 +418,14 @@ def build_api(
     async def approvals(request: Request) -> Response:
         # Pending rounds only (the answerable ones); ``?all`` also lists answered, expired and
         # closed rounds, each with when and why it closed.
-        return JSON({"approvals": ledger.approvals(pending_only=request.query_params.get("all") is None)})
+        pending_only = request.query_params.get("all") is None
+        return JSON(
+            {
+                "approvals": await pool.run(
+                    "approvals list", lambda: ledger.approvals(pending_only=pending_only)
+                )
+            }
+        )
 
     async def answer(request: Request) -> Response:
         body = await _body(request)
@@ -438,7 +449,14 @@ def build_api(
         return JSON(operation_report(ledger, op.call_node_id))
 
     async def reconciliation(request: Request) -> Response:
-        return JSON({"entries": ledger.reconciliation(open_only=request.query_params.get("all") is None)})
+        open_only = request.query_params.get("all") is None
+        return JSON(
+            {
+                "entries": await pool.run(
+                    "reconciliation list", lambda: ledger.reconciliation(open_only=open_only)
+                )
+            }
+        )
 
     async def resolve(request: Request) -> Response:
         body = await _body(request)
@@ -688,10 +706,17 @@ def build_rollout_routes(
             return _refused(exc)
         return JSON(result)
 
-    async def events(request: Request) -> Response:
-        return JSON({"events": ledger.rollout_events(limit=_limit(request), newest_first=True)})
-
     readers = pool or ReaderPool()
+
+    async def events(request: Request) -> Response:
+        limit = _limit(request)
+        return JSON(
+            {
+                "events": await readers.run(
+                    "rollout events", lambda: ledger.rollout_events(limit=limit, newest_first=True)
+                )
+            }
+        )
 
     async def audit(request: Request) -> Response:
         # The chain check scans every rollout event: a read, so it runs on the readers' pool.
@@ -699,15 +724,22 @@ def build_rollout_routes(
 
     async def shadow_diffs(request: Request) -> Response:
         diverged = request.query_params.get("diverged") not in (None, "", "0", "false")
+        limit = _limit(request)
         return JSON(
-            {
-                "summary": ledger.shadow_summary(),
-                "diffs": ledger.shadow_diffs(diverged_only=diverged, limit=_limit(request)),
-            }
+            await readers.run(
+                "shadow diffs",
+                lambda: {
+                    "summary": ledger.shadow_summary(),
+                    "diffs": ledger.shadow_diffs(diverged_only=diverged, limit=limit),
+                },
+            )
         )
 
     async def assignments(request: Request) -> Response:
-        return JSON({"assignments": ledger.assignments(limit=_limit(request, 1000))})
+        limit = _limit(request, 1000)
+        return JSON(
+            {"assignments": await readers.run("rollout assignments", lambda: ledger.assignments(limit=limit))}
+        )
 
     P = Permission
     return [

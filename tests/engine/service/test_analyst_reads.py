@@ -231,3 +231,42 @@ def test_a_snapshot_opens_with_plain_duckdb_while_the_service_writes_and_holds_t
             client.publish_snapshot()
         kept = httpx.get(f"{svc.url}/api/v1/snapshots", timeout=10).json()["snapshots"]
         assert len(kept) == 2
+
+
+def test_console_list_reads_go_through_the_readers_pool_and_get_503_when_it_is_full(
+    start: Callable[[str], ServiceProcess],
+) -> None:
+    """Operation, approval, reconciliation and rollout lists queue behind analysts (503 + Retry-After), not on the loop."""
+    svc = start("workers = 1\nqueue = 0\ntimeout_s = 60")
+    finished = threading.Event()
+
+    def slow() -> None:
+        try:
+            httpx.post(f"{svc.url}/api/v1/sql", json={"query": SLOW}, timeout=90)
+        except httpx.HTTPError:
+            pass  # the service is stopped under it at the end of the test
+        finally:
+            finished.set()
+
+    reader = threading.Thread(target=slow)
+    reader.start()
+    with svc.client() as client:
+        wait_until(lambda: client.health()["readers"]["running"] == 1, what="the slow query running")
+        for path in (
+            "/api/v1/operations",
+            "/api/v1/approvals",
+            "/api/v1/reconciliation",
+            "/api/v1/rollout/events",
+            "/api/v1/rollout/shadow-diffs",
+            "/api/v1/rollout/assignments",
+        ):
+            answer = httpx.get(f"{svc.url}{path}", timeout=30)
+            assert answer.status_code == 503, (path, answer.text)
+            assert int(answer.headers["Retry-After"]) >= 1
+        # The executor's own answers do not queue: health and a submission go on.
+        assert client.health()["status"] == "ok"
+        node = _submit(client, "during-full-pool", 1)
+        assert client.show(node[0])["state"]
+    svc.close()
+    reader.join(timeout=30)
+    assert finished.is_set()
