@@ -316,7 +316,8 @@ def downstream(shared: Shared) -> None:
     acknowledges it (so the traceability gate has real acknowledgements). Its cursor moves only
     past acknowledged entries: an entry it could not acknowledge is received again."""
     cursor: int | None = None
-    with ServiceClient(shared.url, timeout=15) as client:
+    # Acknowledging moves delivery on: an operator's token (reading alone would need a viewer's).
+    with ServiceClient(shared.url, timeout=15, token=shared.tokens.get("operator")) as client:
         while not shared.stop.is_set():
             got = _quietly(shared, "downstream", client.outbox, DOWNSTREAM, after=cursor, wait_s=5)
             if not isinstance(got, dict):
