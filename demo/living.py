@@ -62,8 +62,16 @@ PRINCIPALS = {
     "caller": ACTOR_USER,
 }
 """One token per role, each its own principal (the bots act with theirs; people sign in with any)."""
-CONSOLE_PRINCIPAL = "demo-console"
-"""The console's own token (analyst: its dashboards run SQL); people's actions go with their own."""
+SERVICE_HOLDERS = {"console": ("demo-console", ["analyst"]), "downstream": ("demo-downstream", ["operator"])}
+"""Tokens that are not a person's: the console's own (analyst: its dashboards run SQL; people's actions
+go with their own) and the downstream workflow's (it reads the outbox and acknowledges entries)."""
+
+
+def holder(name: str) -> tuple[str, list[str]]:
+    """A token's principal and roles: a role's own principal, or a service holder's."""
+    return SERVICE_HOLDERS[name] if name in SERVICE_HOLDERS else (PRINCIPALS[name], [name])
+
+
 SHADOW_SUFFIX = "#shadow"
 FIRST_CALLS = 9
 """The scripted first calls, sent in a quick burst so that every chart has data within seconds."""
@@ -109,17 +117,15 @@ def endpoint(server: RefServer) -> str:
 
 
 def demo_tokens() -> dict[str, str]:
-    """A fresh token per role (and the console's), new on every run: role -> token."""
-    return {role: new_token() for role in (*PRINCIPALS, "console")}
+    """A fresh token per role (and the console's and the downstream's), new on every run."""
+    return {name: new_token() for name in (*PRINCIPALS, *SERVICE_HOLDERS)}
 
 
 def auth_table(tokens: dict[str, str]) -> str:
     """The ``[auth]`` table admitting ``tokens`` (their hashes only)."""
     lines = ["[auth]", "open_metrics = true"]
     for role, token in tokens.items():
-        principal, roles = (
-            (CONSOLE_PRINCIPAL, ["analyst"]) if role == "console" else (PRINCIPALS[role], [role])
-        )
+        principal, roles = holder(role)
         lines += [
             "",
             f"[auth.tokens.{principal}]",
@@ -135,9 +141,7 @@ def write_tokens(folder: Path, tokens: dict[str, str]) -> Path:
     path = folder / "tokens.txt"
     path.touch(mode=0o600)
     path.chmod(0o600)
-    path.write_text(
-        "".join(f"{role}\t{PRINCIPALS.get(role, CONSOLE_PRINCIPAL)}\t{t}\n" for role, t in tokens.items())
-    )
+    path.write_text("".join(f"{name}\t{holder(name)[0]}\t{t}\n" for name, t in tokens.items()))
     return path
 
 
@@ -316,8 +320,8 @@ def downstream(shared: Shared) -> None:
     acknowledges it (so the traceability gate has real acknowledgements). Its cursor moves only
     past acknowledged entries: an entry it could not acknowledge is received again."""
     cursor: int | None = None
-    # Acknowledging moves delivery on: an operator's token (reading alone would need a viewer's).
-    with ServiceClient(shared.url, timeout=15, token=shared.tokens.get("operator")) as client:
+    # Acknowledging moves delivery on: an operator's role, under the downstream's own principal.
+    with ServiceClient(shared.url, timeout=15, token=shared.tokens["downstream"]) as client:
         while not shared.stop.is_set():
             got = _quietly(shared, "downstream", client.outbox, DOWNSTREAM, after=cursor, wait_s=5)
             if not isinstance(got, dict):
@@ -594,7 +598,7 @@ def announce(bots: tuple[str, ...]) -> str:
 def sign_in_help(tokens: dict[str, str], path: Path) -> str:
     """How to use the tokens: the console's sign-in, the CLI and notebooks (``FINALITY_TOKEN``)."""
     lines = [f"tokens (one per role; new every run; also in {path}):"]
-    lines += [f"  {role:<16} {token}" for role, token in tokens.items() if role != "console"]
+    lines += [f"  {role:<16} {token}" for role, token in tokens.items() if role in PRINCIPALS]
     lines.append("  sign in to the console with one; the CLI and notebooks read FINALITY_TOKEN (or --token)")
     return "\n".join(lines)
 

@@ -311,10 +311,11 @@ def test_a_short_living_demo_passes_every_gate_the_engine_controls(start_demo):
     passes every gate but the explorer's size, and the operator has resolved every UNKNOWN it had time for."""
     demo = start_demo("--no-console", "--fault-rate", "0.05", "--explore", str(SHIPPED_INTERLEAVINGS))
     service_url = demo.wait_for(r"service: (http://\S+)", until=demo.started + 180).group(1)
+    analyst = demo.wait_for(r"^\s+analyst\s+(fin_\S+)", until=time.monotonic() + 60).group(1)
     ready = demo.wait_for(r"ready in ", until=time.monotonic() + 60)
     assert ready
     run_until = time.monotonic() + GATES_RUN_S
-    with ServiceClient(service_url, timeout=30) as client:
+    with ServiceClient(service_url, timeout=30, token=analyst) as client:
         # The workload runs meanwhile; this only waits (bounded) for the run's end and the explorer.
         demo.wait_for(r"^\[demo \d\d:\d\d\] submitted", until=time.monotonic() + 60)
         shipped: list[list[object]] = []
@@ -327,6 +328,7 @@ def test_a_short_living_demo_passes_every_gate_the_engine_controls(start_demo):
     gates_cli = subprocess.run(
         [sys.executable, "-m", "service", "gates", "--service", service_url, "--json", "--no-record"],
         cwd=ROOT,
+        env={**os.environ, "FINALITY_TOKEN": analyst},
         capture_output=True,
         text=True,
         timeout=60,
