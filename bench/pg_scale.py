@@ -6,7 +6,11 @@ short calls through the executors' APIs (round robin, two client threads per exe
 from the first submission until every operation holds a receipt, and reports per N:
 
 * completed operations/s: operations / that time;
-* transitions/s: ledger transitions written (all executors together) / that time.
+* transitions/s: ledger transitions written (all executors together) / that time;
+* CPU seconds per 1,000 operations of each executor process, of PostgreSQL (the postmaster and
+  its backends) and of the reference server, read from ``/proc`` (user + system, children
+  included) over the same span, so that a reader sees what the cluster costs per operation and
+  which part would scale on more cores (the executors) and which is shared (the database).
 
 It also checks each run: one receipt per operation, one server-side operation per call node, and
 the busiest one-second window of requests (polls table) within the shared global cap.
@@ -17,6 +21,7 @@ the busiest one-second window of requests (polls table) within the shared global
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import threading
@@ -34,6 +39,35 @@ from engine.testing.postgres import TemporaryPostgres
 from refserver.testing import RefServer
 from service.client import ServiceClient
 from service.testing import ServiceProcess
+
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and its waited-for children (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # Fields 14-17 of proc(5): utime, stime, cutime, cstime (counted from field 3, the state).
+    return sum(int(f) for f in fields[11:15]) / _TICK
+
+
+def _tree_cpu_s(root: int) -> float:
+    """CPU seconds of ``root`` and of its live children (PostgreSQL's backends)."""
+    total = _cpu_s(root)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == root:
+            total += sum(int(f) for f in fields[11:15]) / _TICK
+    return total
+
+
+def _postmaster(cluster: TemporaryPostgres) -> int:
+    return int((cluster.data / "postmaster.pid").read_text().splitlines()[0])
 
 
 def _config(server: RefServer, qps: float) -> str:
@@ -96,6 +130,12 @@ def one_run(
     try:
         for executor in executors:
             executor.start()
+        postmaster = _postmaster(cluster)
+        server_pid = server.pid
+        pids = [e.pid for e in executors if e.pid is not None]
+        cpu_before = [_cpu_s(pid) for pid in pids]
+        pg_before = _tree_cpu_s(postmaster)
+        ref_before = _cpu_s(server_pid) if server_pid is not None else 0.0
         started = time.perf_counter()
         _submit(executors, nodes, args.duration_ms)
         with open_ledger(url, read_only=True) as ledger:
@@ -106,6 +146,9 @@ def one_run(
                     break
                 time.sleep(0.1)
             elapsed = time.perf_counter() - started
+            cpu = [_cpu_s(pid) - before for pid, before in zip(pids, cpu_before, strict=True)]
+            pg_cpu = _tree_cpu_s(postmaster) - pg_before
+            ref_cpu = (_cpu_s(server_pid) if server_pid is not None else 0.0) - ref_before
             ops = ledger.operations()
             transitions = ledger.count("transitions")
             receipts = ledger.count("receipts")
@@ -130,6 +173,11 @@ def one_run(
         "transitions_per_s": transitions / elapsed,
         "busiest": float(busiest),
         "elapsed_s": elapsed,
+        "executor_cpu_ms_per_op": sum(cpu) * 1000 / args.ops,
+        "busiest_executor_cpu_share": max(cpu) / elapsed,
+        "pg_cpu_ms_per_op": pg_cpu * 1000 / args.ops,
+        "pg_cpu_share": pg_cpu / elapsed,
+        "refserver_cpu_ms_per_op": ref_cpu * 1000 / args.ops,
     }
 
 
@@ -163,7 +211,11 @@ def main() -> int:
                     print(
                         f"run {run + 1}/{args.runs}  {n} executor(s): {result['ops_per_s']:.0f} ops/s, "
                         f"{result['transitions_per_s']:.0f} transitions/s, busiest window "
-                        f"{result['busiest']:.0f}/{args.qps:g}, {result['elapsed_s']:.1f} s",
+                        f"{result['busiest']:.0f}/{args.qps:g}, {result['elapsed_s']:.1f} s; CPU per "
+                        f"operation: executors {result['executor_cpu_ms_per_op']:.2f} ms (busiest "
+                        f"{result['busiest_executor_cpu_share']:.0%} of a core), PostgreSQL "
+                        f"{result['pg_cpu_ms_per_op']:.2f} ms ({result['pg_cpu_share']:.0%} of a core), "
+                        f"reference server {result['refserver_cpu_ms_per_op']:.2f} ms",
                         flush=True,
                     )
     command = "python bench/pg_scale.py" + (
@@ -189,6 +241,16 @@ def main() -> int:
             [r["transitions_per_s"] for r in results[n]],
             baseline=base,
         )
+    for key, name, unit in (
+        ("executor_cpu_ms_per_op", "executor CPU per operation (all executors)", "ms"),
+        ("busiest_executor_cpu_share", "busiest executor's CPU share of one core", "fraction"),
+        ("pg_cpu_ms_per_op", "PostgreSQL CPU per operation", "ms"),
+        ("pg_cpu_share", "PostgreSQL CPU share of one core", "fraction"),
+        ("refserver_cpu_ms_per_op", "reference server CPU per operation", "ms"),
+    ):
+        for n in counts:
+            label = f"{n} executor{'s' if n > 1 else ''}"
+            report.add(f"{name}, {label}", unit, [r[key] for r in results[n]])
     report.notes.append(
         f"{args.ops} calls of {args.duration_ms} ms each through the executors' HTTP APIs per run, "
         f"global cap {args.qps:g} QPS shared through the database; one PostgreSQL 15 (durability off, "
@@ -204,7 +266,8 @@ def main() -> int:
         for figure in report.figures:
             d = figure.as_dict()
             print(
-                f"{figure.name}: median {d['median']:.0f} {figure.unit} (min {d['min']:.0f}, max {d['max']:.0f})"
+                f"{figure.name}: median {d['median']:.3g} {figure.unit} "
+                f"(min {d['min']:.3g}, max {d['max']:.3g})"
             )
     return 0
 

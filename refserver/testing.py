@@ -183,6 +183,11 @@ class RefServer:
     # -- addresses ---------------------------------------------------------------------------------
 
     @property
+    def pid(self) -> int | None:
+        """The server process's id while it runs (benchmarks read its CPU time)."""
+        return self._process.pid if self._process is not None else None
+
+    @property
     def url(self) -> str:
         """Base URL, e.g. ``http://127.0.0.1:41234``."""
         if self._url is None:

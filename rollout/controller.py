@@ -156,6 +156,23 @@ class RolloutController:
             return RolloutState(salt=self._salt, epoch=self._initial_epoch), (0, GENESIS)
         return _state_of(row), (int(str(row["head_seq"])), str(row["head_hash"]))
 
+    def refresh(self) -> bool:
+        """Take the ledger's rollout state if another process moved it; returns whether it had moved.
+
+        The ledger's row is the truth for every executor of one ledger: an action recorded through
+        any of them moves the chain head, which this read compares (one row, cheap to poll).
+        """
+        state, head = self._load()
+        if head == self._head and state == self.state:
+            return False
+        self.state, self._head = state, head
+        return True
+
+    @property
+    def head_seq(self) -> int:
+        """The audit chain's head this state comes from (0 before the first action)."""
+        return self._head[0]
+
     # ---------------------------------------------------------------------------------- actions
 
     def act(self, request: Request, *, context: Mapping[str, object] | None = None) -> ActionResult:
@@ -169,6 +186,8 @@ class RolloutController:
             RolloutRefused: the plan refuses it (stage, tool, protocol, failing gates), or another
                 action moved the rollout first.
         """
+        # Decided on the ledger's state, not this process's copy: another executor may have acted.
+        self.refresh()
         now = self._clock.now()
         inputs = self._ledger.gate_inputs(now)
         report = evaluate(inputs, self._thresholds)

@@ -133,6 +133,7 @@ async def record_gates(executor: Executor, ledger: LedgerPort, interval: timedel
     The console shows the latest run instead of rescanning a large ledger per page view. The scan
     runs on a worker thread (its own cursor), so the executor's loop keeps advancing meanwhile.
     A failed evaluation is logged and retried at the next interval; it never stops the service.
+    Several executors on one ledger take turns (``take_turn``): one run per interval in all.
     """
     # Imported here: rollout sits above the engine and the service only records its verdicts.
     from rollout.gates import evaluate
@@ -142,8 +143,11 @@ async def record_gates(executor: Executor, ledger: LedgerPort, interval: timedel
     while True:
         try:
             now = executor.clock.now()
-            inputs = await asyncio.to_thread(ledger.gate_inputs, now)
-            await asyncio.to_thread(ledger.record_gate_run, evaluate(inputs).results, now)
+            # One run per interval for every executor of the ledger together: whoever comes due
+            # first takes the turn (the others' consoles and APIs read the same gate_runs).
+            if await asyncio.to_thread(ledger.take_turn, "gate_run", now, interval):
+                inputs = await asyncio.to_thread(ledger.gate_inputs, now)
+                await asyncio.to_thread(ledger.record_gate_run, evaluate(inputs).results, now)
         except Exception:  # one bad evaluation must not end the periodic record
             logger.exception("periodic gate evaluation failed")
         await executor.clock.sleep(interval)

@@ -16,7 +16,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar, Final, TypeVar
 
@@ -886,6 +886,25 @@ class SqlLedger(ABC):
     def setting(self, key: str) -> str | None:
         row = self._fetchone(sql.SETTING, [key])
         return str(row[0]) if row else None
+
+    def take_turn(self, job: str, at: datetime, every: timedelta) -> bool:
+        """Whether the caller takes this interval's turn at ``job``, a periodic job that every
+        process on the ledger runs but that must run once per interval for all of them together
+        (the periodic gate run). The first caller once ``every`` (less a tenth, so that a turn is
+        not lost to timer jitter) has passed since the last turn, by any process, takes it; the turn
+        is recorded in the same transaction, under a lock on the job's name, so two processes
+        never both take one. Whoever is alive takes the next turn: a dead process leaves no gap.
+        """
+        key = f"turn:{job}"
+        with self._tx() as tx:
+            self._serialise(tx, key)
+            row = tx.execute(self._q(sql.SETTING), [key]).fetchone()
+            if row is not None:
+                last = datetime.fromisoformat(str(row[0]))
+                if at - last < every * 0.9:
+                    return False
+            tx.execute(self._q(sql.SETTING_PUT), [key, at.isoformat(), at])
+        return True
 
     def record_gate_run(self, results: Sequence[GateRecord], at: datetime) -> int:
         """Store one evaluation of the gates; returns its run id."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import NamedTuple, Protocol, Self
 
@@ -190,6 +190,7 @@ class LedgerPort(Protocol):
     def put_setting(self, key: str, value: str, at: datetime) -> None: ...
     def setting(self, key: str) -> str | None: ...
     def gate_inputs(self, now: datetime) -> dict[str, dict[str, object]]: ...
+    def take_turn(self, job: str, at: datetime, every: timedelta) -> bool: ...
 
     # the outbox's consumers
     def outbox_ready(self, consumer: str, after: int | None, limit: int) -> list[dict[str, object]]: ...

@@ -39,6 +39,7 @@ from engine.errors import (
     CancelNotAllowed,
     CancelUnsupported,
     DuplicateOperation,
+    LeaseLost,
     NegotiationError,
     NotFoundOnServer,
     ProtocolViolation,
@@ -205,6 +206,8 @@ class Driver:
             t = step(op, event, self.clock.now())
             try:
                 self._record(t, payload)
+            except LeaseLost:
+                raise  # another executor holds it now (or the epoch moved on): reloading cannot help
             except StaleWrite:
                 reloaded = self.ledger.get(op.operation_id)
                 if reloaded is None:
@@ -669,6 +672,20 @@ class Driver:
             AnswerInvalid: the answer does not fit the schema the server requested (the failing
                 field named); nothing is recorded or sent.
         """
+        after = self.record_answer(op, input_round=input_round, answer=answer, actor=actor)
+        await self.send_answer(after)
+        return after
+
+    def record_answer(self, op: Operation, *, input_round: int, answer: Json, actor: str) -> Operation:
+        """Bind the answer to the operation and its open round in the ledger; nothing is sent.
+
+        The operation's holder sends it (``answer`` does both when this process holds it; another
+        executor's holder sends it on its next poll, see ``answered_elsewhere``).
+
+        Raises:
+            StaleRound: the round is not the open one (already answered, or replaced).
+            AnswerInvalid: the answer does not fit the requested schema; nothing is recorded.
+        """
         current = self.ledger.get(op.operation_id) or op
         if current.state is not S.INPUT_REQUIRED or current.input_round != input_round:
             raise StaleRound(f"round {input_round} of {op.operation_id} is not open")
@@ -678,8 +695,11 @@ class Driver:
         after = self.commit(current, InputAnswered(input_round, actor))
         if after.state is not S.WORKING:
             raise StaleRound(f"round {input_round} of {op.operation_id} could not be answered")
-        await self.send_answer(after)
         return after
+
+    def answered_elsewhere(self, op: Operation) -> None:
+        """Another process recorded the answer of ``op``'s round: send it before the next poll."""
+        self._mem(op).resend_input = True
 
     async def send_answer(self, op: Operation) -> None:
         answer = self.ledger.answer_of(op.operation_id, op.answered_round)

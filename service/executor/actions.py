@@ -1,7 +1,11 @@
 """Person actions: submit (routed by the rollout), cancel, resubmit, answer, resolve.
 
 Each runs between ticks (``_between_ticks``), so it never overlaps an advance of its operation,
-and is recorded before anything is sent. Cancels that arrive together are recorded in one group
+and is recorded before anything is sent. Any executor of a shared ledger takes any action: on an
+operation it holds it records and carries it out; on one another executor holds (or nobody does)
+it records it by compare-and-swap on the row, exactly as the holder would, and the holder carries
+it out (``_follow_person_actions``, or its next write, which loses its compare-and-swap against
+the action and resumes from the ledger). A person never has to know which process holds what. Cancels that arrive together are recorded in one group
 commit, each still its own compare-and-swap. This module must not send protocol requests itself:
 the operation's driver does.
 """
@@ -20,6 +24,7 @@ from engine.errors import (
     AnswerInvalid,
     DuplicateOperation,
     EngineError,
+    LeaseLost,
     NegotiationError,
     RolloutRefused,
     ServiceError,
@@ -39,6 +44,7 @@ from engine.model import (
     request_mismatch,
 )
 from engine.runtime.call import ADAPTER_VERSION
+from engine.runtime.driver import Driver
 from rollout.assign import Arm, bucket
 from rollout.route import Route
 from rollout.shadow import SHADOW_SUFFIX, shadow_call_node
@@ -52,6 +58,9 @@ from service.executor.base import (
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 S = LocalState
+
+WAITING_ON_A_PERSON = frozenset({S.INPUT_REQUIRED, S.UNKNOWN, S.NOT_FOUND_SAFE})
+"""States an operation leaves only through a person's action (which any executor may record)."""
 
 
 class PersonActions(ExecutorState):
@@ -106,6 +115,26 @@ class PersonActions(ExecutorState):
         are recorded by one ``create_many`` and their assignments by one ``record_assignments``.
         """
         queued, self._submits = self._submits, []
+        for _ in range(3):
+            try:
+                self._record_submissions(queued)
+                return
+            except LeaseLost:
+                # A rollback through another executor raised the epoch after these were routed:
+                # the ledger refused them all. Route them again by the rollout state it now holds.
+                self._follow_rollout()
+        for _, future in queued:
+            if not future.done():
+                future.set_exception(
+                    ServiceError(503, "the rollout kept moving while this call was recorded; submit again")
+                )
+
+    def _record_submissions(self, queued: list[tuple[Submission, asyncio.Future[Operation]]]) -> None:
+        """Route and record ``queued`` (futures already answered are skipped).
+
+        Raises:
+            LeaseLost: the ledger's epoch is newer than this executor's; nothing was recorded.
+        """
         batch: list[tuple[Submission, asyncio.Future[Operation], Operation, Route, Server]] = []
         alone: list[tuple[Submission, asyncio.Future[Operation]]] = []
         nodes: set[str] = set()
@@ -129,6 +158,8 @@ class PersonActions(ExecutorState):
         created: list[tuple[Submission, asyncio.Future[Operation], Operation, Route, Server]] = []
         try:
             stored = self.ledger.create_many([(op, sub.arguments) for sub, _, op, _, _ in batch])
+        except LeaseLost:
+            raise
         except EngineError:
             # Another executor raced us to one of the call nodes. What the batch recorded before
             # it failed is ours (our operation id); the rest is answered one by one.
@@ -159,12 +190,18 @@ class PersonActions(ExecutorState):
             future.set_result(op)
         for sub, future in alone:
             try:
-                future.set_result(
-                    self._create(sub.tool, sub.call_node, sub.arguments, sub.principal, sub.role, sub.server)
-                )
+                future.set_result(self._create_following(sub))
             except Exception as exc:  # handed to the waiting API request, which reports it
                 future.set_exception(exc)
         self._flush()
+
+    def _create_following(self, sub: Submission) -> Operation:
+        """``_create``, routed again once if a rollback elsewhere raised the epoch under it."""
+        try:
+            return self._create(sub.tool, sub.call_node, sub.arguments, sub.principal, sub.role, sub.server)
+        except LeaseLost:
+            self._follow_rollout()
+            return self._create(sub.tool, sub.call_node, sub.arguments, sub.principal, sub.role, sub.server)
 
     def _route(self, call_node: str, tool: ToolConfig, server: str | None) -> Route:
         if call_node.endswith(SHADOW_SUFFIX):
@@ -345,7 +382,15 @@ class PersonActions(ExecutorState):
             self.ledger.record_assignments(rows)
             return [op for op, _ in stored]
 
-        return await self._between_ticks(create)
+        async def following() -> list[Operation]:
+            try:
+                return await create()
+            except LeaseLost:
+                # Routed before a rollback through another executor: route again by its state.
+                self._follow_rollout()
+                return await create()
+
+        return await self._between_ticks(following)
 
     async def cancel(self, call_node: str, *, actor: str, reason: str) -> Operation:
         """Raise the cancel generation and record CANCEL_REQUESTED; the request goes out after that.
@@ -362,57 +407,147 @@ class PersonActions(ExecutorState):
     def _cancel_queued(self) -> None:
         queued, self._cancels = self._cancels, []
         done: list[tuple[asyncio.Future[Operation], Operation | Exception]] = []
+        elsewhere: list[tuple[str, str, str, asyncio.Future[Operation]]] = []
         with self._store.grouped() as refused:
             for call_node, actor, reason, future in queued:
                 try:
-                    done.append((future, self._cancel_now(call_node, actor=actor, reason=reason)))
+                    op = self._current(call_node)
+                    if not self._holds(op.operation_id):
+                        elsewhere.append((call_node, actor, reason, future))
+                        continue
+                    done.append((future, self._cancel_now(op, actor=actor, reason=reason)))
                 except Exception as exc:  # handed to the waiting API request, which reports it
                     done.append((future, exc))
-        lost = {t.after.operation_id for t, _ in refused}
+        lease_lost = {t.after.operation_id for t, o in refused if isinstance(o.error, LeaseLost)}
+        lost = {t.after.operation_id for t, _ in refused} - lease_lost
         self._refused(refused, [])
+        by_id = {call_node: (a, r) for call_node, a, r, _ in queued}
         for future, result in done:
             if future.done():  # the caller stopped waiting; the record stands all the same
                 continue
             if isinstance(result, Exception):
                 future.set_exception(result)
+            elif result.operation_id in lease_lost:
+                # Another executor took it over meanwhile: record it for that one to send.
+                actor, reason = by_id[result.call_node_id]
+                elsewhere.append((result.call_node_id, actor, reason, future))
             elif result.operation_id in lost:
                 future.set_exception(
                     ServiceError(409, "the operation moved while the cancel was recorded; ask again")
                 )
             else:
                 future.set_result(result)
+        for call_node, actor, reason, future in elsewhere:
+            try:
+                after = self._cancel_elsewhere(self._current(call_node), actor=actor, reason=reason)
+            except Exception as exc:  # handed to the waiting API request, which reports it
+                if not future.done():
+                    future.set_exception(exc)
+                continue
+            if not future.done():
+                future.set_result(after)
 
-    def _cancel_now(self, call_node: str, *, actor: str, reason: str) -> Operation:
-        op = self._current(call_node)
+    def _holds(self, op_id: str) -> bool:
+        """Whether this executor drives ``op_id`` (always when alone; when shared, what it leases)."""
+        return self._tenancy.drives(op_id, tracked=op_id in self._ops)
+
+    def _recorder(self, op: Operation) -> Driver:
+        """A driver that writes straight to the ledger and sends nothing, for an operation another
+        executor holds (or nobody does): a person's action is a compare-and-swap on the row, so any
+        executor may record it, and the holder (or the next claimer) carries it out."""
+        for server in self._servers.values():
+            if server.config.url == op.server:
+                return Driver(
+                    ledger=self._tenancy.reads,
+                    backend=server.backend,
+                    clock=self.clock,
+                    rng=self.rng,
+                    server=op.server,
+                    epoch=self.epoch,
+                    policy=self._policy,
+                    limiter=self._limiter,
+                    ttl=server.config.ttl,
+                    capabilities=server.caps,
+                )
+        raise ServiceError(409, f"operation's server {op.server} is not configured")
+
+    def _cancel_now(self, op: Operation, *, actor: str, reason: str) -> Operation:
         driver = self._driver_for(op)
         if driver is None:
             raise ServiceError(409, f"operation's server {op.server} is not configured")
         try:
             with self._store.immediate():
                 after = driver.request_cancel(op, actor=actor, reason=reason)
+        except LeaseLost:
+            self._lease_lost(op.operation_id, "taken over before the cancel was recorded")
+            return self._cancel_elsewhere(op, actor=actor, reason=reason)
         except EngineError as exc:
             raise ServiceError(409, str(exc)) from exc
         self._touched(after)
         self._cancel_shadow(after, actor=actor, reason=reason)
         return after
 
+    def _cancel_elsewhere(self, op: Operation, *, actor: str, reason: str) -> Operation:
+        """Record the cancel of an operation another executor holds; its holder sends it."""
+        try:
+            after = self._recorder(op).request_cancel(op, actor=actor, reason=reason)
+        except EngineError as exc:
+            raise ServiceError(409, str(exc)) from exc
+        self._cancel_shadow(after, actor=actor, reason=reason)
+        return after
+
     def _cancel_shadow(self, primary: Operation, *, actor: str, reason: str) -> None:
         shadow_id = self._shadow_of.get(primary.operation_id)
-        shadow = self.ledger.get(shadow_id) if shadow_id is not None else None
+        if shadow_id is not None:
+            shadow = self.ledger.get(shadow_id)
+        elif primary.role is Role.PRIMARY:
+            # Its creator (and so its pairing) may be another executor: the shadow's call node says.
+            shadow = self.ledger.by_call_node(shadow_call_node(primary.call_node_id))
+        else:
+            shadow = None
         if shadow is None or shadow.state not in (S.WORKING, S.INPUT_REQUIRED):
             return
-        driver = self._driver_for(shadow)
-        if driver is None:
+        mirrored = f"mirrors its primary's cancel: {reason}"
+        try:
+            if self._holds(shadow.operation_id) and (driver := self._driver_for(shadow)) is not None:
+                with self._store.immediate():
+                    after = driver.request_cancel(shadow, actor=actor, reason=mirrored)
+                self._touched(after)
+            else:
+                self._recorder(shadow).request_cancel(shadow, actor=actor, reason=mirrored)
+        except (EngineError, ServiceError) as exc:
+            logger.warning("shadow %s not cancelled with its primary: %s", shadow.operation_id, exc)
+
+    def _follow_person_actions(self) -> None:
+        """Operations this executor holds that wait on a person: another executor may have recorded
+        the person's action (an answer, a resolution, a resubmission); carry it out now.
+
+        Operations being polled need no re-read: their next write loses its compare-and-swap
+        against the recorded action and they resume from the ledger (a cancel is sent then).
+        """
+        waiting = [
+            op_id
+            for op_id, op in self._ops.items()
+            if op.state in WAITING_ON_A_PERSON and op_id not in self._running
+        ]
+        if not waiting:
             return
         try:
-            with self._store.immediate():
-                after = driver.request_cancel(
-                    shadow, actor=actor, reason=f"mirrors its primary's cancel: {reason}"
-                )
+            fresh = self._tenancy.reads.get_many(waiting)
         except EngineError as exc:
-            logger.warning("shadow %s not cancelled with its primary: %s", shadow.operation_id, exc)
+            logger.warning("operations waiting on a person not re-read: %s", exc)
             return
-        self._touched(after)
+        for op_id, after in fresh.items():
+            known = self._ops.get(op_id)
+            if known is None or after.row_version <= known.row_version:
+                continue
+            driver = self._driver_for(after)
+            if driver is not None and after.answered_round > known.answered_round:
+                driver.answered_elsewhere(after)
+            if driver is not None and after.state is S.SUBMITTING:
+                driver.mark_fresh(after)  # resubmitted by a person elsewhere: submit, do not look up
+            logger.info("operation %s: a person's action recorded elsewhere; carried out here", op_id)
+            self._touched(after)
 
     async def resubmit(self, call_node: str, *, actor: str, reason: str) -> Operation:
         """A person's resubmission under the same key of an operation they declared absent.
@@ -428,12 +563,18 @@ class PersonActions(ExecutorState):
             if driver is None:
                 raise ServiceError(409, f"operation's server {op.server} is not configured")
             try:
-                with self._store.immediate():
-                    after = driver.resubmit(op, actor=actor, reason=reason)
+                if self._holds(op.operation_id):
+                    try:
+                        with self._store.immediate():
+                            after = driver.resubmit(op, actor=actor, reason=reason)
+                    except LeaseLost:
+                        self._lease_lost(op.operation_id, "taken over before the resubmission was recorded")
+                    else:
+                        self._touched(after)
+                        return after
+                return self._recorder(op).resubmit(op, actor=actor, reason=reason)
             except EngineError as exc:
                 raise ServiceError(409, str(exc)) from exc
-            self._touched(after)
-            return after
 
         return await self._between_ticks(do)
 
@@ -448,14 +589,25 @@ class PersonActions(ExecutorState):
             if driver is None:
                 raise ServiceError(409, f"operation's server {op.server} is not configured")
             try:
-                with self._store.immediate():
-                    after = await driver.answer(op, input_round=input_round, answer=answer, actor=actor)
+                if self._holds(op.operation_id):
+                    try:
+                        with self._store.immediate():
+                            after = await driver.answer(
+                                op, input_round=input_round, answer=answer, actor=actor
+                            )
+                    except LeaseLost:
+                        self._lease_lost(op.operation_id, "taken over before the answer was recorded")
+                    else:
+                        self._touched(after)
+                        return after
+                # Recorded here, sent by the holder (``_follow_person_actions``) or the next claimer.
+                return self._recorder(op).record_answer(
+                    op, input_round=input_round, answer=answer, actor=actor
+                )
             except StaleRound as exc:
                 raise ServiceError(409, str(exc)) from exc
             except AnswerInvalid as exc:
                 raise ServiceError(422, str(exc)) from exc
-            self._touched(after)
-            return after
 
         return await self._between_ticks(do)
 
@@ -495,14 +647,24 @@ class PersonActions(ExecutorState):
                         f"operation {op.operation_id} is bound to task {op.task_id}; "
                         f"{task_id!r} names another task",
                     )
+                held = self._holds(op.operation_id)
                 try:
-                    with self._store.immediate():
-                        after = driver.commit(op, Reconciled(actor, reason, bound))
+                    if held:
+                        try:
+                            with self._store.immediate():
+                                after = driver.commit(op, Reconciled(actor, reason, bound))
+                        except LeaseLost:
+                            self._lease_lost(op.operation_id, "taken over before the resolution was recorded")
+                            held = False
+                    if not held:
+                        # Recorded here; its holder (or the next claimer) resumes it from the ledger.
+                        after = self._recorder(op).commit(op, Reconciled(actor, reason, bound))
                 except DuplicateOperation as exc:
                     raise ServiceError(409, f"task {bound} belongs to another operation: {exc}") from exc
                 if after.state is S.UNKNOWN:
                     raise ServiceError(409, "the operation could not be reconciled that way")
-                self._touched(after)
+                if held:
+                    self._touched(after)
             return self.ledger.resolve_reconciliation(
                 entry_id, actor=actor, resolution=reason, at=self.clock.now()
             )

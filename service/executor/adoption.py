@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from datetime import timedelta
 from typing import TypeVar
 
 from engine.errors import EngineError, LeaseLost
@@ -31,6 +32,9 @@ from service.executor.base import (
 )
 
 logger = logging.getLogger(__name__)
+
+FOLLOW_SLACK = timedelta(milliseconds=750)
+"""Beyond ``follow_every``: the longest a busy executor's tick takes to come round to the read."""
 T = TypeVar("T")
 S = LocalState
 
@@ -72,11 +76,61 @@ class RolloutAdoption(ExecutorState):
             # From here on no new call is routed to the new adapter.
             self.router.state = result.decision.after
             out = result.as_json()
-            if result.decision.after.epoch > self.epoch:
+            raised = result.decision.after.epoch > self.epoch
+            if raised:
                 out["adoption"] = self._raise_epoch(Epoch(result.decision.after.epoch), request.actor)
+            out["cluster"] = self._cluster_effect(raised)
             return out
 
         return await self._between_ticks(do)
+
+    def _cluster_effect(self, raised: bool) -> dict[str, object]:
+        """When the action holds for every executor of the ledger (the API's answer says so)."""
+        every = self._tenancy.follow_every
+        if every is None:
+            return {"effective_everywhere": True, "why": "this executor is the ledger's only one"}
+        by = self.clock.now() + every + FOLLOW_SLACK
+        if raised:
+            # A creation at the old epoch is refused by the ledger (the fence share-locks the epoch
+            # row), so no executor records a call routed by the state before this rollback.
+            return {
+                "effective_everywhere": True,
+                "why": "new calls recorded at the old epoch are refused by the ledger; every executor "
+                "routes again by this state",
+                "others_adopt_in_flight_by": by.isoformat(),
+            }
+        return {
+            "effective_everywhere": False,
+            "why": f"other executors re-read the rollout state every {every.total_seconds():g} s",
+            "effective_everywhere_by": by.isoformat(),
+        }
+
+    def _follow_rollout(self) -> None:
+        """Route by the ledger's rollout state (any executor may have acted); adopt a raised epoch.
+
+        Read every ``follow_every`` between ticks, and at once when the ledger refused a write or a
+        creation for its epoch. What this executor holds behind the new epoch is adopted here; what
+        nobody holds is adopted by whoever claims it.
+        """
+        every = self._tenancy.follow_every
+        if every is not None:
+            self._rollout_due = self.clock.now() + every
+        try:
+            moved = self.rollout.refresh()
+        except EngineError as exc:
+            logger.warning("rollout state not read: %s", exc)
+            return
+        if moved:
+            self.router.state = self.rollout.state
+            logger.info(
+                "rollout moved by another executor: %s (seq %d, epoch %d)",
+                self.rollout.state.stage.value,
+                self.rollout.head_seq,
+                self.rollout.state.epoch,
+            )
+        if self.rollout.state.epoch > self.epoch:
+            logger.info("execution epoch raised to %d by another executor", self.rollout.state.epoch)
+            self._raise_epoch(Epoch(self.rollout.state.epoch), "finality (epoch raised by another executor)")
 
     def _in_flight_summary(self) -> dict[str, object]:
         live = self.ledger.live_by_protocol()

@@ -42,6 +42,9 @@ class Tenancy(abc.ABC):
 
     lease_due: datetime
     """When ``maintain`` is next due."""
+    follow_every: timedelta | None
+    """How often to re-read the ledger's rollout state (other executors act on it); None: alone,
+    every rollout action goes through this process."""
     shared: bool
     """Whether other executors share the ledger (for status and logs; the executor never branches on it)."""
 
@@ -105,6 +108,11 @@ ROUNDS_EVERY = timedelta(seconds=1)
 """How often pending approval rounds are checked for a passed deadline or an operation that moved
 past them. An answer is checked against its own deadline when it arrives, so this only bounds how
 long a closed round may still be listed."""
+
+ROLLOUT_FOLLOW = timedelta(milliseconds=250)
+"""How often an executor sharing the ledger re-reads the rollout state (one row). With a tick at
+most a second apart under load, a change made through any executor routes every executor's new
+calls within 1 s (a rollback at once: see ``RolloutAdoption``)."""
 
 CLAIM_BATCH = 500
 """Operations one claim may lease at once."""
@@ -185,6 +193,8 @@ class ExecutorState(abc.ABC):
     _rounds_due: datetime = NEVER
     """When pending approval rounds are next closed if no longer answerable (``ROUNDS_EVERY``)."""
     _stopping: bool = False
+    _rollout_due: datetime = NEVER
+    """When the ledger's rollout state is next read (shared ledgers only)."""
     stats: dict[str, int] = field(
         default_factory=lambda: {
             "ticks": 0,
@@ -269,12 +279,20 @@ class ExecutorState(abc.ABC):
         """(person actions) Record the queued cancels, one group commit."""
 
     @abc.abstractmethod
+    def _follow_person_actions(self) -> None:
+        """(person actions) Carry out the person's actions other executors recorded on what this one holds."""
+
+    @abc.abstractmethod
     def _raise_epoch(self, epoch: Epoch, actor: str) -> dict[str, object]:
         """(rollout adoption) Switch to ``epoch`` and adopt the in-flight work."""
 
     @abc.abstractmethod
     def _adopt_operations(self, ops: list[Operation], *, actor: str) -> dict[str, object]:
         """(rollout adoption) ``EpochRaised`` for each operation through ``step``."""
+
+    @abc.abstractmethod
+    def _follow_rollout(self) -> None:
+        """(rollout adoption) Route by the ledger's rollout state; adopt an epoch another raised."""
 
     @abc.abstractmethod
     def _compare_shadows(self, operation_id: str | None = None) -> None:
@@ -288,6 +306,7 @@ __all__ = [
     "MAX_IN_FLIGHT_REQUESTS",
     "MAX_RUNNING",
     "NEVER",
+    "ROLLOUT_FOLLOW",
     "ExecutorState",
     "Server",
     "Submission",

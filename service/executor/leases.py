@@ -21,7 +21,14 @@ from engine.errors import EngineError, LeaseLost
 from engine.ledger.port import Fence, LeasingLedgerPort, LedgerPort
 from engine.model import RECEIPT_STATES, Epoch, LocalState, Operation
 from engine.runtime.limiter import Limiter, SharedLimiter
-from service.executor.base import CLAIM_BATCH, MAX_IN_FLIGHT_REQUESTS, MAX_RUNNING, ExecutorState, Tenancy
+from service.executor.base import (
+    CLAIM_BATCH,
+    MAX_IN_FLIGHT_REQUESTS,
+    MAX_RUNNING,
+    ROLLOUT_FOLLOW,
+    ExecutorState,
+    Tenancy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +42,7 @@ class SoleOwner(Tenancy):
     def __init__(self, ledger: LedgerPort) -> None:
         self._ledger = ledger
         self.lease_due = _LATER
+        self.follow_every = None
         self.shared = False
 
     @property
@@ -79,6 +87,7 @@ class SharedLeases(Tenancy):
         self.token = token
         self.lease_s = lease_s
         self.lease_due = datetime.min.replace(tzinfo=UTC)
+        self.follow_every = ROLLOUT_FOLLOW
         self.shared = True
 
     @property
@@ -220,14 +229,7 @@ class Leases(ExecutorState):
 
     def _epoch_check(self) -> None:
         """If another executor raised the execution epoch, restart the drivers at it and adopt."""
-        try:
-            recorded = self._tenancy.reads.execution_epoch()
-        except EngineError as exc:
-            logger.warning("execution epoch not read: %s", exc)
-            return
-        if recorded is not None and recorded > self.epoch:
-            logger.info("execution epoch raised to %d by another executor", recorded)
-            self._raise_epoch(Epoch(recorded), "finality (epoch raised by another executor)")
+        self._follow_rollout()
 
 
 __all__ = ["Leases", "SharedLeases", "SoleOwner", "Tenancy", "tenancy_for"]

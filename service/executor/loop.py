@@ -218,6 +218,9 @@ class Loop(ExecutorState):
             return
         if now >= self._tenancy.lease_due:
             return
+        follow = self._tenancy.follow_every is not None
+        if follow and now >= self._rollout_due:
+            return
         self._wake.clear()
         wake_at = now + timedelta(seconds=1)
         if self._heap:
@@ -225,6 +228,8 @@ class Loop(ExecutorState):
         if self._finished:
             wake_at = min(wake_at, self._finished_since + FLUSH_DELAY)
         wake_at = min(wake_at, self._tenancy.lease_due)
+        if follow:
+            wake_at = min(wake_at, self._rollout_due)
         sleeper = asyncio.ensure_future(self.clock.sleep(max(wake_at - now, timedelta(0))))
         waker = asyncio.ensure_future(self._wake.wait())
         try:
@@ -251,6 +256,11 @@ class Loop(ExecutorState):
             self._maintain_leases()
         if self.clock.now() >= self._rounds_due:
             self._close_rounds()
+        if self._tenancy.follow_every is not None and self.clock.now() >= self._rollout_due:
+            # Before routing this tick's submissions: another executor may have moved the rollout,
+            # or recorded a person's action on an operation this one holds.
+            self._follow_rollout()
+            self._follow_person_actions()
         if self._cancels:
             self._cancel_queued()
         if self._submits:
