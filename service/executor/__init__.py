@@ -7,6 +7,7 @@ Split by concern, one module each, composed in ``core.Executor``:
 - ``leases``: how the executor shares the ledger (``Tenancy``: alone, or leased and fenced with a
   QPS budget booked in the database), chosen once from what the ledger's port says it can do;
 - ``actions``: person actions (submit routed by the rollout, cancel, resubmit, answer, resolve);
+- ``forwarding``: person actions on operations another executor holds (recorded here, carried out there);
 - ``adoption``: rollout actions, raising the execution epoch, adopting in-flight operations.
 
 There is one code path whatever the ledger: the executor asks its tenancy, never a backend's type.

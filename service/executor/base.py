@@ -276,11 +276,35 @@ class ExecutorState(abc.ABC):
 
     @abc.abstractmethod
     def _cancel_queued(self) -> None:
-        """(person actions) Record the queued cancels, one group commit."""
+        """(forwarding) Record the queued cancels, one group commit."""
+
+    @abc.abstractmethod
+    def _holds(self, op_id: str) -> bool:
+        """(forwarding) Whether this executor carries out actions on ``op_id`` itself."""
+
+    @abc.abstractmethod
+    def _recorder(self, op: Operation) -> Driver:
+        """(forwarding) A driver that records a person's action in the ledger and sends nothing."""
+
+    @abc.abstractmethod
+    def _current(self, call_node: str) -> Operation:
+        """(person actions) The operation of ``call_node`` as this executor knows it (404 if none)."""
+
+    @abc.abstractmethod
+    def _cancel_now(self, op: Operation, *, actor: str, reason: str) -> Operation:
+        """(forwarding) Record the cancel of an operation this executor holds."""
+
+    @abc.abstractmethod
+    def _cancel_elsewhere(self, op: Operation, *, actor: str, reason: str) -> Operation:
+        """(forwarding) Record the cancel of an operation another executor holds."""
+
+    @abc.abstractmethod
+    def _cancel_shadow(self, primary: Operation, *, actor: str, reason: str) -> None:
+        """(forwarding) Cancel a primary's running shadow with it, wherever it is held."""
 
     @abc.abstractmethod
     def _follow_person_actions(self) -> None:
-        """(person actions) Carry out the person's actions other executors recorded on what this one holds."""
+        """(forwarding) Carry out the person's actions other executors recorded on what this one holds."""
 
     @abc.abstractmethod
     def _raise_epoch(self, epoch: Epoch, actor: str) -> dict[str, object]:

@@ -1,4 +1,4 @@
-"""The executor: the five concerns composed into one object that owns the ledger's writes.
+"""The executor: the six concerns composed into one object that owns the ledger's writes.
 
 ``Executor`` adds nothing but the choice, made once from what the ledger's port offers, of how
 it shares the ledger (``leases.tenancy_for``); each concern is its own module. This module must
@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from service.batching import BatchingLedger
 from service.executor.actions import PersonActions
 from service.executor.adoption import RolloutAdoption
+from service.executor.forwarding import ForwardedActions
 from service.executor.groups import WriteGroups
 from service.executor.leases import Leases, tenancy_for
 from service.executor.loop import Loop
 
 
 @dataclass
-class Executor(Loop, WriteGroups, Leases, PersonActions, RolloutAdoption):
+class Executor(Loop, WriteGroups, Leases, PersonActions, ForwardedActions, RolloutAdoption):
     """Owns the ledger's writes while the service runs."""
 
     def __post_init__(self) -> None:

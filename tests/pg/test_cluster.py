@@ -25,14 +25,15 @@ from service.testing import ServiceProcess, wait_until
 
 EXECUTORS = 3
 LEASE_S = 3.0
-FIRST = 1200
+FIRST = 1050
 """Calls submitted before the first rollback (all in flight when it is recorded)."""
-AFTER = 150
+AFTER = 60
 """Calls submitted through every executor right after each rollback returned."""
-SECOND = 300
+SECOND = 200
 THREADS = 8
-IN_FLIGHT_MS = 30_000
-"""How long the calls in flight at a rollback run on the server: far longer than submitting them."""
+IN_FLIGHT_MS = 60_000
+"""How long the calls in flight at the first rollback run on the server: far longer than
+submitting them (tens of seconds on a loaded 2-core machine)."""
 
 
 def _config(old: RefServer, new: RefServer) -> str:
@@ -105,7 +106,7 @@ def _routed_new_since(con: psycopg.Connection[tuple[object, ...]], new_url: str,
     """Operations created on the new path after ``since`` (wall clock: the processes share the host)."""
     row = con.execute(
         "SELECT count(*) FROM op_identity i JOIN op_state s USING (operation_id) "
-        "WHERE i.server = %s AND s.created_at > %s",
+        "WHERE i.server = %s AND i.created_at > %s",
         [new_url, since],
     ).fetchone()
     assert row is not None
@@ -201,7 +202,7 @@ def test_a_rollback_through_one_executor_stops_the_new_path_on_every_executor_be
                 client.rollout(
                     "canary", {"actor": "rm", "reason": "again", "percentage": 50, "override": True}
                 )
-            _submit(executors, [f"c-{i:05d}" for i in range(SECOND)], duration_ms=IN_FLIGHT_MS)
+            _submit(executors, [f"c-{i:05d}" for i in range(SECOND)], duration_ms=20_000)
             victim = executors[2]
             killer = threading.Thread(target=victim.kill)
             killer.start()
@@ -220,7 +221,7 @@ def test_a_rollback_through_one_executor_stops_the_new_path_on_every_executor_be
                     row = con.execute("SELECT count(*) FROM receipts").fetchone()
                 return row is not None and int(str(row[0])) == total
 
-            wait_until(finished, timeout=180, what="every operation holds a receipt")
+            wait_until(finished, timeout=240, what="every operation holds a receipt")
             for executor in survivors:
                 assert executor.running, executor.stderr()
             with psycopg.connect(pg_url) as con:

@@ -1,0 +1,181 @@
+"""Where a person's action is carried out: cancels queued together, and actions on operations
+another executor holds (recorded here, carried out by the holder).
+
+Any executor of a shared ledger takes any person action (``actions``). When the operation is not
+this executor's (another holds it, or nobody does because its holder died), the action is recorded
+through the unfenced ledger by the same compare-and-swap the holder would make (a cancel raises the
+cancel generation, the seed's own rule; an answer is bound to its round; a resolution records its
+binding) with a driver that sends nothing. The holder carries it out: ``_follow_person_actions``
+re-reads what it holds that waits on a person; anything it is polling loses its next write's
+compare-and-swap against the action and resumes from the ledger. This module must not send a
+protocol request nor write an operation this executor holds through the unfenced ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from engine.errors import EngineError, LeaseLost, ServiceError
+from engine.model import LocalState, Operation, Role
+from engine.runtime.driver import Driver
+from rollout.shadow import shadow_call_node
+from service.executor.base import ExecutorState
+
+logger = logging.getLogger(__name__)
+S = LocalState
+
+WAITING_ON_A_PERSON = frozenset({S.INPUT_REQUIRED, S.UNKNOWN, S.NOT_FOUND_SAFE})
+"""States an operation leaves only through a person's action (which any executor may record)."""
+
+
+class ForwardedActions(ExecutorState):
+    """Which executor carries out a person's action, and recording it for another one."""
+
+    def _cancel_queued(self) -> None:
+        queued, self._cancels = self._cancels, []
+        done: list[tuple[asyncio.Future[Operation], Operation | Exception]] = []
+        elsewhere: list[tuple[str, str, str, asyncio.Future[Operation]]] = []
+        with self._store.grouped() as refused:
+            for call_node, actor, reason, future in queued:
+                try:
+                    op = self._current(call_node)
+                    if not self._holds(op.operation_id):
+                        elsewhere.append((call_node, actor, reason, future))
+                        continue
+                    done.append((future, self._cancel_now(op, actor=actor, reason=reason)))
+                except Exception as exc:  # handed to the waiting API request, which reports it
+                    done.append((future, exc))
+        lease_lost = {t.after.operation_id for t, o in refused if isinstance(o.error, LeaseLost)}
+        lost = {t.after.operation_id for t, _ in refused} - lease_lost
+        self._refused(refused, [])
+        by_id = {call_node: (a, r) for call_node, a, r, _ in queued}
+        for future, result in done:
+            if future.done():  # the caller stopped waiting; the record stands all the same
+                continue
+            if isinstance(result, Exception):
+                future.set_exception(result)
+            elif result.operation_id in lease_lost:
+                # Another executor took it over meanwhile: record it for that one to send.
+                actor, reason = by_id[result.call_node_id]
+                elsewhere.append((result.call_node_id, actor, reason, future))
+            elif result.operation_id in lost:
+                future.set_exception(
+                    ServiceError(409, "the operation moved while the cancel was recorded; ask again")
+                )
+            else:
+                future.set_result(result)
+        for call_node, actor, reason, future in elsewhere:
+            try:
+                after = self._cancel_elsewhere(self._current(call_node), actor=actor, reason=reason)
+            except Exception as exc:  # handed to the waiting API request, which reports it
+                if not future.done():
+                    future.set_exception(exc)
+                continue
+            if not future.done():
+                future.set_result(after)
+
+    def _cancel_now(self, op: Operation, *, actor: str, reason: str) -> Operation:
+        driver = self._driver_for(op)
+        if driver is None:
+            raise ServiceError(409, f"operation's server {op.server} is not configured")
+        try:
+            with self._store.immediate():
+                after = driver.request_cancel(op, actor=actor, reason=reason)
+        except LeaseLost:
+            self._lease_lost(op.operation_id, "taken over before the cancel was recorded")
+            return self._cancel_elsewhere(op, actor=actor, reason=reason)
+        except EngineError as exc:
+            raise ServiceError(409, str(exc)) from exc
+        self._touched(after)
+        self._cancel_shadow(after, actor=actor, reason=reason)
+        return after
+
+    def _holds(self, op_id: str) -> bool:
+        """Whether this executor drives ``op_id`` (always when alone; when shared, what it leases)."""
+        return self._tenancy.drives(op_id, tracked=op_id in self._ops)
+
+    def _recorder(self, op: Operation) -> Driver:
+        """A driver that writes straight to the ledger and sends nothing, for an operation another
+        executor holds (or nobody does): a person's action is a compare-and-swap on the row, so any
+        executor may record it, and the holder (or the next claimer) carries it out."""
+        for server in self._servers.values():
+            if server.config.url == op.server:
+                return Driver(
+                    ledger=self._tenancy.reads,
+                    backend=server.backend,
+                    clock=self.clock,
+                    rng=self.rng,
+                    server=op.server,
+                    epoch=self.epoch,
+                    policy=self._policy,
+                    limiter=self._limiter,
+                    ttl=server.config.ttl,
+                    capabilities=server.caps,
+                )
+        raise ServiceError(409, f"operation's server {op.server} is not configured")
+
+    def _cancel_elsewhere(self, op: Operation, *, actor: str, reason: str) -> Operation:
+        """Record the cancel of an operation another executor holds; its holder sends it."""
+        try:
+            after = self._recorder(op).request_cancel(op, actor=actor, reason=reason)
+        except EngineError as exc:
+            raise ServiceError(409, str(exc)) from exc
+        self._cancel_shadow(after, actor=actor, reason=reason)
+        return after
+
+    def _cancel_shadow(self, primary: Operation, *, actor: str, reason: str) -> None:
+        shadow_id = self._shadow_of.get(primary.operation_id)
+        if shadow_id is not None:
+            shadow = self.ledger.get(shadow_id)
+        elif primary.role is Role.PRIMARY:
+            # Its creator (and so its pairing) may be another executor: the shadow's call node says.
+            shadow = self.ledger.by_call_node(shadow_call_node(primary.call_node_id))
+        else:
+            shadow = None
+        if shadow is None or shadow.state not in (S.WORKING, S.INPUT_REQUIRED):
+            return
+        mirrored = f"mirrors its primary's cancel: {reason}"
+        try:
+            if self._holds(shadow.operation_id) and (driver := self._driver_for(shadow)) is not None:
+                with self._store.immediate():
+                    after = driver.request_cancel(shadow, actor=actor, reason=mirrored)
+                self._touched(after)
+            else:
+                self._recorder(shadow).request_cancel(shadow, actor=actor, reason=mirrored)
+        except (EngineError, ServiceError) as exc:
+            logger.warning("shadow %s not cancelled with its primary: %s", shadow.operation_id, exc)
+
+    def _follow_person_actions(self) -> None:
+        """Operations this executor holds that wait on a person: another executor may have recorded
+        the person's action (an answer, a resolution, a resubmission); carry it out now.
+
+        Operations being polled need no re-read: their next write loses its compare-and-swap
+        against the recorded action and they resume from the ledger (a cancel is sent then).
+        """
+        waiting = [
+            op_id
+            for op_id, op in self._ops.items()
+            if op.state in WAITING_ON_A_PERSON and op_id not in self._running
+        ]
+        if not waiting:
+            return
+        try:
+            fresh = self._tenancy.reads.get_many(waiting)
+        except EngineError as exc:
+            logger.warning("operations waiting on a person not re-read: %s", exc)
+            return
+        for op_id, after in fresh.items():
+            known = self._ops.get(op_id)
+            if known is None or after.row_version <= known.row_version:
+                continue
+            driver = self._driver_for(after)
+            if driver is not None and after.answered_round > known.answered_round:
+                driver.answered_elsewhere(after)
+            if driver is not None and after.state is S.SUBMITTING:
+                driver.mark_fresh(after)  # resubmitted by a person elsewhere: submit, do not look up
+            logger.info("operation %s: a person's action recorded elsewhere; carried out here", op_id)
+            self._touched(after)
+
+
+__all__ = ["WAITING_ON_A_PERSON", "ForwardedActions"]
