@@ -25,13 +25,13 @@ from service.testing import ServiceProcess, wait_until
 
 EXECUTORS = 3
 LEASE_S = 3.0
-FIRST = 1050
+FIRST = 1100
 """Calls submitted before the first rollback (all in flight when it is recorded)."""
 AFTER = 60
 """Calls submitted through every executor right after each rollback returned."""
 SECOND = 200
 THREADS = 8
-IN_FLIGHT_MS = 60_000
+IN_FLIGHT_MS = 90_000
 """How long the calls in flight at the first rollback run on the server: far longer than
 submitting them (tens of seconds on a loaded 2-core machine)."""
 
