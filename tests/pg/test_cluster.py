@@ -52,6 +52,7 @@ retry_backoff_ms = 100
 url = "{old.url}"
 protocol = "aip-151"
 qps = 1500
+request_id_dedupe = true
 
 [servers.new]
 url = "{new.endpoint}"
@@ -81,7 +82,12 @@ def _submit(executors: list[ServiceProcess], nodes: list[str], *, duration_ms: i
                         clients[(i + attempt) % len(live)].submit(
                             call_node=node,
                             tool="analyze_upload",
-                            arguments={"n": node, "_sim": {"duration_ms": duration_ms + (i % 5) * 500}},
+                            arguments={
+                                "n": node,
+                                # Kept on the server well past the test (a lookup after a
+                                # rollback finds it), so no operation is left to a person.
+                                "_sim": {"duration_ms": duration_ms + (i % 5) * 500, "ttl_ms": 3_600_000},
+                            },
                         )
                         break
                     except (ServiceUnavailable, ServiceRefused) as exc:
@@ -157,7 +163,10 @@ def test_a_rollback_through_one_executor_stops_the_new_path_on_every_executor_be
     """0 calls onto the new path after the rollback returned (twice, once with an executor killed),
     in-flight work adopted at the new epoch by its holder, one server operation per call node."""
     config = tmp_path / "finality.toml"
-    with RefServer("aip-151", time_scale=1.0, seed=5) as old, RefServer("mcp-2025-11-25", seed=6) as new:
+    with (
+        RefServer("aip-151", time_scale=1.0, seed=5) as old,
+        RefServer("mcp-2025-11-25", time_scale=1.0, seed=6, idempotency=True) as new,
+    ):
         config.write_text(_config(old, new))
         executors = [
             ServiceProcess(
