@@ -279,6 +279,12 @@ def _bundle_manifest(download: object) -> dict[str, object]:
         return dict(json.loads(bundle.read("manifest.json")))
 
 
+# The task's retention is an approval round's deadline (the earliest moment the server may drop the
+# task). The reference server scales ttl by its time_scale (0.05 here: the 60 s default becomes 3 s),
+# so the rounds this test answers ask for ten real minutes, longer than the test's walk of every page.
+ROUND_TTL_MS = 12_000_000  # 600 s of real time at time_scale 0.05
+
+
 def test_a_person_answers_sees_and_acts_on_every_page_at_1440x900(
     console: str, service: ServiceProcess
 ) -> None:
@@ -292,12 +298,12 @@ def test_a_person_answers_sees_and_acts_on_every_page_at_1440x900(
         client.submit(
             call_node="browser-approval",
             tool="generate_report",
-            arguments={"_sim": {"input_rounds": 1, "duration_ms": 2000}},
+            arguments={"_sim": {"input_rounds": 1, "duration_ms": 2000, "ttl_ms": ROUND_TTL_MS}},
         )
         client.submit(
             call_node="browser-approval-elsewhere",
             tool="generate_report",
-            arguments={"_sim": {"input_rounds": 1, "duration_ms": 2000}},
+            arguments={"_sim": {"input_rounds": 1, "duration_ms": 2000, "ttl_ms": ROUND_TTL_MS}},
         )
         for node in ("browser-approval", "browser-approval-elsewhere"):
             wait_until(
