@@ -82,6 +82,19 @@ def healthy(ledger: Ledger) -> None:
     cancelled(ledger, "k1", timedelta(seconds=3))
     polls(ledger, 10, timedelta(seconds=1))
     ledger.put_setting("global_qps", "10", EPOCH_START)
+    downstream(ledger)
+
+
+def downstream(ledger: Ledger, consumer: str = "downstream") -> None:
+    """The downstream advances on every ready entry and acknowledges it (what traceability measures)."""
+    for entry in ledger.outbox_ready(consumer, None, 1_000):
+        ledger.ack_outbox(
+            consumer,
+            str(entry["call_node_id"]),
+            str(entry["status"]),
+            None if entry["result_digest"] is None else str(entry["result_digest"]),
+            EPOCH_START + timedelta(seconds=5),
+        )
 
 
 @pytest.fixture
