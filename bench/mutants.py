@@ -274,7 +274,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the receipt's terminal status is not matched against the row",
         False,
         "happy",
-        ("tests/engine/test_ledger.py", "tests/contract"),
+        ("tests/engine/ledger/test_ledger.py", "tests/contract"),
     ),
     Mutant(
         "acceptance-any-state",
@@ -285,7 +285,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a completed receipt is accepted from any state but SUBMITTING",
         False,
         "happy",
-        ("tests/engine/test_ledger.py", "tests/contract"),
+        ("tests/engine/ledger/test_ledger.py", "tests/contract"),
     ),
     Mutant(
         "ledger-cas-ignores-version",
@@ -296,7 +296,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the compare-and-swap UPDATE matches any row version and cancel generation",
         True,
         "crash-restart",
-        ("tests/engine/test_ledger.py", "tests/contract"),
+        ("tests/engine/ledger/test_ledger.py", "tests/contract"),
     ),
     Mutant(
         "ledger-batch-cas-ignores-version",
@@ -307,7 +307,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the grouped compare-and-swap matches any row version and cancel generation",
         True,
         "crash-restart",
-        ("tests/engine/test_ledger.py", "tests/contract"),
+        ("tests/engine/ledger/test_ledger.py", "tests/contract"),
     ),
     # ------------------------------------------------------------------------ service executor
     Mutant(
@@ -321,7 +321,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "an operation value from before a rollback is advanced as it is",
         False,
         "stale-epoch",
-        ("tests/engine/service",),
+        ("tests/service",),
     ),
     Mutant(
         "executor-no-cancel-priority",
@@ -332,7 +332,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "cancel-path requests queue behind routine polls under load",
         False,
         "complete-vs-cancel",
-        ("tests/engine/service", "tests/engine/runtime"),
+        ("tests/service", "tests/engine/runtime"),
     ),
     Mutant(
         "executor-ledger-epoch-ignored",
@@ -343,7 +343,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a restarted executor ignores the execution epoch the ledger recorded",
         True,
         "stale-epoch",
-        ("tests/engine/service", "tests/rollout"),
+        ("tests/service", "tests/rollout"),
     ),
     # ------------------------------------------------------------------ rollout fencing, adoption
     Mutant(
@@ -355,7 +355,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "operations left behind by an interrupted rollback are never adopted",
         True,
         "stale-epoch",
-        ("tests/rollout", "tests/engine/service"),
+        ("tests/rollout", "tests/service"),
     ),
     Mutant(
         "rollout-state-cas-unfenced",
@@ -377,7 +377,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "operations claimed behind the epoch are adopted only two epochs late",
         True,
         "stale-epoch",
-        ("tests/rollout", "tests/engine/service"),
+        ("tests/rollout", "tests/service"),
     ),
 )
 

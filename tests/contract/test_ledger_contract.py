@@ -1,6 +1,6 @@
 """The ledger contract, held on both backends: DuckDB (``Ledger``) and PostgreSQL (``PgLedger``), via ``open_ledger``.
 
-The scenarios are tests/engine/test_ledger.py's (the source of truth for expected behaviour), plus
+The scenarios are tests/engine/ledger/test_ledger.py's (the source of truth for expected behaviour), plus
 group commit with mixed outcomes, the outbox, polls, approvals, reconciliation, the rollout chain,
 and a side-by-side check that the same history reads the same on both. Leases are PostgreSQL's
 alone (DuckDB has one writing process): see the ``lease`` tests at the end.

@@ -11,7 +11,7 @@ from engine.ledger.duckdb import Ledger
 from engine.model import Epoch
 from service.executor.leases import SoleOwner, tenancy_for
 
-PACKAGE = Path(__file__).resolve().parents[3] / "service" / "executor"
+PACKAGE = Path(__file__).resolve().parents[2] / "service" / "executor"
 BACKENDS = {"Ledger", "PgLedger", "MemLedger"}
 
 

@@ -12,7 +12,7 @@ import pytest
 from engine.ledger import sql
 from engine.ledger.duckdb import Ledger
 
-LEDGER = Path(__file__).resolve().parents[2] / "engine" / "ledger"
+LEDGER = Path(__file__).resolve().parents[3] / "engine" / "ledger"
 
 _STATEMENTS = sorted(
     (name, value)

@@ -16,7 +16,7 @@ from refserver.testing import RefServer
 from service.cli import main
 from service.testing import ServiceProcess, wait_until
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 STALE = {"duration_ms": 200, "ttl_ms": 10_000_000, "faults": ["stale_epoch_result"]}
 
 
