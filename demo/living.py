@@ -226,6 +226,10 @@ class Shared:
     unreachable: threading.Event = field(default_factory=threading.Event)
     """Set when a call found the service not answering (the main loop then checks whether it died)."""
 
+    def token(self, role: str) -> str | None:
+        """The token a bot of ``role`` acts with; None for a service in local mode (no ``[auth]``)."""
+        return self.tokens.get(role)
+
     def say(self, who: str, text: str) -> None:
         print(f"[{who}] {text}", flush=True)
 
@@ -268,7 +272,7 @@ def workload(shared: Shared, seed: int, rate: float) -> None:
     rng = random.Random(seed)
     cancels: list[tuple[float, str]] = []
     n = 0
-    with ServiceClient(shared.url, timeout=15, token=shared.tokens["caller"]) as client:
+    with ServiceClient(shared.url, timeout=15, token=shared.token("caller")) as client:
         next_at = time.monotonic()
         while not shared.stop.is_set():
             now = time.monotonic()
@@ -321,7 +325,7 @@ def downstream(shared: Shared) -> None:
     past acknowledged entries: an entry it could not acknowledge is received again."""
     cursor: int | None = None
     # Acknowledging moves delivery on: an operator's role, under the downstream's own principal.
-    with ServiceClient(shared.url, timeout=15, token=shared.tokens["downstream"]) as client:
+    with ServiceClient(shared.url, timeout=15, token=shared.token("downstream")) as client:
         while not shared.stop.is_set():
             got = _quietly(shared, "downstream", client.outbox, DOWNSTREAM, after=cursor, wait_s=5)
             if not isinstance(got, dict):
@@ -382,7 +386,7 @@ def approver(shared: Shared, seed: int, delay: tuple[float, float]) -> None:
     rng = random.Random(seed)
     due: dict[tuple[str, int], float] = {}
     first = True
-    with ServiceClient(shared.url, timeout=15, token=shared.tokens["approver"]) as client:
+    with ServiceClient(shared.url, timeout=15, token=shared.token("approver")) as client:
         while not shared.stop.wait(0.5):
             pending = _quietly(shared, "approver", client.approvals)
             if not isinstance(pending, list):
@@ -419,7 +423,7 @@ def operator(shared: Shared, unknown_after_s: float, effects_after_s: float) -> 
     it absent. A leftover-effect entry (a cancelled batch change) they check and close.
     """
     first_seen: dict[int, float] = {}
-    with ServiceClient(shared.url, timeout=15, token=shared.tokens["operator"]) as client:
+    with ServiceClient(shared.url, timeout=15, token=shared.token("operator")) as client:
         while not shared.stop.wait(0.5):
             entries = _quietly(shared, "operator", client.reconciliation)
             if not isinstance(entries, list):
@@ -519,7 +523,7 @@ def release_manager(shared: Shared, min_compared: int, override_after_s: float) 
     without data yet), it opens with an override, which the audit log records with its reason.
     """
     started = time.monotonic()
-    with ServiceClient(shared.url, timeout=30, token=shared.tokens["release-manager"]) as client:
+    with ServiceClient(shared.url, timeout=30, token=shared.token("release-manager")) as client:
         while not shared.stop.wait(1.0):
             override = time.monotonic() - started >= override_after_s
             diffs = _quietly(shared, "release", client.shadow_diffs)
@@ -825,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
             with (
                 contextlib.suppress(ServiceUnavailable),
                 ServiceClient(
-                    service.url, timeout=5, token=shared.tokens["viewer"] if shared else None
+                    service.url, timeout=5, token=shared.token("viewer") if shared else None
                 ) as client,
             ):
                 print(json.dumps(client.health()), flush=True)

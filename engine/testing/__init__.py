@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 from engine.model import (
     CallNodeId,
@@ -20,6 +21,9 @@ from engine.model import (
     ToolRef,
     new_operation,
 )
+
+if TYPE_CHECKING:
+    from engine.ledger.port import LedgerPort
 
 EPOCH_START = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -83,11 +87,30 @@ def make_operation(
     )
 
 
+def acknowledge_ready(
+    ledger: LedgerPort, consumer: str = "downstream", at: datetime = EPOCH_START + timedelta(seconds=5)
+) -> int:
+    """``consumer``'s downstream advances on every ready outbox entry and acknowledges it, as a
+    consumer of the outbox API would (what the traceability gate measures). Returns how many."""
+    entries = ledger.outbox_ready(consumer, None, 100_000)
+    for entry in entries:
+        digest = entry["result_digest"]
+        ledger.ack_outbox(
+            consumer,
+            str(entry["call_node_id"]),
+            str(entry["status"]),
+            None if digest is None else str(digest),
+            at,
+        )
+    return len(entries)
+
+
 __all__ = [
     "BATCH_TOOL",
     "EPOCH_START",
     "REPORT_TOOL",
     "FakeClock",
+    "acknowledge_ready",
     "make_operation",
     "make_request",
 ]

@@ -154,9 +154,10 @@ def test_entries_written_before_the_numbering_migration_come_first_in_acceptance
             *(["DROP INDEX outbox_seq_order"] if "://" in target else []),
             "ALTER TABLE outbox DROP COLUMN seq",
             "DROP SEQUENCE outbox_seq",
-            # The migration that came after it (approvals' closed rounds), undone too.
+            # The migrations that came after it (approvals' closed rounds, access denials), undone too.
             "ALTER TABLE approvals DROP COLUMN closed_at",
             "ALTER TABLE approvals DROP COLUMN closed_reason",
+            "DROP TABLE access_denials",  # and the access denials after that
             f"DELETE FROM schema_migrations WHERE version >= {mine}",
         ):
             raw(led, statement)

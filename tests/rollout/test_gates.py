@@ -24,7 +24,7 @@ from engine.model import (
     digest_of,
 )
 from engine.revision import running_revision
-from engine.testing import EPOCH_START, make_operation
+from engine.testing import EPOCH_START, acknowledge_ready, make_operation
 from rollout.gates import GATES, Thresholds, evaluate
 from service.cli import main
 
@@ -82,19 +82,7 @@ def healthy(ledger: Ledger) -> None:
     cancelled(ledger, "k1", timedelta(seconds=3))
     polls(ledger, 10, timedelta(seconds=1))
     ledger.put_setting("global_qps", "10", EPOCH_START)
-    downstream(ledger)
-
-
-def downstream(ledger: Ledger, consumer: str = "downstream") -> None:
-    """The downstream advances on every ready entry and acknowledges it (what traceability measures)."""
-    for entry in ledger.outbox_ready(consumer, None, 1_000):
-        ledger.ack_outbox(
-            consumer,
-            str(entry["call_node_id"]),
-            str(entry["status"]),
-            None if entry["result_digest"] is None else str(entry["result_digest"]),
-            EPOCH_START + timedelta(seconds=5),
-        )
+    acknowledge_ready(ledger)
 
 
 @pytest.fixture

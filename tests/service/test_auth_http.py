@@ -15,7 +15,7 @@ from refserver.testing import RefServer
 from service.auth import LADDER, ROLES, Permission, allows, check_bind, parse_auth, token_hash
 from service.cli import main as cli_main
 from service.client import ServiceClient
-from service.testing import ServiceProcess, config_text
+from service.testing import ServiceProcess, config_text, wait_until
 
 TOKENS = {f"{role}-token": (f"{role}-person", [role]) for role in ROLES}
 TOKENS["bob-caller-token"] = ("bob-svc", ["caller"])
@@ -204,10 +204,13 @@ def test_a_forged_actor_is_refused_and_the_tokens_principal_is_recorded(service:
             operator.cancel("to-cancel", reason="r", actor="somebody-else")
         assert forged_cancel.value.status == 403
         operator.cancel("to-cancel", reason="operator stops it", actor="operator-person")
-        rows = operator.sql(
+        query = (
             "SELECT t.cause FROM transitions t JOIN op_identity i USING (operation_id) "
             "WHERE i.call_node_id = 'to-cancel' AND t.to_state = 'CANCEL_REQUESTED'"
-        )["rows"]
+        )
+        # Analyst SQL reads a snapshot of the ledger that follows the executor's group commits.
+        wait_until(lambda: bool(operator.sql(query)["rows"]), timeout=60, what="the cancel in analyst SQL")
+        rows = operator.sql(query)["rows"]
     assert rows
     assert "operator-person" in json.dumps(rows)
 

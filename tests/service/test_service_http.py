@@ -101,17 +101,21 @@ def test_input_answer_is_bound_to_its_round(service: ServiceProcess) -> None:
         client.submit(
             call_node="ask",
             tool="generate_report",
-            arguments={"_sim": {"duration_ms": 400, "input_rounds": 1}},
+            # The task's retention is the round's deadline: ten real minutes (time_scale 0.05), so the
+            # round cannot expire while this test runs on a slow machine.
+            arguments={"_sim": {"duration_ms": 400, "input_rounds": 1, "ttl_ms": 12_000_000}},
         )
         wait_until(lambda: len(client.approvals()) == 1, what="an approval")
         (approval,) = client.approvals()
         with pytest.raises(ServiceRefused) as stale:
             client.answer(
-                approval["operation_id"], approval["input_round"] + 1, actor="bob", answer={"ok": True}
+                approval["operation_id"], approval["input_round"] + 1, actor="bob", answer={"approve": True}
             )
         assert stale.value.status == 409
         assert client.show("ask")["state"] == "INPUT_REQUIRED"
-        client.answer(approval["operation_id"], approval["input_round"], actor="bob", answer={"ok": True})
+        client.answer(
+            approval["operation_id"], approval["input_round"], actor="bob", answer={"approve": True}
+        )
         wait_until(lambda: all_terminal(client, ["ask"]), what="answered call to finish")
         assert client.show("ask")["state"] == "ACCEPTED"
         assert client.approvals() == []
