@@ -157,13 +157,16 @@ class ServiceProcess:
         self.close()
 
 
-def wait_until(predicate: Callable[[], bool], *, timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until it holds, for at most ``timeout`` seconds (then AssertionError)."""
+def wait_until(
+    predicate: Callable[[], bool], *, timeout: float = 30.0, every: float = 0.05, what: str = "condition"
+) -> None:
+    """Poll ``predicate`` every ``every`` seconds until it holds, for at most ``timeout`` seconds
+    (then AssertionError). A predicate that costs a query wants a longer ``every``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():
             return
-        time.sleep(0.05)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 

@@ -30,6 +30,7 @@ from console.sources import ServiceSource
 from demo.living import ACTOR_OPERATOR
 from engine.errors import ConsoleError
 from service.client import ServiceClient
+from service.testing import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_WITHIN_S = 30.0
@@ -327,11 +328,17 @@ def test_a_short_living_demo_passes_every_gate_the_engine_controls(start_demo):
     with ServiceClient(service_url, timeout=30, token=analyst) as client:
         # The workload runs meanwhile; this only waits (bounded) for the run's end and the explorer.
         demo.wait_for(r"^\[demo \d\d:\d\d\] submitted", until=time.monotonic() + 60)
-        shipped: list[list[object]] = []
-        while time.monotonic() < run_until or not shipped:
-            assert time.monotonic() < run_until + 120, "the service recorded no shipped-code explorer run"
-            shipped = client.sql("SELECT run_id FROM explorer_runs WHERE code = 'shipped' LIMIT 1")["rows"]
-            time.sleep(1.0)  # a bounded poll of the living demo (deadlines above), not a wait to pass time
+        wait_until(
+            lambda: (
+                time.monotonic() >= run_until
+                and bool(
+                    client.sql("SELECT run_id FROM explorer_runs WHERE code = 'shipped' LIMIT 1")["rows"]
+                )
+            ),
+            timeout=GATES_RUN_S + 120,
+            every=0.25,
+            what="the workload's window and the service's shipped-code explorer run",
+        )
         entries = client.reconciliation(include_resolved=True)
         now = client.sql("SELECT now()")["rows"][0][0]
     gates_cli = subprocess.run(
