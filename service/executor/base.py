@@ -235,8 +235,11 @@ class ExecutorState(abc.ABC):
         """(loop) A person's action just changed ``after`` in the ledger; make the loop follow it."""
 
     @abc.abstractmethod
-    def _new_driver(self, server: ServerConfig, backend: Backend, caps: Capabilities) -> Driver:
-        """(loop) A driver at the current epoch with no memory."""
+    def _new_driver(
+        self, server: ServerConfig, backend: Backend, caps: Capabilities, *, ledger: LedgerPort | None = None
+    ) -> Driver:
+        """(loop) A driver at the current epoch with no memory, writing to ``ledger`` (default: the
+        executor's group-committed store)."""
 
     @abc.abstractmethod
     def _after(self, wake: Wake) -> None:

@@ -101,17 +101,10 @@ class ForwardedActions(ExecutorState):
         executor may record it, and the holder (or the next claimer) carries it out."""
         for server in self._servers.values():
             if server.config.url == op.server:
-                return Driver(
-                    ledger=self._tenancy.reads,
-                    backend=server.backend,
-                    clock=self.clock,
-                    rng=self.rng,
-                    server=op.server,
-                    epoch=self.epoch,
-                    policy=self._policy,
-                    limiter=self._limiter,
-                    ttl=server.config.ttl,
-                    capabilities=server.caps,
+                # The holder's own driver, but writing straight to the ledger (not this process's
+                # group commits): the same settings, so both record an action the same way.
+                return self._new_driver(
+                    server.config, server.backend, server.caps, ledger=self._tenancy.reads
                 )
         raise ServiceError(409, f"operation's server {op.server} is not configured")
 

@@ -22,6 +22,7 @@ from typing import TypeVar
 from engine.adapters import AdapterOptions, discover, open_backend, open_client
 from engine.adapters.base import Backend, Capabilities
 from engine.errors import EngineError, LeaseLost
+from engine.ledger.port import LedgerPort
 from engine.model import (
     RECEIPT_STATES,
     Epoch,
@@ -113,10 +114,12 @@ class Loop(ExecutorState):
         )
         self._resume()
 
-    def _new_driver(self, server: ServerConfig, backend: Backend, caps: Capabilities) -> Driver:
+    def _new_driver(
+        self, server: ServerConfig, backend: Backend, caps: Capabilities, *, ledger: LedgerPort | None = None
+    ) -> Driver:
         """A driver at the executor's current epoch, with no memory of earlier actions."""
         return Driver(
-            ledger=self._store,
+            ledger=self._store if ledger is None else ledger,
             backend=backend,
             clock=self.clock,
             rng=random.Random(self.rng.random()),
