@@ -45,10 +45,8 @@ from engine.explore.wire import (
     Message,
     Network,
     Recording,
-    ServerClock,
-    VirtualLoop,
-    VirtualTime,
     Write,
+    ref_server,
     settle,
 )
 from engine.machine import step
@@ -73,8 +71,6 @@ from engine.model import (
 from engine.runtime.driver import Driver, Wake
 from engine.schedule import PollPolicy
 from engine.testing import BATCH_TOOL, REPORT_TOOL
-from refserver.app import build_app
-from refserver.context import Options
 from refserver.context import Protocol as ServerProtocol
 from refserver.task import Status as ServerTaskStatus
 
@@ -181,19 +177,19 @@ class WireWorld:
             self.server, self.op_id, self.node = f"sim-{run}", OperationId(f"op-{run}"), f"node-{run}"
         else:
             self.server, self.op_id, self.node = "sim", OperationId("op-1"), "node-1"
-        self.vt = VirtualTime()
-        self.loop = VirtualLoop(self.vt)
+        # The reference server (its app, event loop and virtual clock) is built once per protocol and
+        # option set and reset for each run (``wire.RefServer``).
+        self.ref = ref_server(_PROTOCOLS[protocol], idempotency=scenario.lookup_by_key)
+        self.vt = self.ref.vt
+        self.loop = self.ref.loop
         self.clock = EngineClock(self.vt)
-        ids = itertools.count(1)
-        self.app = build_app(
-            Options(protocol=_PROTOCOLS[protocol], idempotency=scenario.lookup_by_key, seed=0),
-            ServerClock(self.vt),
-            new_id=lambda: f"t{next(ids)}",
-        )
+        self.app = self.ref.app
         self.store = self.app.state.ctx.store
         self.url = "http://sim" if protocol is Protocol.AIP_151 else "http://sim/mcp"
         self.options = AdapterOptions(timeouts=_OPTIONS_TIMEOUTS, clock=self.clock)
-        self.net = Network(self.loop, self.app, passthrough=frozenset({Kind.HANDSHAKE}))
+        self.net = Network(
+            self.loop, self.app, passthrough=frozenset({Kind.HANDSHAKE}), handshakes=self.ref.handshakes
+        )
         self.ledger: Any = MemPort(self.server) if ledger == "memory" else DuckPort(_duck_ledger())
         self.writes: list[Write] = []
         self.executors = [Incarnation(self, 0, Epoch(1))]
@@ -220,6 +216,7 @@ class WireWorld:
         self.submitted = False
         self.steps = 0
         self.lines: list[str] | None = [] if trace else None
+        self.closed = False
         self.request = self._request()
 
     def _request(self) -> CallRequest:
@@ -737,8 +734,9 @@ class WireWorld:
         return digest[0] if digest else None
 
     def close(self) -> None:
-        if self.loop.is_closed():
+        if self.closed:
             return
+        self.closed = True
 
         async def shut() -> None:
             current = asyncio.current_task()
@@ -753,7 +751,7 @@ class WireWorld:
             )
 
         self.loop.run_until_complete(shut())
-        self.loop.close()
+        self.ref.release()
 
     @property
     def parked(self) -> bool:

@@ -15,8 +15,10 @@ reads no wall clock and does no real I/O.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
-from collections.abc import AsyncIterator, Callable
+import selectors
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -27,6 +29,9 @@ import httpx
 from engine.ledger.memory import Held, MemLedger
 from engine.ledger.port import HeldOutcome, PollRecord
 from engine.model import Digest, Operation, Receipt, TaskId, Transition
+from refserver.app import Admin, build_app
+from refserver.context import Options
+from refserver.context import Protocol as ServerProtocol
 
 Json = dict[str, Any]
 START = datetime(2026, 1, 1, tzinfo=UTC)
@@ -70,12 +75,36 @@ class ServerClock:
         return self._vt.now()
 
 
+class _NoSelector(selectors.BaseSelector):
+    """The virtual loop does no I/O: there is never a file to wait on, so ``select`` returns at once
+    (an epoll call per loop iteration was a measurable share of a run)."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, selectors.SelectorKey] = {}
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        key = selectors.SelectorKey(fileobj, fd, events, data)
+        self._keys[fd] = key
+        return key
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        fd = fileobj if isinstance(fileobj, int) else fileobj.fileno()
+        return self._keys.pop(fd)
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        return []
+
+    def get_map(self) -> Any:
+        return self._keys
+
+
 class VirtualLoop(asyncio.SelectorEventLoop):
     """An asyncio loop whose ``time()`` is the virtual clock: a timer fires once the explorer has
     moved time past it, never because the wall clock did."""
 
     def __init__(self, vt: VirtualTime) -> None:
-        super().__init__()
+        super().__init__(_NoSelector())
         self._vt = vt
 
     def time(self) -> float:
@@ -183,10 +212,21 @@ class Message:
 class Network:
     """Every exchange in flight, and the reference server they may reach."""
 
-    def __init__(self, loop: VirtualLoop, app: Callable[..., Any], *, passthrough: frozenset[Kind]) -> None:
+    def __init__(
+        self,
+        loop: VirtualLoop,
+        app: Callable[..., Any],
+        *,
+        passthrough: frozenset[Kind],
+        handshakes: dict[tuple[str, str, bytes], Canned] | None = None,
+    ) -> None:
         self.loop = loop
         self.app = app
         self.passthrough = passthrough
+        self.handshakes = handshakes
+        """Replies to handshakes (``initialize``, ``tools/list``, ...) the server already gave for the
+        same request bytes; a new executor's handshake is answered from here (see ``RefServer``)."""
+        self._dispatch = _dispatcher(app)
         self.inflight: list[Message] = []
         self.delivered: list[Message] = []
         """Requests that reached the server, in order (the server's own record of what it was asked)."""
@@ -227,6 +267,20 @@ class Network:
 
     async def _serve(self, msg: Message, stream: Stream, reply: Message) -> None:
         request = msg.request
+        canned_key = None
+        if msg.kind is Kind.HANDSHAKE and self.handshakes is not None:
+            canned_key = (request.method, request.url.path, msg.body)
+            canned = self.handshakes.get(canned_key)
+            if canned is not None:
+                stream.status, stream.headers, stream.chunks = (
+                    canned.status,
+                    list(canned.headers),
+                    [canned.body],
+                )
+                stream.started = stream.ended = True
+                self._started(msg, reply)
+                stream.poke()
+                return
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},
@@ -256,10 +310,7 @@ class Network:
                 stream.status = int(event["status"])
                 stream.headers = list(event.get("headers", []))
                 stream.started = True
-                if msg.kind in self.passthrough:
-                    self._complete(reply, truncate=False)
-                else:
-                    self.inflight.append(reply)
+                self._started(msg, reply)
             elif event["type"] == "http.response.body":
                 chunk = event.get("body", b"")
                 if chunk:
@@ -269,12 +320,20 @@ class Network:
             stream.poke()
 
         try:
-            await self.app(scope, receive, send)
+            await self._dispatch(scope, receive, send)
         except Exception:
             pass
         finally:
             stream.ended = True
             stream.poke()
+        if canned_key is not None and self.handshakes is not None and 200 <= stream.status < 300:
+            self.handshakes[canned_key] = Canned(stream.status, tuple(stream.headers), stream.body())
+
+    def _started(self, msg: Message, reply: Message) -> None:
+        if msg.kind in self.passthrough:
+            self._complete(reply, truncate=False)
+        else:
+            self.inflight.append(reply)
 
     def _complete(self, reply: Message, *, truncate: bool) -> None:
         stream = reply.reply
@@ -332,6 +391,113 @@ class Network:
             task.cancel()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Canned:
+    """A reply the server gave, kept to answer the same handshake request again."""
+
+    status: int
+    headers: tuple[tuple[bytes, bytes], ...]
+    body: bytes
+
+
+def _dispatcher(app: Any) -> Callable[..., Any]:
+    """Call the protocol's endpoint for a request straight from the app's routes.
+
+    What answers is the reference server's own endpoint function and its own response object (the
+    bytes a real client gets over HTTP); skipped is Starlette's middleware stack and router, which
+    cost about a fifth of a run. A request no route takes fully (wrong method, unknown path) goes
+    through the whole app as before; an exception goes to the app's own handlers.
+    """
+    routes = getattr(app, "routes", None)
+    handlers = getattr(app, "exception_handlers", None)
+    if not routes or handlers is None:
+        return app  # type: ignore[no-any-return]
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.routing import Match
+
+    async def dispatch(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        for route in routes:
+            match, child = route.matches(scope)
+            if match is Match.FULL:
+                scope.update(child)
+                request = Request(scope, receive)
+                try:
+                    response = await route.endpoint(request)
+                except Exception as exc:
+                    handler = handlers.get(HTTPException if isinstance(exc, HTTPException) else Exception)
+                    if handler is None:
+                        raise
+                    response = await handler(request, exc)
+                await response(scope, receive, send)
+                return
+            if match is not Match.NONE:
+                break
+        await app(scope, receive, send)
+
+    return dispatch
+
+
+class RefServer:
+    """The reference server's app for one protocol and option set, built once and reset for each run.
+
+    Building the Starlette app and its context cost more than a short run; ``reset`` gives every
+    run the state of a fresh server (no tasks, keys, answers; the store's seeded generator and the
+    task numbering restarted). MCP 2025-11-25 sessions survive a reset (as they do over the admin
+    API), so the handshake replies in ``handshakes`` stay valid: a session id names a connection,
+    while tasks belong to the principal, so every executor sharing one changes no outcome.
+    """
+
+    def __init__(self, protocol: ServerProtocol, *, idempotency: bool) -> None:
+        self.vt = VirtualTime()
+        self._ids: Iterator[int] = itertools.count(1)
+        self.app = build_app(
+            Options(protocol=protocol, idempotency=idempotency, seed=0),
+            ServerClock(self.vt),
+            new_id=lambda: f"t{next(self._ids)}",
+        )
+        self.ctx = self.app.state.ctx
+        self.loop = VirtualLoop(self.vt)
+        """The run's event loop, reused too (its time is this server's virtual clock)."""
+        self.handshakes: dict[tuple[str, str, bytes], Canned] = {}
+        self.in_use = False
+        self.cached = False
+
+    def release(self) -> None:
+        """The run is over (every task on the loop ended): the next run may reuse the server."""
+        self.in_use = False
+        if not self.cached:
+            self.loop.close()
+
+    def reset(self) -> None:
+        self.vt.seconds = 0.0
+        self._ids = itertools.count(1)
+        self.ctx.reset()
+        # What the admin API's reset does: the context, then the protocol's own per-server state.
+        protocols = {getattr(getattr(route, "endpoint", None), "__self__", None) for route in self.app.routes}
+        for owner in protocols:
+            if owner is not None and not isinstance(owner, Admin):
+                owner.reset()
+
+
+_SERVERS: dict[tuple[ServerProtocol, bool], RefServer] = {}
+
+
+def ref_server(protocol: ServerProtocol, *, idempotency: bool) -> RefServer:
+    """A reset server for one run: the process's cached one, or a new one if that one is in use."""
+    cached = _SERVERS.get((protocol, idempotency))
+    if cached is None or cached.in_use:
+        server = RefServer(protocol, idempotency=idempotency)
+        if cached is None:
+            server.cached = True
+            _SERVERS[(protocol, idempotency)] = server
+    else:
+        server = cached
+        server.reset()
+    server.in_use = True
+    return server
 
 
 class _BodyStream(httpx.AsyncByteStream):
@@ -543,6 +709,7 @@ def task_id_of(value: str | None) -> TaskId | None:
 __all__ = [
     "START",
     "Approval",
+    "Canned",
     "DuckPort",
     "EngineClock",
     "Gate",
@@ -552,12 +719,14 @@ __all__ = [
     "Message",
     "Network",
     "Recording",
+    "RefServer",
     "ServerClock",
     "Stream",
     "VirtualLoop",
     "VirtualTime",
     "Write",
     "kind_of",
+    "ref_server",
     "settle",
     "task_id_of",
 ]

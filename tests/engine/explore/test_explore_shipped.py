@@ -134,3 +134,33 @@ def test_a_fault_free_run_that_parks_in_unknown_is_a_divergence(monkeypatch: pyt
     result = explore_pair(scenario_named("failure"), P.MCP_2025_11_25, budget=10, code="shipped")
     assert result.divergent > 0
     assert "stuck" in result.kinds
+
+
+def _walk(world: object, stride: int) -> list[str]:
+    """Run a world to its end choosing ``(step * stride) % n``; return its timeline."""
+    from engine.explore.shipped import WireWorld
+
+    assert isinstance(world, WireWorld)
+    while (enabled := world.enabled()) and world.steps < 100:
+        world.perform(enabled[(world.steps * stride) % len(enabled)])
+    return list(world.lines or [])
+
+
+@pytest.mark.parametrize("protocol", [P.MCP_2025_11_25, P.AIP_151])
+def test_a_reused_reference_server_runs_an_interleaving_exactly_as_a_fresh_one(protocol: Protocol) -> None:
+    """The server, loop and handshake replies kept between runs change nothing: a fresh server gives
+    the same timeline and the same verdict for the same choices."""
+    from engine.explore.shipped import WireWorld
+
+    scenario = scenario_named("complete-vs-cancel")
+    warm = WireWorld(scenario, protocol, trace=True)
+    _walk(warm, 1)
+    warm.finish()
+    cached = WireWorld(scenario, protocol, trace=True)
+    assert cached.ref is warm.ref
+    cached_lines = _walk(cached, 3)
+    fresh = WireWorld(scenario, protocol, trace=True)  # the cached server is in use: a new one
+    assert fresh.ref is not cached.ref
+    fresh_lines = _walk(fresh, 3)
+    assert cached_lines == fresh_lines
+    assert cached.finish() == fresh.finish() == []
