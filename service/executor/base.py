@@ -192,6 +192,8 @@ class ExecutorState(abc.ABC):
     """Operations whose spent wait budget was handed to a person (no cancel capability)."""
     _rounds_due: datetime = NEVER
     """When pending approval rounds are next closed if no longer answerable (``ROUNDS_EVERY``)."""
+    _rounds_open: bool = True
+    """Whether an approval round may be pending (unknown at start: the ledger may hold some)."""
     _stopping: bool = False
     _rollout_due: datetime = NEVER
     """When the ledger's rollout state is next read (shared ledgers only)."""

@@ -7,12 +7,14 @@ import random
 import time
 import tomllib
 from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from engine.adapters.base import Json
 from engine.clock import SystemClock
 from engine.ledger.duckdb import Ledger
 from engine.model import Operation
+from engine.testing import FakeClock
 from refserver.testing import RefServer
 from service.config import parse_config
 from service.executor import Executor, ServiceError
@@ -33,6 +35,16 @@ class CountingLedger(Ledger):
     def create_many(self, items: Sequence[tuple[Operation, Json]]) -> list[tuple[Operation, bool]]:
         self.creations.append(len(items))
         return super().create_many(items)
+
+
+class SweepCountingLedger(Ledger):
+    """A real DuckDB ledger that counts the sweeps closing approval rounds."""
+
+    sweeps: int = 0
+
+    def close_rounds(self, at: datetime) -> int:
+        self.sweeps += 1
+        return super().close_rounds(at)
 
 
 async def settle(predicate: Callable[[], bool], *, within: float, what: str) -> None:
@@ -106,3 +118,27 @@ async def test_a_call_node_submitted_twice_in_one_burst_keeps_its_first_request_
         assert len(ledger.operations()) == 1
     finally:
         await stopped(executor, ledger, runner)
+
+
+async def test_a_loop_without_pending_approval_rounds_stops_sweeping_them_after_the_first_look(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """At start the ledger may hold rounds: one sweep; none pending, later ticks (a second apart) sweep
+    nothing and commit nothing on the loop's thread (each sweep used to flush the buffered writes first)."""
+    config = parse_config(tomllib.loads(config_text(servers, global_qps=200)))
+    ledger = SweepCountingLedger.open(tmp_path / "rounds.duckdb")
+    clock = FakeClock()
+    executor = Executor(ledger=ledger, config=config, clock=clock, rng=random.Random(3))
+    await executor.start()
+    try:
+        await executor.tick()
+        assert ledger.sweeps == 1
+        flushes = executor._store.flushes
+        for _ in range(5):
+            clock.advance(timedelta(seconds=1.5))
+            await executor.tick()
+        assert ledger.sweeps == 1
+        assert executor._store.flushes == flushes
+    finally:
+        await executor.aclose()
+        ledger.close()
