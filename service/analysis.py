@@ -28,9 +28,10 @@ import pyarrow as pa
 
 from engine.clock import Clock, monotonic_seconds
 from engine.errors import SqlRefused
+from engine.ledger.analyst import run_query as run_pg_query
 from engine.ledger.duckdb import Ledger
 from engine.ledger.postgres import PgLedger
-from engine.ledger.sandbox import SandboxLimits, run_arrow, run_query, stamp_snapshot
+from engine.ledger.sandbox import QueryResult, SandboxLimits, run_arrow, run_query, stamp_snapshot
 from service.config import AnalystConfig
 
 SNAPSHOT_MAX_AGE = timedelta(seconds=5)
@@ -155,17 +156,24 @@ class PgReads:
     reader: PgLedger
     config: AnalystConfig = field(default_factory=AnalystConfig)
 
+    def _run(self, query: str, max_rows: int) -> QueryResult:
+        # The reader pool's connections serve analysts alone, so their backends may be niced.
+        return run_pg_query(
+            self.reader,
+            query,
+            max_rows=max_rows,
+            timeout=self.config.timeout,
+            work_mem_mb=self.config.work_mem_mb,
+            backend_nice=self.config.nice,
+        )
+
     def query(self, query: str, max_rows: int) -> dict[str, object]:
-        result = self.reader.analyst_query(
-            query, max_rows=max_rows, timeout=self.config.timeout, work_mem_mb=self.config.work_mem_mb
-        ).as_json()
+        result = self._run(query, max_rows).as_json()
         result["snapshot_age_s"] = 0.0
         return result
 
     def arrow(self, query: str, max_rows: int) -> pa.Table:
-        result = self.reader.analyst_query(
-            query, max_rows=max_rows, timeout=self.config.timeout, work_mem_mb=self.config.work_mem_mb
-        )
+        result = self._run(query, max_rows)
         if result.truncated:
             raise SqlRefused(
                 f"the result has more than max_rows={max_rows:,} rows; raise max_rows (up to the "

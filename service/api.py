@@ -58,8 +58,9 @@ an identifier rule of ``engine.limits``, 429 with Retry-After for a principal ov
 Limits).
 
 Presentation only: every decision is the executor's or the engine's. Every read that is not the
-executor's own (SQL, gates, metrics, the audit check, snapshots) runs on the readers' pool
-(``service.readers``), off the executor's loop; a full pool answers 503 with Retry-After.
+executor's own (SQL, console lists, gates, rollout status, metrics, the audit check, snapshots)
+runs on the readers' pool (``service.readers``), off the executor's loop; a full pool answers 503
+with Retry-After.
 """
 
 from __future__ import annotations
@@ -694,8 +695,12 @@ def build_rollout_routes(
         def door(permission: Permission | None, handler: Handler) -> Handler:
             return _guard(local.route(permission, handler), local)
 
+    readers = pool or ReaderPool()
+
     async def status(request: Request) -> Response:
-        return JSON(executor.rollout_status())
+        # Gate inputs, live counts, arms, shadow summary and the whole audit chain's check: a read
+        # that grows with the ledger, so it runs on the readers' pool, not on the executor's loop.
+        return JSON(await readers.run("rollout status", executor.rollout_status))
 
     async def act(request: Request) -> Response:
         body = await _body(request)
@@ -705,8 +710,6 @@ def build_rollout_routes(
         except RolloutRefused as exc:
             return _refused(exc)
         return JSON(result)
-
-    readers = pool or ReaderPool()
 
     async def events(request: Request) -> Response:
         limit = _limit(request)

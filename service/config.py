@@ -51,6 +51,8 @@ Example::
     memory_limit_mb = 512                    # DuckDB sandbox: memory per query (no spilling)
     threads = 1                              # DuckDB sandbox: threads per query
     work_mem_mb = 64                         # PostgreSQL analyst role: work_mem
+    nice = 19                                # CPU priority of reader threads (and a local PostgreSQL
+                                             # analyst backend): 0-19, 19 yields to the executor
     max_rows = 100000                        # the most rows one result may carry
     snapshot_every_min = 0                   # publish a snapshot every N minutes (0: on request only)
     snapshot_keep = 3                        # snapshots kept (older ones deleted)
@@ -120,6 +122,7 @@ _ANALYST_KEYS = {
     "memory_limit_mb",
     "threads",
     "work_mem_mb",
+    "nice",
     "max_rows",
     "snapshot_every_min",
     "snapshot_keep",
@@ -183,6 +186,10 @@ class AnalystConfig:
     memory_limit_mb: int = 512
     threads: int = 1
     work_mem_mb: int = 64
+    nice: int = 19
+    """Scheduling niceness of reader threads and of a local PostgreSQL analyst backend: on a
+    machine with few cores a reader that burns a core takes CPU from the executor even though it
+    never holds the loop; at 19 it runs on what the executor leaves."""
     max_rows: int = 100_000
     snapshot_every: timedelta | None = None
     snapshot_keep: int = 3
@@ -410,11 +417,18 @@ def _analyst(table: dict[str, object]) -> AnalystConfig:
         memory_limit_mb=whole("memory_limit_mb", d.memory_limit_mb, 16),
         threads=whole("threads", d.threads, 1),
         work_mem_mb=whole("work_mem_mb", d.work_mem_mb, 1),
+        nice=_nice(whole("nice", d.nice, 0)),
         max_rows=whole("max_rows", d.max_rows, 1),
         snapshot_every=timedelta(minutes=every) if every else None,
         snapshot_keep=whole("snapshot_keep", d.snapshot_keep, 1),
         snapshot_dir=_string(table, "snapshot_dir", "analyst"),
     )
+
+
+def _nice(value: int) -> int:
+    if value > 19:
+        raise ConfigError("analyst.nice", f"must be 0 (normal priority) to 19 (lowest), got {value}")
+    return value
 
 
 def _limits(table: dict[str, object]) -> LimitsConfig:

@@ -8,6 +8,13 @@ crowd of readers becomes refusals, never an unbounded backlog and never a pause 
 sends polls and cancels. DuckDB and psycopg release the GIL while a query runs, so a worker's
 10-s query costs the loop nothing but the final conversion of its (row-capped) result.
 
+Not holding the loop is not enough on a machine with few cores: a worker that burns a core takes
+CPU from the executor's thread all the same. So each worker lowers its own scheduling priority
+when it starts (``nice``, 19 by default: Linux gives a thread its own nice value), and the DuckDB
+sandbox runs each query with ``threads=1``, on the worker's thread itself, so the query's CPU is
+the niced thread's. Where the platform refuses, the worker runs at normal priority and says so
+in ``stats().nice``.
+
 Holds no rules about what a read may do: the sandbox (``engine.ledger.sandbox``) and the
 PostgreSQL analyst path (``engine.ledger.analyst``) own the per-query limits.
 """
@@ -15,6 +22,7 @@ PostgreSQL analyst path (``engine.ledger.analyst``) own the per-query limits.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,10 +49,12 @@ class ReaderStats:
     running: int
     queued: int
     refused: int
+    nice: int
 
     def as_json(self) -> dict[str, int]:
         return {
             "workers": self.workers,
+            "nice": self.nice,
             "queue_limit": self.queue_limit,
             "running": self.running,
             "queued": self.queued,
@@ -53,19 +63,42 @@ class ReaderStats:
 
 
 class ReaderPool:
-    """``workers`` threads for reads, at most ``queue_limit`` more waiting; beyond that ``ReadersBusy``."""
+    """``workers`` threads for reads, at most ``queue_limit`` more waiting; beyond that ``ReadersBusy``.
 
-    def __init__(self, workers: int = 2, queue_limit: int = 8, *, retry_after_s: int = 2) -> None:
+    Each worker runs at niceness ``nice`` (0-19; 19 the lowest priority).
+    """
+
+    def __init__(
+        self, workers: int = 2, queue_limit: int = 8, *, retry_after_s: int = 2, nice: int = 19
+    ) -> None:
         if workers < 1 or queue_limit < 0:
             raise ValueError("a reader pool needs at least one worker and a non-negative queue")
+        if not 0 <= nice <= 19:
+            raise ValueError("a reader pool's niceness is 0 (normal) to 19 (lowest)")
         self.workers = workers
         self.queue_limit = queue_limit
         self.retry_after_s = retry_after_s
-        self._threads = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="finality-reader")
+        self.nice = nice
+        self._threads = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="finality-reader", initializer=self._lower_priority
+        )
         self._lock = threading.Lock()
         self._admitted = 0
         self._running = 0
         self._refused = 0
+        self._niced = 0  # the niceness the workers reached (0 until one started, or if refused)
+
+    def _lower_priority(self) -> None:
+        """Run in each new worker: set the calling thread's own niceness (Linux: per thread)."""
+        reached = 0
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, max(self.nice, os.getpriority(os.PRIO_PROCESS, tid)))
+            reached = os.getpriority(os.PRIO_PROCESS, tid)
+        except (AttributeError, OSError):
+            pass  # no per-thread priority here: the worker runs at the process's priority
+        with self._lock:
+            self._niced = reached
 
     def stats(self) -> ReaderStats:
         with self._lock:
@@ -75,6 +108,7 @@ class ReaderPool:
                 self._running,
                 self._admitted - self._running,
                 self._refused,
+                self._niced,
             )
 
     async def run(self, what: str, fn: Callable[[], T]) -> T:

@@ -64,7 +64,7 @@ async def serve(
     )
     await executor.start()
     analyst = config.analyst
-    readers = ReaderPool(analyst.workers, analyst.queue)
+    readers = ReaderPool(analyst.workers, analyst.queue, nice=analyst.nice)
     reader_ledger: PgLedger | None = None
     with tempfile.TemporaryDirectory(prefix="finality-sql-") as folder:
         sql: AnalystReads

@@ -10,10 +10,18 @@ bounds the time, ``work_mem`` each sort or hash's memory (beyond it PostgreSQL s
 temporary files, bounded by ``temp_file_limit`` where the server sets one) and a server-side cursor
 the rows fetched; a query over a limit fails with ``SqlRefused`` naming it. Writes nothing; the transaction is
 always rolled back.
+
+CPU: a query runs on its own backend only (``max_parallel_workers_per_gather = 0``: parallel workers
+would be more processes taking cores from the executor and its backends), and with ``backend_nice``
+that backend, when it is a local PostgreSQL process this user may renice, is lowered to that niceness, so
+an analyst's slow query runs on the CPU the executor's backends leave. Only for connections kept for
+analysts: an unprivileged process cannot raise a priority back.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 import time
 from contextlib import AbstractContextManager
@@ -137,8 +145,12 @@ def run_query(
     max_rows: int = 1000,
     timeout: timedelta = timedelta(seconds=10),
     work_mem_mb: int = 64,
+    backend_nice: int | None = None,
 ) -> QueryResult:
     """Run one read-only query on the ledger under its analyst role; the same result shape as ``engine.ledger.sandbox``.
+
+    ``backend_nice`` (0-19): lower a local backend's CPU priority to it first; pass it only with a
+    ledger whose connections serve analysts alone (the priority cannot be raised back).
 
     Raises:
         SqlRefused: the query is not a single read-only statement, lacks the rights it needs (writes,
@@ -148,6 +160,8 @@ def run_query(
     role = ledger.analyst_role
     try:
         with ledger.connection() as conn, conn.transaction(force_rollback=True):
+            if backend_nice is not None:
+                lower_backend_priority(conn, backend_nice)
             return _run(conn, text, role, max_rows, timeout, work_mem_mb)
     except SqlRefused:
         raise
@@ -187,6 +201,7 @@ def _run(
         [f"{max(1, int(timeout.total_seconds() * 1000))}ms"],
     )
     conn.execute("SELECT set_config('work_mem', %s, true)", [f"{max(1, int(work_mem_mb))}MB"])
+    conn.execute("SELECT set_config('max_parallel_workers_per_gather', '0', true)")
     try:
         conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
     except psycopg.Error as exc:
@@ -213,6 +228,35 @@ def _run(
     return QueryResult(columns, [list(r) for r in rows[:max_rows]], truncated, elapsed)
 
 
+def _local(host: str) -> bool:
+    if not host or host.startswith("/") or host == "localhost":
+        return True  # a Unix socket (or the default one)
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def lower_backend_priority(conn: psycopg.Connection[TupleRow], nice: int) -> int | None:
+    """Lower the connection's backend process to niceness ``nice`` if it is a local PostgreSQL process;
+    return its niceness then, or None when it is not ours to change (a remote server, or the
+    platform refuses: another user's process without the privilege). Never raises a priority."""
+    if not _local(conn.info.host):
+        return None
+    pid = conn.info.backend_pid
+    proc = f"/proc/{pid}"
+    try:
+        # The pid is the server's: on this machine only if it names a postgres process we own.
+        with open(f"{proc}/comm") as comm:
+            if not comm.read().startswith("postgres"):
+                return None
+        if os.getpriority(os.PRIO_PROCESS, pid) < nice:
+            os.setpriority(os.PRIO_PROCESS, pid, nice)
+        return os.getpriority(os.PRIO_PROCESS, pid)
+    except OSError:
+        return None
+
+
 def _first_line(exc: BaseException) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
@@ -221,5 +265,6 @@ __all__ = [
     "AnalystSource",
     "check_query",
     "first_keyword",
+    "lower_backend_priority",
     "run_query",
 ]

@@ -6,6 +6,7 @@ but SELECT: files, sequences, catalogs of secrets), and the read-only transactio
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
@@ -205,3 +206,50 @@ def test_a_read_only_ledger_handle_runs_analyst_sql(pg_url: str, ledger: PgLedge
         assert reader.analyst_query("SELECT count(*) FROM receipts").rows == [[0]]
     finally:
         reader.close()
+
+
+def test_an_analyst_query_runs_on_one_backend_lowered_to_the_lowest_cpu_priority(
+    pg_url: str, ledger: PgLedger
+) -> None:
+    """With backend_nice the (local) backend runs at niceness 19 and the query may not start parallel workers."""
+    analysts = PgLedger.open(pg_url, read_only=True, pool_size=1)
+    try:
+        result = run_query(
+            analysts,
+            "SELECT pg_backend_pid() AS pid, "
+            "(SELECT setting FROM pg_settings WHERE name = 'max_parallel_workers_per_gather') AS parallel",
+            backend_nice=19,
+        )
+        pid, parallel = result.rows[0]
+        assert parallel == "0"
+        assert os.getpriority(os.PRIO_PROCESS, int(str(pid))) == 19
+    finally:
+        analysts.close()
+
+
+def test_a_query_returning_millions_of_rows_fetches_only_max_rows_from_the_server(ledger: PgLedger) -> None:
+    """Ten million rows are asked for; max_rows come back, marked truncated, and the next query runs."""
+    result = run_query(ledger, "SELECT g FROM generate_series(1, 10000000) AS g", max_rows=1000)
+    assert (len(result.rows), result.truncated) == (1000, True)
+    assert run_query(ledger, "SELECT 1").rows == [[1]]
+
+
+def test_a_query_over_the_servers_temporary_space_limit_fails_naming_work_mem_and_the_ledger_goes_on(
+    pg_url: str, ledger: PgLedger
+) -> None:
+    """A sort past work_mem spills; past the server's temp_file_limit it is refused naming the limits."""
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        database = admin.info.dbname
+        admin.execute(f"ALTER DATABASE \"{database}\" SET temp_file_limit = '1MB'")
+    limited = PgLedger.open(pg_url, pool_size=1)
+    try:
+        with pytest.raises(SqlRefused, match=r"work_mem=1 MB per sort or hash.*temp_file_limit"):
+            run_query(
+                limited,
+                "SELECT count(*) FROM (SELECT g FROM generate_series(1, 3000000) g ORDER BY g DESC OFFSET 0) s",
+                work_mem_mb=1,
+            )
+        assert run_query(limited, "SELECT 41 + 1").rows == [[42]]
+        assert settings_intact(limited)
+    finally:
+        limited.close()

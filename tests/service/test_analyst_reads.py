@@ -233,10 +233,10 @@ def test_a_snapshot_opens_with_plain_duckdb_while_the_service_writes_and_holds_t
         assert len(kept) == 2
 
 
-def test_console_list_reads_go_through_the_readers_pool_and_get_503_when_it_is_full(
+def test_console_reads_rollout_status_gates_and_metrics_go_through_the_readers_pool_and_get_503_when_it_is_full(
     start: Callable[[str], ServiceProcess],
 ) -> None:
-    """Operation, approval, reconciliation and rollout lists queue behind analysts (503 + Retry-After), not on the loop."""
+    """Lists, rollout status, gates, the audit check and /metrics queue behind analysts (503 + Retry-After), not on the loop."""
     svc = start("workers = 1\nqueue = 0\ntimeout_s = 60")
     finished = threading.Event()
 
@@ -259,12 +259,19 @@ def test_console_list_reads_go_through_the_readers_pool_and_get_503_when_it_is_f
             "/api/v1/rollout/events",
             "/api/v1/rollout/shadow-diffs",
             "/api/v1/rollout/assignments",
+            "/api/v1/rollout/status",
+            "/api/v1/rollout/audit",
+            "/api/v1/gates",
+            "/metrics",
         ):
             answer = httpx.get(f"{svc.url}{path}", timeout=30)
             assert answer.status_code == 503, (path, answer.text)
             assert int(answer.headers["Retry-After"]) >= 1
         # The executor's own answers do not queue: health and a submission go on.
-        assert client.health()["status"] == "ok"
+        health = client.health()
+        assert health["status"] == "ok"
+        # The slow query runs on a worker at the lowest CPU priority (it yields to the executor).
+        assert health["readers"]["nice"] == 19
         node = _submit(client, "during-full-pool", 1)
         assert client.show(node[0])["state"]
     svc.close()
