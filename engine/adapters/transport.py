@@ -19,6 +19,9 @@ from email.utils import parsedate_to_datetime
 
 import aiohttp
 import httpx
+from httpx import USE_CLIENT_DEFAULT
+from httpx._client import UseClientDefault
+from httpx._types import AuthTypes
 from httpx_aiohttp import AiohttpTransport
 from mcp_types.jsonrpc import ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
 from pydantic import ValidationError
@@ -51,7 +54,43 @@ def pooled_client(connections: int) -> httpx.AsyncClient:
     limits = httpx.Limits(
         max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=2.0
     )
-    return httpx.AsyncClient(transport=AiohttpTransport(limits=limits), limits=limits)
+    return PooledClient(AiohttpTransport(limits=limits), limits)
+
+
+class PooledClient(httpx.AsyncClient):
+    """httpx's API on one transport, each request handed straight to it.
+
+    ``send`` skips what httpx wraps around a transport and the adapters never use, about 5 % of
+    the executor's CPU in bench/scale.py (bench/results/profiles/scale-s5-before.md): the auth
+    flow (the adapters set ``Authorization`` themselves), redirects (never followed: a redirect
+    is a reply like any other) and the cookie jar (the protocols keep a session in
+    ``Mcp-Session-Id``, never in a cookie; httpx built a ``urllib`` request for every reply to look
+    for one). A caller that asks for auth or for redirects gets httpx's own ``send``.
+    """
+
+    def __init__(self, transport: httpx.AsyncBaseTransport, limits: httpx.Limits) -> None:
+        super().__init__(transport=transport, limits=limits)
+        self._wire = transport
+
+    async def send(
+        self,
+        request: httpx.Request,
+        *,
+        stream: bool = False,
+        auth: AuthTypes | UseClientDefault | None = USE_CLIENT_DEFAULT,
+        follow_redirects: bool | UseClientDefault = USE_CLIENT_DEFAULT,
+    ) -> httpx.Response:
+        if not isinstance(auth, UseClientDefault) or follow_redirects is True or self.is_closed:
+            return await super().send(request, stream=stream, auth=auth, follow_redirects=follow_redirects)
+        response = await self._wire.handle_async_request(request)
+        response.request = request
+        if not stream:
+            try:
+                await response.aread()
+            except BaseException:
+                await response.aclose()
+                raise
+        return response
 
 
 def retry_after(headers: httpx.Headers, now: datetime) -> timedelta | None:
@@ -330,11 +369,19 @@ class StreamableHttp:
     ) -> None:
         self._client = client
         self._url = url
+        self._parsed: httpx.URL | None = None
         self._token = token
         self._options = options
         self._headers = dict(headers or {})
         self._ids = itertools.count(1)
         self.session_id: str | None = None
+
+    def _target(self) -> httpx.URL:
+        """The endpoint, parsed once (httpx parsed the string again for every request: 2 % of the
+        executor's CPU). Called inside ``guarded``, so a bad URL still becomes ``ConfigError``."""
+        if self._parsed is None:
+            self._parsed = httpx.URL(self._url)
+        return self._parsed
 
     def set_header(self, name: str, value: str) -> None:
         self._headers[name] = value
@@ -387,7 +434,7 @@ class StreamableHttp:
             guarded(what, limit),
             self._client.stream(
                 "POST",
-                self._url,
+                self._target(),
                 json=body,
                 headers=self._request_headers(headers),
                 timeout=httpx_timeout(self._options, limit),
@@ -477,7 +524,7 @@ class StreamableHttp:
         limit = self._options.timeouts.request
         async with guarded(what, limit):
             response = await self._client.post(
-                self._url,
+                self._target(),
                 json=body,
                 headers=self._request_headers(headers),
                 timeout=httpx_timeout(self._options, limit),
@@ -501,7 +548,7 @@ class StreamableHttp:
         try:
             async with guarded("session close", limit):
                 await self._client.delete(
-                    self._url,
+                    self._target(),
                     headers=self._request_headers(None),
                     timeout=httpx_timeout(self._options, limit),
                 )

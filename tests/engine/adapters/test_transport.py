@@ -24,7 +24,7 @@ from adapter_fakes import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.adapters.transport import SseParser, StreamableHttp, retry_after
+from engine.adapters.transport import SseParser, StreamableHttp, pooled_client, retry_after
 from engine.errors import BackendRejected, BackendUnavailable, ConfigError, ProtocolViolation, SessionExpired
 
 LIMIT = timedelta(seconds=5)
@@ -275,3 +275,36 @@ def test_the_sse_parser_joins_data_lines_and_drops_unfinished_events():
 
 def _dump(message: dict[str, Any]) -> bytes:
     return json.dumps(message).encode()
+
+
+async def test_the_pooled_client_sends_no_cookie_back_and_reads_each_reply_whole():
+    """Over real HTTP: a server's Set-Cookie is never sent back (the protocols keep sessions in
+    headers, and the pooled client hands requests straight to its transport); status, body and a
+    streamed body arrive as sent, over one kept-alive connection pool."""
+    from aiohttp import web
+
+    seen: list[str | None] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Cookie"))
+        return web.json_response({"n": len(seen)}, headers={"Set-Cookie": "sticky=1; Path=/"})
+
+    app = web.Application()
+    app.router.add_route("*", "/mcp", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+    client = pooled_client(4)
+    try:
+        first = await client.post(url, json={"a": 1}, timeout=30)
+        second = await client.post(url, json={"a": 2}, timeout=30)
+        async with client.stream("GET", url, timeout=30) as streamed:
+            body = b"".join([chunk async for chunk in streamed.aiter_bytes()])
+        assert (first.status_code, first.json(), second.json()) == (200, {"n": 1}, {"n": 2})
+        assert json.loads(body) == {"n": 3}
+        assert seen == [None, None, None]
+    finally:
+        await client.aclose()
+        await runner.cleanup()
