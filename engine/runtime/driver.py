@@ -278,17 +278,35 @@ class Driver:
 
     # ------------------------------------------------------------------------------- advancing
 
-    async def advance(self, op: Operation) -> Wake:
-        """Carry out the one action the operation's state calls for; say when to come back."""
-        now = self.clock.now()
+    def _due(self, op: Operation) -> Step:
         known = self._memory.get(op.operation_id)
-        due = next_step(
+        return next_step(
             op,
             epoch=self.epoch,
             fresh_submit=known is not None and known.fresh_submit,
             cancel_sent=known.cancel_sent if known is not None else 0,
             proved_absent=known is not None and known.proved_absent,
         )
+
+    def sends_nothing(self, op: Operation) -> bool:
+        """Whether ``op``'s next action sends no request: starting the fetch, or verifying an
+        outcome this driver already holds in memory (it came with the terminal status).
+
+        Such an action needs nothing durable before it, so a scheduler may run it at once instead
+        of waiting for the commit of the writes before it.
+        """
+        due = self._due(op)
+        if due is Step.FETCH_START:
+            return True
+        if due is Step.FETCH:
+            known = self._memory.get(op.operation_id)
+            return known is not None and known.held is not None and not known.refetch
+        return False
+
+    async def advance(self, op: Operation) -> Wake:
+        """Carry out the one action the operation's state calls for; say when to come back."""
+        now = self.clock.now()
+        due = self._due(op)
         if due is Step.FENCED:
             # Another executor epoch owns it; a fenced driver never talks to the server for it.
             # Every event below is stamped with ``self.epoch``, the epoch its request went out

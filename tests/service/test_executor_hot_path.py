@@ -142,3 +142,29 @@ async def test_a_loop_without_pending_approval_rounds_stops_sweeping_them_after_
     finally:
         await executor.aclose()
         ledger.close()
+
+
+async def test_every_advance_of_a_completing_call_sends_a_request_the_local_steps_after_it_ride_along(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """On each protocol a call that completes is advanced exactly once per protocol request: starting
+    the fetch and verifying an outcome that came with the terminal status follow in the advance that
+    saw it (they used to wait a group commit each), and each call still gets one receipt."""
+    executor, ledger, runner = await started(tmp_path, servers)
+    try:
+        quick = {"duration_ms": 2000, "ttl_ms": 3_600_000}
+        nodes = {
+            "inline-aip": "analyze_upload",
+            "inline-ext": "apply_batch_change",
+            "fetched-mcp": "generate_report",
+        }
+        for node, tool in nodes.items():
+            await executor.submit(call_node=node, tool=tool, arguments={"n": node, "_sim": quick})
+        await settle(lambda: executor.in_flight == 0, within=120, what="every call terminal")
+        executor.request_stop()
+        await asyncio.wait_for(runner, timeout=60)
+        ops = {op.call_node_id: op for op in ledger.operations()}
+        assert {node: ops[node].state.value for node in nodes} == dict.fromkeys(nodes, "ACCEPTED")
+        assert len(ledger.polls()) == executor.stats["advances"]
+    finally:
+        await stopped(executor, ledger, runner)
