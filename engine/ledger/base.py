@@ -446,22 +446,29 @@ class SqlLedger(ABC):
         refused: set[str],
     ) -> None:
         """A batch's new task bindings and log rows, for every operation not ``refused``."""
-        bindings = [
-            [last[k].after.server, last[k].after.task_id, k, last[k].at]
-            for k in sorted(last)
-            if k not in refused
-            and last[k].after.task_id is not None
-            and last[k].after.task_id != first[k].before.task_id
-        ]
+        bound = sorted(
+            k
+            for k, t in last.items()
+            if t.after.task_id is not None and t.after.task_id != first[k].before.task_id and k not in refused
+        )
+        bindings = [[last[k].after.server, last[k].after.task_id, k, last[k].at] for k in bound]
         if bindings:
             self._insert_many(tx, "task_bindings", bindings)
-        log_rows = [
-            _transition_row(t)
-            for i, t in enumerate(transitions)
-            if i not in chain_errors and t.after.operation_id not in refused
-        ]
-        if log_rows:
-            self._insert_many(tx, "transitions", log_rows)
+        logged = (
+            [
+                t
+                for i, t in enumerate(transitions)
+                if i not in chain_errors and t.after.operation_id not in refused
+            ]
+            if chain_errors or refused
+            else transitions
+        )
+        if logged:
+            self._append_log(tx, logged)
+
+    def _append_log(self, tx: Any, transitions: Sequence[Transition]) -> None:
+        """Append the transitions' log rows (a driver may build them by column)."""
+        self._insert_many(tx, "transitions", [_transition_row(t) for t in transitions])
 
     def _acceptances(
         self,

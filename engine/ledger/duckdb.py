@@ -81,14 +81,7 @@ _DUCKDB_MAGIC: Final = b"DUCK"
 _HEADER_BYTES: Final = 3 * 4096
 
 
-# --------------------------------------------------------------------------------- conversions
-
-
-def _columns(rows: Sequence[Sequence[object]], schema: pa.Schema) -> pa.Table:
-    cols: list[Sequence[object]] = list(zip(*rows, strict=True)) if rows else [[] for _ in schema.names]
-    return pa.Table.from_arrays(
-        [pa.array(list(c), type=f.type) for c, f in zip(cols, schema, strict=True)], schema=schema
-    )
+_columns: Final = codec.arrow_rows
 
 
 # ------------------------------------------------------------------------------------- the ledger
@@ -359,23 +352,34 @@ class Ledger(SqlLedger):
         return BatchOutcome(after, None)
 
     def _apply_batch(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
-        with self._tx() as tx:
-            return self._apply_batch_in(tx, transitions)
+        try:
+            with self._tx() as tx:
+                return self._apply_batch_in(tx, transitions)
+        except _Moved:
+            with self._tx() as tx:
+                return self._apply_batch_in(tx, transitions, checked=True)
 
     def _apply_batch_in(
-        self, tx: duckdb.DuckDBPyConnection, transitions: Sequence[Transition]
+        self, tx: duckdb.DuckDBPyConnection, transitions: Sequence[Transition], *, checked: bool = False
     ) -> list[BatchOutcome]:
+        """The batch's compare-and-swaps in ``tx``: one set-based UPDATE whose count is verified.
+
+        Unless ``checked``, the UPDATE runs unguarded by a read: if it wrote fewer rows than the batch
+        changes, some operation moved, and ``_Moved`` aborts the transaction for a ``checked`` retry
+        that finds the stale rows first (a stale write is rare; the read costs a join every time).
+        """
         first, last, chain_errors = chain(transitions)
-        state_rows = [
-            codec._state_row(last[k].after, first[k].before.row_version, first[k].before.cancel_generation)
-            for k in last
-            if last[k].after != first[k].before
-        ]
-        unchanged = [
-            (k, first[k].before.row_version, first[k].before.cancel_generation)
-            for k in last
-            if last[k].after == first[k].before
-        ]
+        changed: list[Operation] = []
+        expected: list[tuple[int, int]] = []
+        unchanged: list[tuple[str, int, int]] = []
+        for k, t in last.items():
+            before, after = first[k].before, t.after
+            # A new row version says at once that the row changed; equal ones are compared in full.
+            if after.row_version != before.row_version or after != before:
+                changed.append(after)
+                expected.append((before.row_version, before.cancel_generation))
+            else:
+                unchanged.append((k, before.row_version, before.cancel_generation))
         stale_ids: set[str] = set()
         if unchanged:
             # Log-only transitions are checked too: they must describe the row as it is.
@@ -391,25 +395,40 @@ class Ledger(SqlLedger):
                 }
             finally:
                 tx.unregister("log_only")
-        if state_rows:
-            stale_ids |= self._update_states_in(tx, state_rows, "group commit", find_stale=True)
+        if changed:
+            stale_ids |= self._update_states_in(
+                tx, codec.state_table(changed, expected), "group commit", find_stale=checked, verify=checked
+            )
         self._append_batch(tx, transitions, first, last, chain_errors, stale_ids)
+        if not stale_ids and not chain_errors:
+            return [BatchOutcome(t.after, None) for t in transitions]
         refused = {k: StaleWrite(k, first[k].before.row_version) for k in stale_ids}
         return outcomes(transitions, chain_errors, refused)
+
+    def _append_log(self, tx: Any, transitions: Sequence[Transition]) -> None:
+        tx.register("new_rows", codec.transition_table(transitions))
+        try:
+            tx.execute("INSERT INTO transitions SELECT nextval('transition_seq'), * FROM new_rows")
+        finally:
+            tx.unregister("new_rows")
 
     def _update_states_in(
         self,
         tx: duckdb.DuckDBPyConnection,
-        state_rows: Sequence[Sequence[object]],
+        state: pa.Table,
         what: str,
         *,
         find_stale: bool,
+        verify: bool = True,
     ) -> set[str]:
-        """Compare-and-swap many state rows in one statement; returns the stale ones (not written).
+        """Compare-and-swap many state rows (``rows.state_table``) in one statement; returns the stale
+        ones (not written).
 
-        Without ``find_stale`` every row must still be as expected (its operation checked already).
+        Without ``find_stale`` every row must still be as expected: a shortfall raises ``_Moved``
+        unless ``verify`` (its operations were checked already: another writer moved them, a
+        conflict).
         """
-        tx.register("new_state", _columns(state_rows, _STATE_SCHEMA))
+        tx.register("new_state", state)
         try:
             stale: set[str] = set()
             if find_stale:
@@ -430,12 +449,16 @@ class Ledger(SqlLedger):
             ).fetchone()
         finally:
             tx.unregister("new_state")
-        if updated is None or int(updated[0]) != len(state_rows) - len(stale):
+        if updated is None or int(updated[0]) != state.num_rows - len(stale):
+            if not verify:
+                raise _Moved
             raise duckdb.TransactionException(f"concurrent writer moved rows during {what}")
         return stale
 
     def _update_states(self, tx: Any, state_rows: Sequence[Sequence[object]]) -> None:
-        self._update_states_in(tx, state_rows, "batched acceptance", find_stale=False)
+        self._update_states_in(
+            tx, _columns(state_rows, _STATE_SCHEMA), "batched acceptance", find_stale=False
+        )
 
     def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt:
         """The single acceptance point: one transaction writes the receipt and the outbox entry.
@@ -491,10 +514,18 @@ class Ledger(SqlLedger):
         ]
 
     def _commit_group_once(self, group: WriteGroup) -> GroupOutcome:
+        try:
+            return self._commit_group_in(group, checked=False)
+        except _Moved:
+            return self._commit_group_in(group, checked=True)
+
+    def _commit_group_in(self, group: WriteGroup, *, checked: bool) -> GroupOutcome:
         with self._tx() as tx:
             if group.held:
                 self._insert_held(tx, group.held)
-            applied = self._apply_batch_in(tx, group.transitions) if group.transitions else []
+            applied = (
+                self._apply_batch_in(tx, group.transitions, checked=checked) if group.transitions else []
+            )
             accepted = self._accept_batch_in(tx, group.acceptances) if group.acceptances else []
             if group.polls:
                 self._insert_polls(tx, group.polls)
@@ -559,6 +590,10 @@ class Ledger(SqlLedger):
         if row is None:
             raise LedgerError("the gate-inputs statement returned no row")
         return gate_inputs_from_values([d[0] for d in cur.description or ()], row)
+
+
+class _Moved(Exception):
+    """A group's unguarded compare-and-swap wrote fewer rows than it changes: retry it checked."""
 
 
 def _warm_up_operation() -> Operation:
