@@ -21,13 +21,16 @@ adapter version is ``CANARY_ADAPTER_VERSION`` and on ``control`` otherwise (see 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -35,7 +38,44 @@ from engine.clock import Clock, SystemClock
 from engine.ledger import is_postgres, open_ledger
 from engine.ledger.gate_sql import WRITE_SETTLE_S
 from engine.ledger.port import ExplorerRun, LedgerPort
-from engine.model import SCHEMA_VERSION, GateRecord
+from engine.ledger.rows import created_row, event_detail
+from engine.machine import step
+from engine.model import (
+    SCHEMA_VERSION,
+    AcceptTerminal,
+    AwaitApproval,
+    CallNodeId,
+    CancelConfirmed,
+    CancelRefusedTerminal,
+    CancelRequested,
+    Digest,
+    Epoch,
+    Event,
+    FetchStarted,
+    FlagEffectReconciliation,
+    GateRecord,
+    IdempotencyKey,
+    InlineResultReturned,
+    InputAnswered,
+    LocalState,
+    LookupUnavailable,
+    OpenReconciliation,
+    Operation,
+    OperationId,
+    Principal,
+    Protocol,
+    Receipt,
+    Reconciled,
+    ResultVerified,
+    ServerStatus,
+    StatusObserved,
+    SubmissionLost,
+    Submitted,
+    TaskId,
+    ToolRef,
+)
+from engine.runtime.plan import Step as PlanStep
+from engine.runtime.plan import next_step
 
 CANARY_ADAPTER_VERSION = "finality-0.2"
 """The adapter version of operations routed through the new adapter (the canary arm)."""
@@ -62,84 +102,271 @@ _TS = pa.timestamp("us", tz="UTC")
 _S = np.float64
 
 
+# ------------------------------------------------------------------ histories, replayed through the machine
+# A seeded history is a script of what the world did to an operation: the server's replies (each
+# answering the action ``engine.runtime.plan.next_step`` names as due) and people's actions. The
+# seeding holds no state, no transition and no reason of its own: each script is replayed once
+# through ``engine.machine.step`` on a prototype operation, and every operation of that history
+# gets the replay's rows with its own identifiers and instants. A script that asks for a reply the
+# decision path would not wait for, or an event the machine refuses, is an error, not a row.
+
+_TASK = "@@task@@"
+_KEY = "@@key@@"
+_DIGEST = "@@digest@@"
+_ELICIT = "@@elicit@@"
+_EXPIRES = datetime(2000, 1, 1, tzinfo=UTC)
+"""Placeholders in the prototype operation; each seeded operation's own values replace them."""
+_EXPIRES_TEXT = orjson.dumps(_EXPIRES).decode().strip('"')
+_PROTO_AT = datetime(2000, 1, 1, tzinfo=UTC)
+_PROTO_EPOCH = Epoch(1)
+
+
 @dataclass(frozen=True, slots=True)
-class Step:
-    event: str
-    to_state: str
-    cause: str
+class Happening:
+    """One thing the world did to an operation, at the instant named by ``at``.
+
+    ``answers`` is the action the reply answers (the decision path must name it as due), or
+    ``None`` for a person's action, which may come at any time the machine accepts it.
+    """
+
     at: str
-    """Name of the per-operation time column (seconds after creation) at which the step happened."""
+    """Name of the per-operation time column (seconds after creation)."""
+    answers: PlanStep | None
+    event: Callable[[Operation], Event]
 
 
-def _path(*steps: tuple[str, str, str, str]) -> tuple[Step, ...]:
-    created = Step("Created", "SUBMITTING", "operation recorded before submission", "t0")
-    return (created, *(Step(*s) for s in steps))
+def _reply(at: str, answers: PlanStep, event: Callable[[Operation], Event]) -> Happening:
+    return Happening(at, answers, event)
 
 
-_SUBMITTED = ("Submitted", "WORKING", "server returned a queryable id", "t_sub")
-_DONE = ("StatusObserved", "TERMINAL_OBSERVED", "server reported a terminal status", "t_term")
-_FETCH = ("FetchStarted", "FETCHING_RESULT", "fetching the result", "t_fetch")
-_ACCEPT = ("ResultVerified", "ACCEPTED", "result verified and accepted", "t_accept")
-_CANCEL = ("CancelRequested", "CANCEL_REQUESTED", "oncall: user asked to stop", "t_cancel")
+def _person(at: str, event: Callable[[Operation], Event]) -> Happening:
+    return Happening(at, None, event)
 
-PATHS: dict[str, tuple[Step, ...]] = {
-    "completed": _path(_SUBMITTED, _DONE, _FETCH, _ACCEPT),
-    "failed": _path(_SUBMITTED, _DONE, _FETCH, _ACCEPT),
-    "cancelled": _path(
+
+_SUBMITTED = _reply(
+    "t_sub", PlanStep.SUBMIT, lambda op: Submitted(TaskId(_TASK), op.epoch, expires_at=_EXPIRES)
+)
+_LOST = _reply(
+    "t_sub", PlanStep.SUBMIT, lambda op: SubmissionLost(op.epoch, "no usable reply to the submission")
+)
+_NO_LOOKUP = _reply(
+    "t_lost",
+    PlanStep.LOOK_UP,
+    lambda op: LookupUnavailable(op.epoch, "lookup by key unavailable; a person must find it"),
+)
+_FOUND = _person(
+    "t_resolve", lambda op: Reconciled("oncall-1", "found on the server by submission key", TaskId(_TASK))
+)
+
+
+def _status(at: str, status: ServerStatus) -> Happening:
+    key = _ELICIT if status is ServerStatus.INPUT_REQUIRED else None
+    return _reply(
+        at, PlanStep.POLL, lambda op: StatusObserved(TaskId(_TASK), status, op.epoch, input_request_key=key)
+    )
+
+
+_FETCH = _reply("t_fetch", PlanStep.FETCH_START, lambda op: FetchStarted(op.epoch))
+
+
+def _verified(status: ServerStatus) -> Happening:
+    return _reply(
+        "t_accept",
+        PlanStep.FETCH,
+        lambda op: ResultVerified(op.task_id, status, Digest(_DIGEST), op.epoch),
+    )
+
+
+_CANCEL = _person(
+    "t_cancel",
+    lambda op: CancelRequested(op.cancel_generation + 1, "oncall", "user asked to stop"),
+)
+_DONE = (_status("t_term", ServerStatus.COMPLETED), _FETCH, _verified(ServerStatus.COMPLETED))
+
+SCRIPTS: dict[str, tuple[Happening, ...]] = {
+    "completed": (_SUBMITTED, *_DONE),
+    "failed": (
         _SUBMITTED,
-        _CANCEL,
-        ("CancelConfirmed", "CANCELLED_ACCEPTED", "cancel response is evidence of cancelled", "t_accept"),
+        _status("t_term", ServerStatus.FAILED),
+        _FETCH,
+        _verified(ServerStatus.FAILED),
     ),
-    "cancel_lost": _path(
+    "cancelled": (
         _SUBMITTED,
         _CANCEL,
-        (
-            "CancelRefusedTerminal",
-            "TERMINAL_OBSERVED",
-            "the task ended before the cancel took effect",
-            "t_term",
+        _reply(
+            "t_accept",
+            PlanStep.SEND_CANCEL,
+            lambda op: CancelConfirmed(TaskId(_TASK), op.cancel_generation, op.epoch),
         ),
-        _FETCH,
-        _ACCEPT,
     ),
-    "input": _path(
+    "cancel_lost": (
         _SUBMITTED,
-        ("StatusObserved", "INPUT_REQUIRED", "server asked for input", "t_input"),
-        ("InputAnswered", "WORKING", "answered by approver", "t_answer"),
-        _DONE,
-        _FETCH,
-        _ACCEPT,
+        _CANCEL,
+        _reply(
+            "t_cancel_reply",
+            PlanStep.SEND_CANCEL,
+            lambda op: CancelRefusedTerminal(TaskId(_TASK), op.cancel_generation, op.epoch),
+        ),
+        *_DONE,
     ),
-    "unknown_resolved": _path(
-        ("SubmissionLost", "SUBMISSION_UNKNOWN", "no usable reply to the submission", "t_sub"),
-        ("LookupUnavailable", "UNKNOWN", "lookup by key unavailable; a person must find it", "t_lost"),
-        ("Reconciled", "WORKING", "oncall: found on the server by key", "t_resolve"),
-        _DONE,
-        _FETCH,
-        _ACCEPT,
+    "input": (
+        _SUBMITTED,
+        _status("t_input", ServerStatus.INPUT_REQUIRED),
+        _person("t_answer", lambda op: InputAnswered(op.input_round, "approver-1")),
+        *_DONE,
     ),
-    "inline": _path(
-        ("InlineResultReturned", "TERMINAL_OBSERVED", "the server answered inline", "t_term"),
+    "unknown_resolved": (_LOST, _NO_LOOKUP, _FOUND, *_DONE),
+    "inline": (
+        _reply("t_term", PlanStep.SUBMIT, lambda op: InlineResultReturned(ServerStatus.COMPLETED, op.epoch)),
         _FETCH,
-        _ACCEPT,
+        _verified(ServerStatus.COMPLETED),
     ),
     # live (not terminal): cut short where they stand now
-    "working": _path(_SUBMITTED),
-    "submitting": _path(),
-    "terminal_observed": _path(_SUBMITTED, _DONE),
-    "fetching": _path(_SUBMITTED, _DONE, _FETCH),
-    "cancel_requested": _path(_SUBMITTED, _CANCEL),
-    "input_pending": _path(
-        _SUBMITTED, ("StatusObserved", "INPUT_REQUIRED", "server asked for input", "t_input")
-    ),
-    "submission_unknown": _path(
-        ("SubmissionLost", "SUBMISSION_UNKNOWN", "no usable reply to the submission", "t_sub")
-    ),
-    "unknown_open": _path(
-        ("SubmissionLost", "SUBMISSION_UNKNOWN", "no usable reply to the submission", "t_sub"),
-        ("LookupUnavailable", "UNKNOWN", "lookup by key unavailable; a person must find it", "t_lost"),
-    ),
+    "working": (_SUBMITTED,),
+    "submitting": (),
+    "terminal_observed": (_SUBMITTED, _DONE[0]),
+    "fetching": (_SUBMITTED, *_DONE[:2]),
+    "cancel_requested": (_SUBMITTED, _CANCEL),
+    "input_pending": (_SUBMITTED, _status("t_input", ServerStatus.INPUT_REQUIRED)),
+    "submission_unknown": (_LOST,),
+    "unknown_open": (_LOST, _NO_LOOKUP),
 }
+"""The seeded histories by name: what the world did, never what the operation became."""
+
+
+_PLACEHOLDER = re.compile(
+    "(" + "|".join(re.escape(p) for p in (_TASK, _KEY, _DIGEST, _ELICIT, _EXPIRES_TEXT)) + ")"
+)
+
+
+def _fill(template: str, members: pa.Array, fills: dict[str, pa.Array]) -> pa.Array:
+    """``template`` with each placeholder replaced by the operation's own value, per member."""
+    pieces = _PLACEHOLDER.split(template)
+    if len(pieces) == 1:
+        return pa.array(np.full(len(members), template))
+    args = [pc.take(fills[p], members) if i % 2 else pa.scalar(p) for i, p in enumerate(pieces) if p]
+    return pc.binary_join_element_wise(*args, "")
+
+
+class SeedScriptError(ValueError):
+    """A seeded history the decision path or the machine does not allow."""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One ``transitions`` row of a replayed history, with the placeholders still in its detail."""
+
+    from_state: str | None
+    to_state: str
+    event: str
+    detail: str
+    cause: str
+    row_version: int
+    at: str
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """A history replayed through ``machine.step``: its rows and the operation it leaves."""
+
+    rows: tuple[Row, ...]
+    final: Operation
+    updated_at: str
+    """The time column of the last write that changed the operation."""
+    cancel_at: str | None
+    receipt: Receipt | None
+    receipt_at: str | None
+    reconciliations: tuple[tuple[str, str, str], ...]
+    """``(kind, reason, at)`` of each reconciliation entry the replay's effects open."""
+    resolution: tuple[str, str, str] | None
+    """``(actor, resolution, at)`` of a person's reconciliation, when the history has one."""
+    approval: tuple[str, str | None, str | None] | None
+    """``(opened at, answered at, actor)`` of the input round the replay's effects open."""
+
+
+def _prototype(side_effects: bool) -> Operation:
+    return Operation(
+        operation_id=OperationId("op-seeded"),
+        call_node_id=CallNodeId("node-seeded"),
+        request_digest=Digest(_DIGEST),
+        tool=ToolRef("seeded", "1.4.0", "1", side_effects),
+        principal=Principal("seeded"),
+        protocol=Protocol.MCP_2025_11_25,
+        adapter_version=CONTROL_ADAPTER_VERSION,
+        server="http://seeded.invalid",
+        idempotency_key=IdempotencyKey(_KEY),
+        state=LocalState.SUBMITTING,
+        epoch=_PROTO_EPOCH,
+        created_at=_PROTO_AT,
+        updated_at=_PROTO_AT,
+    )
+
+
+def replay(name: str, *, side_effects: bool) -> Replay:
+    """Replay the history ``name`` through the decision path and ``machine.step``."""
+    op = _prototype(side_effects)
+    created = created_row(op)
+    rows = [
+        Row(None, op.state.value, str(created[4]), str(created[5]), str(created[6]), op.row_version, "t0")
+    ]
+    fresh_submit, cancel_sent = True, 0
+    updated_at, cancel_at, receipt, receipt_at = "t0", None, None, None
+    opened: list[tuple[str, str, str]] = []
+    resolution: tuple[str, str, str] | None = None
+    approval: tuple[str, str | None, str | None] | None = None
+    for h in SCRIPTS[name]:
+        if h.answers is not None:
+            due = next_step(op, epoch=op.epoch, fresh_submit=fresh_submit, cancel_sent=cancel_sent)
+            if due is not h.answers:
+                raise SeedScriptError(f"{name}: {op.state} calls for {due}, not {h.answers}")
+        t = step(op, h.event(op), _PROTO_AT)
+        if not t.accepted:
+            raise SeedScriptError(f"{name}: {type(t.event).__name__} refused in {op.state}: {t.reason}")
+        if h.answers is PlanStep.SUBMIT:
+            fresh_submit = False
+        elif h.answers is PlanStep.SEND_CANCEL:
+            cancel_sent = op.cancel_generation
+        rows.append(
+            Row(
+                t.before.state.value,
+                t.after.state.value,
+                type(t.event).__name__,
+                event_detail(t),
+                t.reason,
+                t.after.row_version,
+                h.at,
+            )
+        )
+        if t.after.row_version != t.before.row_version:
+            updated_at = h.at
+        if t.after.cancel_requested_at != t.before.cancel_requested_at:
+            cancel_at = h.at
+        for effect in t.effects:
+            match effect:
+                case AcceptTerminal(receipt=r):
+                    receipt, receipt_at = r, h.at
+                case OpenReconciliation(reason=reason):
+                    opened.append(("unknown", reason, h.at))
+                case FlagEffectReconciliation(reason=reason):
+                    opened.append(("effects", reason, h.at))
+                case AwaitApproval():
+                    approval = (h.at, None, None)
+                case _:
+                    pass
+        match t.event:
+            case Reconciled(actor=actor):
+                resolution = (actor, t.reason, h.at)
+            case InputAnswered(actor=actor) if approval is not None:
+                approval = (approval[0], h.at, actor)
+            case _:
+                pass
+        op = t.after
+    return Replay(
+        tuple(rows), op, updated_at, cancel_at, receipt, receipt_at, tuple(opened), resolution, approval
+    )
+
+
 _HISTORIC = {
     "completed": 0.872,
     "failed": 0.04,
@@ -148,20 +375,6 @@ _HISTORIC = {
     "input": 0.015,
     "unknown_resolved": 0.003,
     "inline": 0.01,
-}
-_TERMINAL_STATUS = {
-    "completed": "completed",
-    "failed": "failed",
-    "cancelled": "cancelled",
-    "cancel_lost": "completed",
-    "input": "completed",
-    "unknown_resolved": "completed",
-    "inline": "completed",
-}
-_SERVER_STATUS_OF_STATE = {
-    "WORKING": "working",
-    "INPUT_REQUIRED": "input_required",
-    "CANCEL_REQUESTED": "working",
 }
 UNKNOWN_AGES_MIN = (1.5, 4.0, 7.5, 11.0, 14.0, 22.0, 47.0, 190.0)
 """Ages (minutes) of the open UNKNOWN entries a small ledger gets; larger ledgers repeat the pattern."""
@@ -289,6 +502,7 @@ def seed_ledger(
     t["t_accept"][cancelled] = t["t_cancel"][cancelled] + cancel_latency[cancelled]
     lost = cat == cat_names.index("cancel_lost")
     t["t_term"][lost] = t["t_cancel"][lost] + rng.uniform(0.05, 2, lost.sum())
+    t["t_cancel_reply"] = t["t_cancel"] + 0.02
     t["t_input"] = t["t_sub"] + 0.3 * work
     t["t_answer"] = t["t_input"] + np.clip(rng.lognormal(np.log(150), 1.0, n), 5, 7200)
     inp = cat == cat_names.index("input")
@@ -324,78 +538,96 @@ def seed_ledger(
     tool_arr = pa.array(np.array(tool_names)[tool])
     created = _ts(created_us, np.zeros(n))
 
-    # ---------------------------------------------------------------- transitions per path
-    step_count = np.zeros(n, dtype=np.int64)
-    final_state = np.empty(n, dtype=object)
-    last_at = np.zeros(n)
+    # ---------------------------------------------------------------- histories, replayed
+    # One replay per history and side-effect flag (the machine's outcome depends on both); every
+    # operation of that pair takes the replay's rows with its own identifiers and instants.
+    combos = [(c, se) for c in cat_names for se in (False, True)]
+    replays = [replay(c, side_effects=se) for c, se in combos]
+    combo = cat * 2 + side_effects.astype(np.int64)
+    task_text = _numbered("task-", idx)
+    elicit_text = _numbered("elicit-", idx)
+    expires_text = pc.binary_join_element_wise(
+        pc.strftime(_ts(created_us, np.full(n, 3600.0 * 6)), format="%Y-%m-%dT%H:%M:%S"),
+        pa.scalar("+00:00"),
+        "",
+    )
+    fills = {
+        _TASK: task_text,
+        _KEY: keys,
+        _DIGEST: digests,
+        _ELICIT: elicit_text,
+        _EXPIRES_TEXT: expires_text,
+    }
+
+    def each(value: Callable[[Replay], object]) -> np.ndarray:
+        """``value`` of each operation's replay."""
+        values: np.ndarray = np.array([value(r) for r in replays], dtype=object)[combo]
+        return values
+
+    for k, r in enumerate(replays):
+        # A history's instants follow its order (a live history's are clipped to before now).
+        members = np.flatnonzero(combo == k)
+        for before, after in itertools.pairwise(r.rows):
+            if after.at != before.at:
+                t[after.at][members] = np.maximum(t[after.at][members], t[before.at][members] + 0.001)
+
     log_parts: list[pa.Table] = []
-    for ci, cname in enumerate(cat_names):
-        members = np.flatnonzero(cat == ci)
+    for k in range(len(combos)):
+        members = np.flatnonzero(combo == k)
         if members.size == 0:
             continue
-        steps = PATHS[cname]
-        prev: str | None = None
-        for k, s in enumerate(steps):
-            at = t[s.at][members]
+        m = pa.array(members)
+        for row in replays[k].rows:
+            at = t[row.at][members]
             log_parts.append(
                 pa.table(
                     {
-                        "op_index": pa.array(members),
-                        "from_state": pa.array([prev] * members.size, pa.string()),
-                        "to_state": pa.array([s.to_state] * members.size, pa.string()),
-                        "event": pa.array([s.event] * members.size, pa.string()),
-                        "cause": pa.array([s.cause] * members.size, pa.string()),
-                        "row_version": pa.array(np.full(members.size, k), pa.int64()),
+                        "op_index": m,
+                        "from_state": pa.nulls(members.size, pa.string())
+                        if row.from_state is None
+                        else pa.array(np.full(members.size, row.from_state)),
+                        "to_state": pa.array(np.full(members.size, row.to_state)),
+                        "event": pa.array(np.full(members.size, row.event)),
+                        "detail": _fill(row.detail, m, fills),
+                        "cause": pa.array(np.full(members.size, row.cause)),
+                        "row_version": pa.array(np.full(members.size, row.row_version), pa.int64()),
                         "recorded_at": _ts(created_us[members], at),
                         "_at_us": pa.array(created_us[members] + np.round(at * 1e6).astype("int64")),
                     }
                 )
             )
-            prev = s.to_state
-        step_count[members] = len(steps)
-        final_state[members] = steps[-1].to_state
-        last_at[members] = t[steps[-1].at][members]
     log = pa.concat_tables(log_parts).sort_by([("_at_us", "ascending"), ("op_index", "ascending")])
-    li = log.column("op_index").to_numpy()
-    detail = pc.binary_join_element_wise(
-        pa.scalar('{"epoch":1,"key":"'), pc.take(keys, pa.array(li)), pa.scalar('"}'), ""
-    )
+    li = pa.array(log.column("op_index").to_numpy())
     transitions = pa.table(
         {
-            "operation_id": pc.take(op_id, pa.array(li)),
-            "call_node_id": pc.take(node, pa.array(li)),
+            "operation_id": pc.take(op_id, li),
+            "call_node_id": pc.take(node, li),
             "from_state": log.column("from_state"),
             "to_state": log.column("to_state"),
             "event": log.column("event"),
-            "detail": detail,
+            "detail": log.column("detail"),
             "cause": log.column("cause"),
             "accepted": pa.array(np.ones(len(li), dtype=bool)),
-            "epoch": pa.array(np.ones(len(li), dtype=np.int64)),
+            "epoch": pa.array(np.full(len(li), _PROTO_EPOCH, dtype=np.int64)),
             "row_version": log.column("row_version"),
             "recorded_at": log.column("recorded_at"),
         }
     )
 
     # ---------------------------------------------------------------- operations
-    final_state_arr = pa.array(final_state.astype(str))
-    terminal = np.isin(final_state.astype(str), ["ACCEPTED", "CANCELLED_ACCEPTED"])
-    status_of_cat = np.array([_TERMINAL_STATUS.get(c) or "" for c in cat_names])[cat]
-    has_task = ~np.isin(
-        np.array(cat_names)[cat], ["submitting", "submission_unknown", "unknown_open", "inline"]
-    )
-    task_ids = pc.if_else(pa.array(has_task), _numbered("task-", idx), pa.nulls(n, pa.string()))
-    server_status = np.array([_SERVER_STATUS_OF_STATE.get(s) for s in final_state.astype(str)], dtype=object)
-    observed = np.isin(
-        final_state.astype(str), ["TERMINAL_OBSERVED", "FETCHING_RESULT", "ACCEPTED", "CANCELLED_ACCEPTED"]
-    )
-    server_status[observed] = status_of_cat[observed]
-    server_status[np.array(cat_names)[cat] == "terminal_observed"] = "completed"
-    server_status[np.array(cat_names)[cat] == "fetching"] = "completed"
-    cancel_cats = np.isin(np.array(cat_names)[cat], ["cancelled", "cancel_lost", "cancel_requested"])
-    input_cats = np.isin(np.array(cat_names)[cat], ["input", "input_pending"])
-    effects = cancelled & side_effects & (rng.random(n) < 0.3)
+    final_state = each(lambda r: r.final.state.value).astype(str)
+    terminal = each(lambda r: r.receipt is not None).astype(bool)
+    has_task = each(lambda r: r.final.task_id is not None).astype(bool)
+    task_ids = pc.if_else(pa.array(has_task), task_text, pa.nulls(n, pa.string()))
+    server_status = each(lambda r: r.final.server_status.value if r.final.server_status else None)
+    status_of_op = each(lambda r: r.receipt.status.value if r.receipt else "").astype(str)
+    # the machine flags every cancel of a side-effecting tool; a result read after a third of them
+    effects = each(lambda r: r.final.effect_reconciliation_required).astype(bool)
+    audited = effects & (rng.random(n) < 0.3)
     result_digest = pc.if_else(
-        pa.array(terminal & (status_of_cat != "cancelled")), digests, pa.nulls(n, pa.string())
+        pa.array(each(lambda r: r.final.result_digest is not None).astype(bool)),
+        digests,
+        pa.nulls(n, pa.string()),
     )
     adapter = np.where(canary, CANARY_ADAPTER_VERSION, CONTROL_ADAPTER_VERSION)
     identity = pa.table(
@@ -420,31 +652,42 @@ def seed_ledger(
             "created_at": created,
         }
     )
-    cancel_at = np.where(cancel_cats, t["t_cancel"], np.nan)
+    cancel_col = each(lambda r: r.cancel_at)
+    asked = cancel_col != None  # noqa: E711 (element-wise)
+    cancel_at = np.where(asked, t["t_cancel"], 0.0)
+    updated_col = each(lambda r: r.updated_at)
+    updated_at = np.zeros(n)
+    for col in set(updated_col.tolist()):
+        where = updated_col == col
+        updated_at[where] = t[col][where]
     state = pa.table(
         {
             "operation_id": op_id,
-            "state": final_state_arr,
+            "state": pa.array(final_state),
             "server_status": pa.array(server_status, pa.string()),
             "task_id": task_ids,
             "poll_cursor": pa.nulls(n, pa.string()),
-            "input_round": pa.array(input_cats.astype(np.int32)),
-            "answered_round": pa.array((np.array(cat_names)[cat] == "input").astype(np.int32)),
+            "input_round": pa.array(each(lambda r: r.final.input_round).astype(np.int32)),
+            "answered_round": pa.array(each(lambda r: r.final.answered_round).astype(np.int32)),
             "input_request_key": pc.if_else(
-                pa.array(input_cats), _numbered("elicit-", idx), pa.nulls(n, pa.string())
+                pa.array(each(lambda r: r.final.input_request_key is not None).astype(bool)),
+                elicit_text,
+                pa.nulls(n, pa.string()),
             ),
-            "cancel_generation": pa.array(cancel_cats.astype(np.int32)),
-            "cancel_requested_at": pc.if_else(
-                pa.array(cancel_cats), _ts(created_us, np.nan_to_num(cancel_at)), pa.nulls(n, _TS)
+            "cancel_generation": pa.array(each(lambda r: r.final.cancel_generation).astype(np.int32)),
+            "cancel_requested_at": pc.if_else(pa.array(asked), _ts(created_us, cancel_at), pa.nulls(n, _TS)),
+            "expires_at": pc.if_else(
+                pa.array(each(lambda r: r.final.expires_at is not None).astype(bool)),
+                _ts(created_us, np.full(n, 3600.0 * 6)),
+                pa.nulls(n, _TS),
             ),
-            "expires_at": _ts(created_us, np.full(n, 3600.0 * 6)),
             "result_digest": result_digest,
-            "result_held": pa.array(inline),
+            "result_held": pa.array(each(lambda r: r.final.result_held).astype(bool)),
             "effect_reconciliation_required": pa.array(effects),
-            "submit_attempts": pa.array(np.zeros(n, dtype=np.int32)),
-            "epoch": pa.array(np.ones(n, dtype=np.int64)),
-            "row_version": pa.array(step_count - 1),
-            "updated_at": _ts(created_us, last_at),
+            "submit_attempts": pa.array(each(lambda r: r.final.submit_attempts).astype(np.int32)),
+            "epoch": pa.array(np.full(n, _PROTO_EPOCH, dtype=np.int64)),
+            "row_version": pa.array(each(lambda r: r.final.row_version).astype(np.int64)),
+            "updated_at": _ts(created_us, updated_at),
         }
     )
 
@@ -452,9 +695,9 @@ def seed_ledger(
     term_idx = np.flatnonzero(terminal)
     ti = pa.array(term_idx)
     accepted_at = _ts(created_us[term_idx], t["t_accept"][term_idx])
-    t_status = pa.array(status_of_cat[term_idx])
+    t_status = pa.array(status_of_op[term_idx])
     t_digest = pc.take(result_digest, ti)
-    is_cancel = status_of_cat[term_idx] == "cancelled"
+    is_cancel = status_of_op[term_idx] == ServerStatus.CANCELLED.value
     receipts = pa.table(
         {
             "call_node_id": pc.take(node, ti),
@@ -462,14 +705,14 @@ def seed_ledger(
             "request_digest": pc.take(digests, ti),
             "task_id": pc.take(task_ids, ti),
             "tool_version": pa.array(np.full(term_idx.size, "1.4.0")),
-            "epoch": pa.array(np.ones(term_idx.size, dtype=np.int64)),
-            "cancel_generation": pa.array(cancel_cats[term_idx].astype(np.int32)),
+            "epoch": pa.array(np.full(term_idx.size, _PROTO_EPOCH, dtype=np.int64)),
+            "cancel_generation": pa.array(
+                each(lambda r: r.receipt.cancel_generation if r.receipt else 0)[term_idx].astype(np.int32)
+            ),
             "status": t_status,
             "result_digest": t_digest,
-            "cancel_evidence": pc.if_else(
-                pa.array(is_cancel),
-                pa.scalar("tasks/cancel answered: the task is cancelled"),
-                pa.nulls(term_idx.size, pa.string()),
+            "cancel_evidence": pa.array(
+                each(lambda r: r.receipt.cancel_evidence if r.receipt else None)[term_idx], pa.string()
             ),
             "role": pc.take(identity.column("role"), ti),
             "accepted_at": accepted_at,
@@ -477,7 +720,9 @@ def seed_ledger(
     )
     payload_ok = pa.scalar('{"content":[{"text":"done","type":"text"}],"isError":false}')
     payload_fail = pa.scalar('{"content":[{"text":"tool error","type":"text"}],"isError":true}')
-    payloads = pc.if_else(pa.array(status_of_cat[term_idx] == "failed"), payload_fail, payload_ok)
+    payloads = pc.if_else(
+        pa.array(status_of_op[term_idx] == ServerStatus.FAILED.value), payload_fail, payload_ok
+    )
     primary_term = ~shadow[term_idx]
     pt = pa.array(np.flatnonzero(primary_term))
     outbox = pa.table(
@@ -537,13 +782,13 @@ def seed_ledger(
     polls = _polls(rng, n, cat, cat_names, has_task, created_us, t, work, op_id, server_arr)
 
     # ---------------------------------------------------------------- approvals
-    approvals = _approvals(rng, cat, cat_names, created_us, t, op_id, now_us)
+    approvals = _approvals(rng, each(lambda r: r.approval), created_us, t, op_id)
 
     # ---------------------------------------------------------------- reconciliation
     reconciliation = _reconciliation(
-        rng, cat, cat_names, created_us, t, op_id, keys, digests, task_ids, effects, now_us
+        rng, replays, combo, created_us, t, op_id, keys, digests, task_ids, now_us
     )
-    audit_idx = np.flatnonzero(effects)
+    audit_idx = np.flatnonzero(audited)
     receipt_audit = pa.table(
         {
             "call_node_id": pc.take(node, pa.array(audit_idx)),
@@ -688,20 +933,32 @@ def _polls(
     )
 
 
+def _at_us(
+    created_us: np.ndarray, t: dict[str, np.ndarray], rows: np.ndarray, cols: np.ndarray
+) -> np.ndarray:
+    """The instant of each row's time column ``cols[i]`` for operation ``rows[i]``, in µs."""
+    at = np.zeros(rows.size)
+    for col in set(cols.tolist()):
+        where = cols == col
+        at[where] = t[col][rows[where]]
+    instants: np.ndarray = created_us[rows] + np.round(at * 1e6).astype("int64")
+    return instants
+
+
 def _approvals(
     rng: np.random.Generator,
-    cat: np.ndarray,
-    cat_names: Sequence[str],
+    rounds: np.ndarray,
     created_us: np.ndarray,
     t: dict[str, np.ndarray],
     op_id: pa.Array,
-    now_us: int,
 ) -> pa.Table:
-    names = np.array(cat_names)[cat]
-    rows = np.flatnonzero(np.isin(names, ["input", "input_pending"]))
-    answered = names[rows] == "input"
-    opened = created_us[rows] + np.round(t["t_input"][rows] * 1e6).astype("int64")
-    answered_at = created_us[rows] + np.round(t["t_answer"][rows] * 1e6).astype("int64")
+    """The input rounds the replays opened: answered where a person answered them, else pending."""
+    rows = np.flatnonzero(rounds != None)  # noqa: E711 (element-wise)
+    opened = _at_us(created_us, t, rows, np.array([r[0] for r in rounds[rows]], dtype=object))
+    answered = np.array([r[1] is not None for r in rounds[rows]], dtype=bool)
+    answered_col = np.array([r[1] or r[0] for r in rounds[rows]], dtype=object)
+    answered_at = _at_us(created_us, t, rows, answered_col)
+    actors = pa.array([r[2] for r in rounds[rows]], pa.string())
     messages = np.array(
         [
             "Approve applying the batch change to production?",
@@ -724,9 +981,7 @@ def _approvals(
             "answer": pc.if_else(
                 pa.array(answered), pa.scalar('{"approve":true}'), pa.nulls(rows.size, pa.string())
             ),
-            "actor": pc.if_else(
-                pa.array(answered), pa.scalar("approver-1"), pa.nulls(rows.size, pa.string())
-            ),
+            "actor": actors,
             "opened_at": pa.array(opened).cast(_TS),
             "answered_at": pc.if_else(
                 pa.array(answered), pa.array(answered_at).cast(_TS), pa.nulls(rows.size, _TS)
@@ -740,37 +995,46 @@ def _approvals(
 
 def _reconciliation(
     rng: np.random.Generator,
-    cat: np.ndarray,
-    cat_names: Sequence[str],
+    replays: Sequence[Replay],
+    combo: np.ndarray,
     created_us: np.ndarray,
     t: dict[str, np.ndarray],
     op_id: pa.Array,
     keys: pa.Array,
     digests: pa.Array,
     task_ids: pa.Array,
-    effects: np.ndarray,
     now_us: int,
 ) -> pa.Table:
-    names = np.array(cat_names)[cat]
-    unknown = np.flatnonzero(np.isin(names, ["unknown_open", "unknown_resolved"]))
-    eff = np.flatnonzero(effects)
-    rows = np.concatenate([unknown, eff])
-    kind = np.concatenate([np.full(unknown.size, "unknown"), np.full(eff.size, "effects")])
-    is_open = np.concatenate([names[unknown] == "unknown_open", rng.random(eff.size) < 0.1])
-    opened_s = np.concatenate([t["t_lost"][unknown], t["t_accept"][eff] + 0.5])
-    resolved_s = np.concatenate(
-        [t["t_resolve"][unknown], t["t_accept"][eff] + rng.uniform(300, 7200, eff.size)]
-    )
-    opened = created_us[rows] + np.round(opened_s * 1e6).astype("int64")
-    resolved = np.minimum(created_us[rows] + np.round(resolved_s * 1e6).astype("int64"), now_us - 1_000_000)
-    reason = np.where(
-        kind == "unknown",
-        "no usable reply to the submission and no lookup by key: a person must find the operation",
-        "cancel won but the tool has side effects: check for leftover effects",
-    )
-    resolution = np.where(
-        kind == "unknown", "found on the server by submission key; resumed", "no leftover effects found"
-    )
+    """The entries the replays' effects opened, resolved where a person resolved them.
+
+    An UNKNOWN entry is resolved when its history holds the person's reconciliation; a leftover-
+    effect entry is resolved by a person minutes to hours later, all but one in ten.
+    """
+    parts: list[tuple[np.ndarray, str, str, np.ndarray, np.ndarray, str | None, str | None]] = []
+    for k, r in enumerate(replays):
+        members = np.flatnonzero(combo == k)
+        for kind_, reason_, at in r.reconciliations:
+            opened_ = created_us[members] + np.round(t[at][members] * 1e6).astype("int64")
+            person = r.resolution if kind_ == "unknown" else None
+            if person is None:
+                resolved_ = np.zeros(members.size, dtype=np.int64)
+            else:
+                resolved_ = created_us[members] + np.round(t[person[2]][members] * 1e6).astype("int64")
+            parts.append(
+                (members, kind_, reason_, opened_, resolved_, *(person[:2] if person else (None, None)))
+            )
+    rows = np.concatenate([p[0] for p in parts])
+    kind = np.concatenate([np.full(p[0].size, p[1]) for p in parts])
+    reason = np.concatenate([np.full(p[0].size, p[2]) for p in parts])
+    opened = np.concatenate([p[3] for p in parts])
+    resolved_at = np.concatenate([p[4] for p in parts])
+    is_open = np.concatenate([np.full(p[0].size, p[1] == "unknown" and p[5] is None) for p in parts])
+    actor = np.concatenate([np.full(p[0].size, p[5] or "oncall-1") for p in parts])
+    resolution = np.concatenate([np.full(p[0].size, p[6] or "no leftover effects found") for p in parts])
+    eff = kind == "effects"
+    is_open[eff] = rng.random(int(eff.sum())) < 0.1
+    later = opened + np.round(rng.uniform(300, 7200, rows.size) * 1e6).astype("int64")
+    resolved = np.minimum(np.where(eff, later, resolved_at), now_us - 1_000_000)
     ri = pa.array(rows)
     return pa.table(
         {
@@ -788,9 +1052,11 @@ def _reconciliation(
             "resolved_at": pc.if_else(
                 pa.array(is_open), pa.nulls(rows.size, _TS), pa.array(resolved).cast(_TS)
             ),
-            "actor": pc.if_else(pa.array(is_open), pa.nulls(rows.size, pa.string()), pa.scalar("oncall-1")),
+            "actor": pc.if_else(
+                pa.array(is_open), pa.nulls(rows.size, pa.string()), pa.array(actor.astype(str))
+            ),
             "resolution": pc.if_else(
-                pa.array(is_open), pa.nulls(rows.size, pa.string()), pa.array(resolution)
+                pa.array(is_open), pa.nulls(rows.size, pa.string()), pa.array(resolution.astype(str))
             ),
         }
     )
@@ -933,12 +1199,16 @@ if __name__ == "__main__":
 __all__ = [
     "CANARY_ADAPTER_VERSION",
     "CONTROL_ADAPTER_VERSION",
-    "PATHS",
     "PROTOCOLS",
+    "SCRIPTS",
     "TOOLS",
     "UNKNOWN_AGES_MIN",
+    "Happening",
+    "Replay",
+    "Row",
+    "SeedScriptError",
     "SeedSummary",
-    "Step",
     "main",
+    "replay",
     "seed_ledger",
 ]
