@@ -25,7 +25,7 @@ from engine.adapters import (
 )
 from engine.adapters.base import Backend, Json
 from engine.clock import Clock
-from engine.errors import ConfigError, NegotiationError
+from engine.errors import ConfigError, NegotiationError, StaleRound
 from engine.model import (
     RECEIPT_STATES,
     CallNodeId,
@@ -199,6 +199,10 @@ async def _drive(
             driver.check_cancel(op)
         if fresh_arguments is not None:
             wake = await driver.submit_new(op, fresh_arguments)
+        elif op.state is LocalState.INPUT_REQUIRED and spec.answer is not None:
+            # Resumed to answer the open round: answer it first (a closed round is refused here,
+            # before the operation moves on unanswered).
+            wake = Wake(await _answer(driver, op, spec.answer), clock.now())
         else:
             wake = await driver.advance(op)
         op = wake.operation
@@ -210,15 +214,17 @@ async def _drive(
                 op = driver.request_cancel(op, actor="cli", reason="--cancel-after elapsed")
                 cancel_at = None
                 wake = Wake(op, now)
-            if wake.at is None:
-                if op.state is LocalState.INPUT_REQUIRED and spec.answer is not None:
-                    op = await driver.answer(op, input_round=op.input_round, answer=spec.answer, actor="cli")
-                    wake = Wake(op, clock.now())
+            if op.state is LocalState.INPUT_REQUIRED:
+                if spec.answer is not None:
+                    wake = Wake(await _answer(driver, op, spec.answer), clock.now())
+                    op = wake.operation
                     continue
-                if op.state is LocalState.INPUT_REQUIRED and cancel_at is not None:
+                if cancel_at is not None:
                     await clock.sleep(min(cancel_at, deadline) - now)
                     continue
-                break  # parked: a person must act (reconciliation, approval)
+                break  # parked: a person must answer (``--answer`` on a later call)
+            if wake.at is None:
+                break  # parked: a person must act (reconciliation)
             target = min(wake.at, deadline, cancel_at or deadline)
             if target > now:
                 await clock.sleep(target - now)
@@ -228,6 +234,21 @@ async def _drive(
     finally:
         await backend.aclose()
     return ledger.get(op.operation_id) or op
+
+
+async def _answer(driver: Driver, op: Operation, answer: Json) -> Operation:
+    """``--answer`` for the open round.
+
+    Raises:
+        ConfigError: (``--answer``) the round is closed or past its deadline, or the answer does
+            not fit the requested schema; nothing was sent.
+    """
+    try:
+        return await driver.answer(op, input_round=op.input_round, answer=answer, actor="cli")
+    except StaleRound as exc:
+        raise ConfigError(
+            "--answer", f"{exc}: that round can no longer be answered; nothing was sent"
+        ) from exc
 
 
 __all__ = [

@@ -278,15 +278,20 @@ class Driver:
 
     # ------------------------------------------------------------------------------- advancing
 
-    def _due(self, op: Operation) -> Step:
+    def _due(self, op: Operation, now: datetime) -> tuple[Step, datetime | None]:
+        """The step due for ``op`` at ``now``, and its open round's deadline (INPUT_REQUIRED only)."""
         known = self._memory.get(op.operation_id)
-        return next_step(
+        deadline = self.round_deadline(op) if op.state is S.INPUT_REQUIRED else None
+        due = next_step(
             op,
             epoch=self.epoch,
             fresh_submit=known is not None and known.fresh_submit,
             cancel_sent=known.cancel_sent if known is not None else 0,
             proved_absent=known is not None and known.proved_absent,
+            round_expired=deadline is not None and now >= deadline,
+            can_cancel=self.can_cancel(),
         )
+        return due, deadline
 
     def sends_nothing(self, op: Operation) -> bool:
         """Whether ``op``'s next action sends no request: starting the fetch, or verifying an
@@ -295,7 +300,7 @@ class Driver:
         Such an action needs nothing durable before it, so a scheduler may run it at once instead
         of waiting for the commit of the writes before it.
         """
-        due = self._due(op)
+        due, _ = self._due(op, self.clock.now())
         if due is Step.FETCH_START:
             return True
         if due is Step.FETCH:
@@ -306,7 +311,7 @@ class Driver:
     async def advance(self, op: Operation) -> Wake:
         """Carry out the one action the operation's state calls for; say when to come back."""
         now = self.clock.now()
-        due = self._due(op)
+        due, deadline = self._due(op, now)
         if due is Step.FENCED:
             # Another executor epoch owns it; a fenced driver never talks to the server for it.
             # Every event below is stamped with ``self.epoch``, the epoch its request went out
@@ -335,8 +340,27 @@ class Driver:
                     return await self._fetch(op, mem)
                 case Step.PROBE:
                     return await self._probe_unknown(op)
-                case Step.WAIT:
+                case Step.CANCEL_UNANSWERED:
+                    reason = f"input round {op.input_round} unanswered by its deadline {deadline}"
+                    return Wake(
+                        self.commit(op, CancelRequested(op.cancel_generation + 1, "finality", reason)), now
+                    )
+                case Step.HAND_OVER_UNANSWERED:
+                    capability = self.capabilities.cancel_capability if self.capabilities else "cancel"
+                    self.ledger.open_reconciliation(
+                        op,
+                        kind="approval",
+                        reason=(
+                            f"input round {op.input_round} unanswered by its deadline {deadline}; not "
+                            f"cancelled because the server does not declare {capability}"
+                        ),
+                        window_end=now,
+                        at=now,
+                    )
                     return Wake(op, None)
+                case Step.WAIT:
+                    # An open round wakes the operation at its deadline, when it moves on unanswered.
+                    return Wake(op, deadline if deadline is not None and deadline > now else None)
                 case Step.DONE:
                     self.forget(op)
                     return Wake(op, None)
@@ -473,7 +497,10 @@ class Driver:
             mem.resend_input = True
         if op.state in (S.TERMINAL_OBSERVED, S.FETCHING_RESULT, S.CANCELLED_ACCEPTED, S.ACCEPTED):
             return Wake(op, now if op.state not in RECEIPT_STATES else None)
-        if op.state in (S.INPUT_REQUIRED, S.UNKNOWN):
+        if op.state is S.INPUT_REQUIRED:
+            # Woken at the round's deadline: unanswered by then, it moves on (``next_step``).
+            return Wake(op, self.approval_deadline(op, mem.pending_input))
+        if op.state is S.UNKNOWN:
             return Wake(op, None)
         return Wake(op, now + poll_delay(self.policy, mem.advised, self.rng))
 
@@ -622,6 +649,15 @@ class Driver:
         ]
         known = [end for end in ends if end is not None]
         return min(known) if known else None
+
+    def round_deadline(self, op: Operation) -> datetime | None:
+        """The open round's deadline as the ledger records it (``None`` when it has none, or it
+        is closed: an expired round's deadline stays its deadline)."""
+        approval = self.ledger.approval(op.operation_id, op.input_round)
+        if approval is None or approval["status"] not in ("pending", "expired"):
+            return None
+        deadline = approval.get("deadline")
+        return deadline if isinstance(deadline, datetime) else None
 
     def check_answer(self, op: Operation, input_round: int, answer: Json) -> None:
         """Refuse an answer for a round that is no longer answerable, or that does not fit the

@@ -41,6 +41,12 @@ class Step(StrEnum):
     """Fetch (or use the held copy of) the terminal result and verify it."""
     PROBE = "probe"
     """UNKNOWN with a task id and no terminal status: ask the server again now and then."""
+    CANCEL_UNANSWERED = "cancel-unanswered"
+    """No one answered the open input round by its deadline and the server takes a cancel: record
+    a cancel (a request, never a local ending; polling follows the server to its real end)."""
+    HAND_OVER_UNANSWERED = "hand-over-unanswered"
+    """No one answered the open input round by its deadline and the server cannot take a cancel:
+    open a reconciliation entry for a person (the server's own expiry ends the task), then wait."""
     WAIT = "wait"
     """A person acts next (an input round, UNKNOWN with nothing left to ask, or a submission a person
     declared absent, which only a person's resubmit sends again)."""
@@ -49,11 +55,20 @@ class Step(StrEnum):
 
 
 def next_step(
-    op: Operation, *, epoch: Epoch, fresh_submit: bool, cancel_sent: int, proved_absent: bool = False
+    op: Operation,
+    *,
+    epoch: Epoch,
+    fresh_submit: bool,
+    cancel_sent: int,
+    proved_absent: bool = False,
+    round_expired: bool = False,
+    can_cancel: bool = True,
 ) -> Step:
     """The action due for ``op`` for an executor at ``epoch`` that remembers ``fresh_submit``,
     ``cancel_sent`` and ``proved_absent`` (this process's own lookup proved the submission absent).
-    All three are lost on restart, by design: a restart resumes from the ledger alone."""
+    All three are lost on restart, by design: a restart resumes from the ledger alone.
+    ``round_expired`` (read from the ledger's approval record: the open round's deadline passed
+    unanswered) and ``can_cancel`` (the server declared a cancel) decide an unanswered round."""
     if op.epoch != epoch:
         return Step.FENCED
     match op.state:
@@ -72,6 +87,10 @@ def next_step(
         case S.CANCEL_REQUESTED:
             return Step.SEND_CANCEL if cancel_sent < op.cancel_generation else Step.POLL
         case S.INPUT_REQUIRED:
+            if round_expired:
+                # The seed: a cancel is a request, and a client that stops waiting has not
+                # cancelled; a server that cannot take one leaves the decision to a person.
+                return Step.CANCEL_UNANSWERED if can_cancel else Step.HAND_OVER_UNANSWERED
             return Step.WAIT
         case S.TERMINAL_OBSERVED | S.EXPIRED_WITH_RECEIPT:
             return Step.FETCH_START
@@ -86,3 +105,9 @@ def next_step(
             return Step.PROBE
         case S.ACCEPTED | S.CANCELLED_ACCEPTED:
             return Step.DONE
+
+
+__all__ = [
+    "Step",
+    "next_step",
+]
