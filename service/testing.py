@@ -157,6 +157,21 @@ class ServiceProcess:
         self.close()
 
 
+def start_all(processes: Sequence[ServiceProcess]) -> None:
+    """Start several services on one ledger at once (their start-ups overlap: a migration is run by
+    one of them under the ledger's lock). If any fails to start, every one is stopped and the first
+    error is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, len(processes))) as pool:
+        futures = [pool.submit(p.start) for p in processes]
+    errors = [e for f in futures if (e := f.exception()) is not None]
+    if errors:
+        for process in processes:
+            process.close()
+        raise errors[0]
+
+
 def wait_until(
     predicate: Callable[[], bool], *, timeout: float = 30.0, every: float = 0.05, what: str = "condition"
 ) -> None:
@@ -239,5 +254,6 @@ __all__ = [
     "config_text",
     "free_port",
     "service_in",
+    "start_all",
     "wait_until",
 ]
