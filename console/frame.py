@@ -331,6 +331,11 @@ def link(page: str, label: str, params: dict[str, str] | None = None) -> None:
     st.page_link(page, label=label, query_params=query or None)
 
 
+WRAP_ROW_PX = 68
+"""A table row tall enough for three lines: Streamlit's data grid wraps a cell's text only in rows
+taller than 4 rem (64 px), so a long verdict, reason or next step reads in full instead of being cut."""
+
+
 def gate_table(gates: GateView, key: str) -> None:
     """The six gates as one table (PASS/FAIL coloured, values and thresholds in their units) across
     the page; the short columns are fixed so that the verdict, the answer, gets the rest of the width."""
@@ -358,6 +363,7 @@ def gate_table(gates: GateView, key: str) -> None:
         hide_index=True,
         key=key,
         width="stretch",
+        row_height=WRAP_ROW_PX,
         column_config={
             "result": st.column_config.TextColumn(width=56),
             "gate": st.column_config.TextColumn(width=175),
@@ -375,6 +381,7 @@ def facts(pairs: list[tuple[str, object]]) -> None:
 
 __all__ = [
     "GATE_LINKS",
+    "WRAP_ROW_PX",
     "Permission",
     "acting_as",
     "acting_name",

@@ -102,7 +102,7 @@ from engine.ledger.gate_sql import (
 )
 from engine.revision import running_revision
 from service.auth import TOKEN_ENV
-from service.client import ServiceClient
+from service.client import API_VERSION, ServiceClient
 
 _T = TypeVar("_T")
 
@@ -195,6 +195,17 @@ class Insights:
                     raise NotConfigured(f"the Finality service at {url} does not answer: {exc}") from exc
                 note = f"service at {url} does not answer; reading the ledger file read-only"
             else:
+                found = health.get("api_version") if isinstance(health, dict) else None
+                if not isinstance(found, int) or found < API_VERSION:
+                    client.close()
+                    speaks = (
+                        f"control API version {found}" if isinstance(found, int) else "an older control API"
+                    )
+                    raise NotConfigured(
+                        f"the Finality service at {url} is older than this console: it speaks {speaks}, "
+                        f"this console needs version {API_VERSION} or later. Restart `finality serve` from "
+                        "the same release as the console (or run the console of the service's release)."
+                    )
                 return cls(
                     ServiceSource(client, health if isinstance(health, dict) else None),
                     clock=clock,

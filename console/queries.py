@@ -31,6 +31,15 @@ UNKNOWN_SLO_S: Final = 15 * 60.0
 """The UNKNOWN reconciliation line drawn on the age charts (the gate's threshold)."""
 
 
+APPROVAL_EXPIRING_S: Final = 5 * 60.0
+"""An open approval whose deadline is this close is an alert: a person still has time to answer it.
+(A round past its deadline is expired by the service's sweep within seconds, so "overdue" said 0.)"""
+
+
+APPROVAL_EXPIRED_RECENT_S: Final = 60 * 60.0
+"""Rounds expired unanswered within this long are an alert: their operations went on without an answer."""
+
+
 CANARY_ADAPTER_VERSION: Final = "finality-0.2"
 
 
@@ -226,7 +235,10 @@ SELECT
      AND {_OPEN_AGE} > {UNKNOWN_SLO_S}) AS unknown_over_slo,
   (SELECT count(*) FROM reconciliation WHERE kind = 'effects' AND status = 'open') AS effects_open,
   (SELECT count(*) FROM approvals WHERE status = 'pending') AS approvals_pending,
-  (SELECT count(*) FROM approvals WHERE status = 'pending' AND deadline < {{now}}) AS approvals_overdue,
+  (SELECT count(*) FROM approvals WHERE status = 'pending' AND deadline > {{now}}
+     AND {secs("deadline", "{now}")} <= {APPROVAL_EXPIRING_S}) AS approvals_expiring,
+  (SELECT count(*) FROM approvals WHERE status = 'expired'
+     AND {secs("{now}", "closed_at")} <= {APPROVAL_EXPIRED_RECENT_S}) AS approvals_expired_recently,
   (SELECT count(*) FROM op_state WHERE cancel_requested_at IS NOT NULL
      AND {CANCEL_PENDING}) AS cancels_pending,
   (SELECT count(*) FROM op_state WHERE cancel_requested_at IS NOT NULL AND {CANCEL_PENDING}
@@ -513,6 +525,10 @@ FROM access_denials ORDER BY recorded_at DESC LIMIT {limit}""",
 for a query's ``fragments``, which each dialect says its own way, side by side in the same entry."""
 
 
+EXPIRED_APPROVALS: Final = "Approvals expired unanswered, newest first"
+"""The SQL example the Overview's expired-approvals alert links to."""
+
+
 SQL_EXAMPLES: Final[dict[str, str]] = {
     "Operations per state and protocol": (
         "SELECT state, protocol, count(*) AS n FROM operations GROUP BY 1, 2 ORDER BY n DESC, 1, 2"
@@ -530,6 +546,10 @@ SQL_EXAMPLES: Final[dict[str, str]] = {
     "Open UNKNOWN entries, oldest first": (
         "SELECT entry_id, operation_id, idempotency_key, task_id, opened_at, reason\n"
         "FROM reconciliation WHERE kind = 'unknown' AND status = 'open' ORDER BY opened_at"
+    ),
+    EXPIRED_APPROVALS: (
+        "SELECT operation_id, input_round, message, deadline, closed_at, closed_reason\n"
+        "FROM approvals WHERE status = 'expired' ORDER BY closed_at DESC LIMIT 100"
     ),
     "Protocol requests per second, busiest windows": (
         "SELECT date_trunc('second', sent_at) AS second, count(*) AS requests\n"
@@ -569,6 +589,8 @@ CHARTS: Final[dict[str, tuple[str, ...]]] = {
 
 
 __all__ = [
+    "APPROVAL_EXPIRED_RECENT_S",
+    "APPROVAL_EXPIRING_S",
     "ARMS",
     "ARM_FALLBACK_SQL",
     "ARM_JOIN_SQL",
@@ -576,6 +598,7 @@ __all__ = [
     "CANARY_ADAPTER_VERSION",
     "CANCEL_SLO_S",
     "CHARTS",
+    "EXPIRED_APPROVALS",
     "LIVE_STATES",
     "PROTOCOLS",
     "QUERIES",

@@ -6,10 +6,10 @@ import pandas as pd  # type: ignore[import-untyped]
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import console_insights, gate_stamp
+from console.frame import WRAP_ROW_PX, console_insights, gate_stamp
 from console.insights import Insights
-from console.views import gate_threshold, gate_value
-from rollout.gates import Thresholds
+from console.views import MARK_LEVELS, action_marks, gate_threshold, gate_value
+from rollout.gates import HOW_TO_EXPLORE, Thresholds
 
 
 def _fail_red(value: object) -> str:
@@ -34,8 +34,7 @@ def live() -> None:
     engine_rows = coverage[(coverage["rules"] == "engine") & (coverage["code"] == "shipped")]
     if engine_rows.empty:
         st.warning(
-            "No explorer run of the shipped code recorded (run `finality explore --ledger`): "
-            "the divergence gate fails."
+            f"No explorer run of the shipped code recorded, so the divergence gate fails: {HOW_TO_EXPLORE}."
         )
     else:
         row = engine_rows.iloc[0]
@@ -73,12 +72,25 @@ def live() -> None:
             ],
             layout={"height": 340, "margin": {"t": 40}},
         )
-        # Rollout actions as vertical marks, labelled with the action, within the runs' time span.
+        # Rollout actions as vertical marks within the runs' time span, labelled in rows that never
+        # overlap (actions close together share one label; each one's time and actor is in its hover).
         audit = insights.audit_log(limit=200)
         if audit is not None and not audit.empty and "recorded_at" in audit.columns:
             first, last = history["evaluated_at"].min(), history["evaluated_at"].max()
             shown = audit[(audit["recorded_at"] >= first) & (audit["recorded_at"] <= last)]
+            marks = action_marks(
+                [
+                    (at.to_pydatetime(), str(action), str(actor))
+                    for at, action, actor in zip(
+                        shown["recorded_at"], shown["action"], shown["actor"], strict=True
+                    )
+                ],
+                first.to_pydatetime(),
+                last.to_pydatetime(),
+            )
+            middle = first.to_pydatetime() + (last - first).to_pytimedelta() / 2
             fig.update_layout(
+                margin={"t": 30 + 18 * MARK_LEVELS},
                 shapes=[
                     {
                         "type": "line",
@@ -96,19 +108,23 @@ def live() -> None:
                         "yref": "paper",
                         "y": 1.0,
                         "yanchor": "bottom",
-                        "x": at,
-                        "text": f"{action} ({actor})",
+                        "yshift": 2 + 18 * mark.level,
+                        "x": mark.at,
+                        # Toward the middle: a label at either end stays inside the chart.
+                        "xanchor": "left" if mark.at <= middle else "right",
+                        "text": mark.label,
+                        "hovertext": mark.hover,
                         "showarrow": False,
-                        "textangle": -20,
-                        "font": {"size": 10},
+                        "font": {"size": 11, "color": "#444444"},
                     }
-                    for at, action, actor in zip(
-                        shown["recorded_at"], shown["action"], shown["actor"], strict=True
-                    )
+                    for mark in marks
                 ],
             )
-            if not shown.empty:
-                st.caption("Dotted lines: rollout actions from the audit log (action and actor).")
+            if marks:
+                st.caption(
+                    "Dotted lines: rollout actions from the audit log (action and actor; actions close "
+                    "together share a label, hover it for each one's time and actor)."
+                )
         st.plotly_chart(fig, key="gates_history_chart")
         table = history.sort_values(["run_id", "gate"], ascending=[False, True]).head(60)
         shown_table = pd.DataFrame(
@@ -130,6 +146,17 @@ def live() -> None:
             hide_index=True,
             key="gates_history",
             width="stretch",
+            height=520,
+            row_height=WRAP_ROW_PX,
+            column_config={
+                "run": st.column_config.NumberColumn(width=50),
+                "evaluated at": st.column_config.TextColumn(width=140),
+                "result": st.column_config.TextColumn(width=56),
+                "gate": st.column_config.TextColumn(width=165),
+                "value": st.column_config.TextColumn(width=90),
+                "passes when": st.column_config.TextColumn(width=100),
+                "verdict": st.column_config.TextColumn(width=None),
+            },
         )
 
 
@@ -179,6 +206,16 @@ st.dataframe(
     hide_index=True,
     key="gates_what_if",
     width="stretch",
+    row_height=WRAP_ROW_PX,
+    column_config={
+        "gate": st.column_config.TextColumn(width=165),
+        "value": st.column_config.TextColumn(width=90),
+        "now": st.column_config.TextColumn(width=56),
+        "passes when (now)": st.column_config.TextColumn(width=120),
+        "what if": st.column_config.TextColumn(width=60),
+        "passes when (what if)": st.column_config.TextColumn(width=130),
+        "verdict (what if)": st.column_config.TextColumn(width=None),
+    },
 )
 st.write(
     "**All gates would pass.**"

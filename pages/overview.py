@@ -10,7 +10,13 @@ import streamlit as st
 
 from console.frame import GATE_LINKS, console_insights, facts, gate_stamp, gate_table, link
 from console.insights import Insights
-from console.queries import CANCEL_SLO_S, UNKNOWN_SLO_S
+from console.queries import (
+    APPROVAL_EXPIRED_RECENT_S,
+    APPROVAL_EXPIRING_S,
+    CANCEL_SLO_S,
+    EXPIRED_APPROVALS,
+    UNKNOWN_SLO_S,
+)
 from engine.errors import ConsoleError
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
@@ -86,10 +92,20 @@ def live() -> None:
         found = True
         st.error(f"{alerts['cancels_over_slo']:.0f} cancel(s) unconfirmed after {CANCEL_SLO_S:.0f} s")
         link("pages/operations.py", "Operations waiting on a cancel →", {"state": "CANCEL_REQUESTED"})
-    if alerts.get("approvals_overdue"):
+    if alerts.get("approvals_expiring"):
         found = True
-        st.warning(f"{alerts['approvals_overdue']:.0f} approval(s) past their deadline")
-        link("pages/operations.py", "Operations waiting for input →", {"state": "INPUT_REQUIRED"})
+        st.warning(
+            f"{alerts['approvals_expiring']:.0f} approval(s) expire within {APPROVAL_EXPIRING_S / 60:.0f} min "
+            "unless someone answers"
+        )
+        link("pages/approvals.py", "Answer them before they expire →")
+    if alerts.get("approvals_expired_recently"):
+        found = True
+        st.warning(
+            f"{alerts['approvals_expired_recently']:.0f} approval(s) expired unanswered in the last "
+            f"{APPROVAL_EXPIRED_RECENT_S / 3600:.0f} h (their operations went on without an answer)"
+        )
+        link("pages/sql.py", "See them in SQL →", {"example": EXPIRED_APPROVALS})
     if alerts.get("approvals_pending"):
         found = True
         st.info(f"{alerts['approvals_pending']:.0f} approval(s) waiting for an answer")

@@ -6,7 +6,16 @@ import pandas as pd  # type: ignore[import-untyped]
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import Permission, acting_as, acting_name, acting_token, console_insights, may, not_allowed
+from console.frame import (
+    WRAP_ROW_PX,
+    Permission,
+    acting_as,
+    acting_name,
+    acting_token,
+    console_insights,
+    may,
+    not_allowed,
+)
 from console.insights import Insights
 from console.queries import UNKNOWN_SLO_S
 from console.views import candidates_summary, next_step
@@ -47,6 +56,8 @@ def live() -> None:
             layout={
                 "barmode": "stack",
                 "height": 300,
+                # Plotly's default top margin (100 px) was an empty band under the Kinds filter.
+                "margin": {"t": 24, "b": 40},
                 "xaxis": {
                     "title": f"age (minutes, {BIN_MIN}-minute bins; last bin {CAP_MIN}+)",
                     "range": [
@@ -116,9 +127,14 @@ def live() -> None:
         hide_index=True,
         key="reconciliation_aging",
         width="stretch",
+        row_height=WRAP_ROW_PX,  # reason and next step wrap instead of being cut
         column_config={
-            "reason": st.column_config.TextColumn(width="medium"),
-            "next step": st.column_config.TextColumn(width="large"),
+            "age (min)": st.column_config.NumberColumn(width=70),
+            "over 15 min": st.column_config.TextColumn(width=80),
+            "kind": st.column_config.TextColumn(width=70),
+            "reason": st.column_config.TextColumn(width=330),
+            "next step": st.column_config.TextColumn(width=400),
+            "candidates": st.column_config.TextColumn(width=220),
         },
     )
 

@@ -30,6 +30,12 @@ def _load_example() -> None:
     st.session_state["sql_query"] = SQL_EXAMPLES[st.session_state["sql_example"]]
 
 
+# A link from another page names its example (``?example=``): open with that one loaded.
+_linked = st.query_params.get("example")
+if _linked in SQL_EXAMPLES and st.session_state.get("sql_linked") != _linked:
+    st.session_state["sql_linked"] = _linked
+    st.session_state["sql_example"] = _linked
+    st.session_state["sql_query"] = SQL_EXAMPLES[_linked]
 st.selectbox("Examples", list(SQL_EXAMPLES), key="sql_example", on_change=_load_example)
 st.session_state.setdefault("sql_query", next(iter(SQL_EXAMPLES.values())))
 st.text_area("Query", height=160, key="sql_query")

@@ -60,6 +60,14 @@ def _num(value: object) -> float | None:
         return None
 
 
+HOW_TO_EXPLORE = (
+    "a running service explores the shipped code and records it for this gate when started with "
+    "`finality serve --explore 10000` (`make demo` does; it takes some minutes); with no service "
+    "holding the ledger, `finality explore --ledger LEDGER` records to it"
+)
+"""What a person does when no explorer run is recorded (the verdict and the console say it)."""
+
+
 def _no_data(gate: str, threshold: float | None, inputs: dict[str, object], what: str) -> GateRecord:
     return GateRecord(gate, False, None, threshold, f"no data: {what}", inputs)
 
@@ -74,7 +82,7 @@ def evaluate(inputs: dict[str, dict[str, object]], thresholds: Thresholds = Thre
     if not d["explorer_runs"]:
         out.append(
             _no_data(
-                "terminal_divergence", 0, d, "no explorer run recorded (run `finality explore --ledger`)"
+                "terminal_divergence", 0, d, f"no explorer run of the shipped code recorded: {HOW_TO_EXPLORE}"
             )
         )
     elif explored < thresholds.min_interleavings:
@@ -229,6 +237,7 @@ def gate_threshold(gate: str, threshold: float | None) -> str:
 
 __all__ = [
     "GATES",
+    "HOW_TO_EXPLORE",
     "GateReport",
     "Thresholds",
     "evaluate",

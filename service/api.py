@@ -107,6 +107,7 @@ from rollout.plan import Request as RolloutRequest
 from service.access import Access, Denied, identity_of
 from service.analysis import AnalystReads
 from service.auth import Identity, Permission, TokenStore
+from service.client import API_VERSION
 from service.config import AnalystConfig
 from service.delivery import awaited, build_outbox_routes, wait_seconds
 from service.executor import Executor
@@ -299,6 +300,8 @@ def build_api(
         return JSON(
             {
                 "status": "ok",
+                # What the console checks first: a console newer than this service refuses it clearly.
+                "api_version": API_VERSION,
                 "in_flight": executor.in_flight,
                 "epoch": executor.epoch,
                 "servers": {name: protocol.value for name, protocol in executor.servers().items()},

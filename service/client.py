@@ -22,6 +22,12 @@ if TYPE_CHECKING:
 
 Json = dict[str, Any]
 
+API_VERSION = 2
+"""The control API's version, named in the service's health answer (``api_version``). Raise it when a
+route or an answer's shape changes in a way a console or client of the new release relies on; a
+console refuses a service whose version is lower (a health answer without the field is older than
+version 2, when it was introduced) with a message, instead of failing later on a missing field."""
+
 
 def _person(actor: str | None, **rest: Any) -> Json:
     body: Json = dict(rest)
@@ -271,6 +277,7 @@ class ServiceClient:
 
 
 __all__ = [
+    "API_VERSION",
     "TOKEN_ENV",
     "Json",
     "ServiceClient",

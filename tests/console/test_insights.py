@@ -195,3 +195,78 @@ def test_outbox_lag_shows_each_consumers_acknowledged_and_waiting_entries(
     assert row["acknowledged"] == acks
     assert row["acknowledged"] + row["behind"] == entries
     assert row["behind"] == 0 or row["oldest_waiting_s"] >= 0
+
+
+def test_alerts_count_approvals_about_to_expire_and_expired_in_the_last_hour(
+    seeded_ledger: Path, tmp_path: Path
+) -> None:
+    """A round due in 2 minutes is "expiring"; one expired 10 minutes ago counts, one expired 3 hours ago does not."""
+    import shutil
+
+    import duckdb
+
+    path = tmp_path / "expiring.duckdb"
+    shutil.copy(seeded_ledger, path)
+    with duckdb.connect(str(path)) as con:
+        con.execute("UPDATE approvals SET deadline = now() + INTERVAL 1 DAY WHERE status = 'pending'")
+        con.execute("UPDATE approvals SET status = 'answered' WHERE status = 'expired'")
+        ids = [
+            r[0]
+            for r in con.execute(
+                "SELECT operation_id FROM approvals WHERE status = 'pending' ORDER BY operation_id LIMIT 3"
+            ).fetchall()
+        ]
+        con.execute(
+            "UPDATE approvals SET deadline = now() + INTERVAL 2 MINUTE WHERE operation_id = ?", [ids[0]]
+        )
+        for operation_id, ago in ((ids[1], "10 MINUTE"), (ids[2], "3 HOUR")):
+            con.execute(
+                f"UPDATE approvals SET status = 'expired', deadline = now() - INTERVAL {ago}, "
+                f"closed_at = now() - INTERVAL {ago} WHERE operation_id = ?",
+                [operation_id],
+            )
+    alerts = Insights(FileSource(path), cache_s=0).alerts()
+    assert alerts["approvals_expiring"] == 1
+    assert alerts["approvals_expired_recently"] == 1
+    assert "approvals_overdue" not in alerts
+
+
+def test_a_console_newer_than_its_service_refuses_it_with_a_clear_message() -> None:
+    """A service whose health answer predates the control API version (no api_version, or a lower
+    one) is refused at connect time, naming both versions, instead of failing later on a KeyError."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from service.client import API_VERSION
+
+    answers = [{"status": "ok", "in_flight": 0}, {"status": "ok", "api_version": API_VERSION - 1}]
+
+    class OldService(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(answers[0]).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), OldService)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(NotConfigured, match="older than this console: it speaks an older control API"):
+            Insights.from_env({"FINALITY_SERVICE_URL": url})
+        answers.pop(0)
+        with pytest.raises(
+            NotConfigured,
+            match=f"speaks control API version {API_VERSION - 1}, this console needs version {API_VERSION}",
+        ):
+            Insights.from_env({"FINALITY_SERVICE_URL": url})
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

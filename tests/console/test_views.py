@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from console.views import (
+    MARK_LEVELS,
+    action_marks,
     answer_fields,
     build_answer,
     candidates_summary,
@@ -114,3 +116,24 @@ def test_the_cancel_chart_window_fits_the_data_and_cuts_it_into_many_buckets() -
     assert fitting_bucket(windows["1h"], buckets) == "1m"
     assert fitting_bucket(windows["24h"], buckets) == "1h"
     assert fitting_bucket(windows["7d"], buckets) == "6h"
+
+
+def test_rollout_actions_close_together_share_one_label_and_neighbours_take_other_rows() -> None:
+    """Two actions 5 s apart on a 10-minute chart are one label ("shadow + canary"); successive labels
+    alternate rows, so no two labels of a row are nearer than MARK_LEVELS groups apart."""
+    t0 = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    actions = [
+        (t0 + timedelta(seconds=60), "shadow", "mona"),
+        (t0 + timedelta(seconds=65), "canary", "mona"),
+        (t0 + timedelta(seconds=200), "rollback", "a-very-long-principal-name-indeed"),
+        (t0 + timedelta(seconds=300), "shadow", "mona"),
+        (t0 + timedelta(seconds=400), "canary", "mona"),
+    ]
+    marks = action_marks(actions, t0, t0 + timedelta(minutes=10))
+    assert [m.label for m in marks][0] == "shadow + canary"
+    assert len(marks) == 4
+    assert all(len(m.label) <= 26 for m in marks)
+    assert marks[1].label.endswith("…")
+    assert "rollback by a-very-long-principal-name-indeed" in marks[1].hover
+    assert "12:01:05 canary by mona" in marks[0].hover
+    assert [m.level for m in marks] == [i % MARK_LEVELS for i in range(4)]
