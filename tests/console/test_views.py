@@ -130,7 +130,7 @@ def test_rollout_actions_close_together_share_one_label_and_neighbours_take_othe
         (t0 + timedelta(seconds=400), "canary", "mona"),
     ]
     marks = action_marks(actions, t0, t0 + timedelta(minutes=10))
-    assert [m.label for m in marks][0] == "shadow + canary"
+    assert marks[0].label == "shadow + canary"
     assert len(marks) == 4
     assert all(len(m.label) <= 26 for m in marks)
     assert marks[1].label.endswith("…")
