@@ -18,12 +18,17 @@ its Retry-After. ``baseline`` runs are identical without them. Runs alternate ba
 that the machine's drift falls on both. The readers/baseline ratio of each p99 is the figure the
 issue bounds at 1.2.
 
-    python bench/readers.py [--runs 3] [--ops 1000] [--ledger duckdb|postgres] [--json]
+``--modes baseline,readers,readers-nice0`` adds a third run per round: the same readers with
+``[analyst] nice = 0`` (reader threads, and a local PostgreSQL analyst backend, at normal CPU
+priority), so one run shows what the readers' low priority buys.
+
+    python bench/readers.py [--runs 3] [--ops 1000] [--ledger duckdb|postgres] [--modes ...] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -70,8 +75,20 @@ WHERE o.cancel_requested_at IS NOT NULL
 """
 
 
-def config(server: RefServer, qps: float) -> str:
-    return f"""
+MODES = {
+    # mode: (analyst clients, [analyst] nice; None = the shipped default)
+    "baseline": (0, None),
+    "readers": (READERS, None),
+    "readers-nice0": (READERS, 0),
+}
+LABELS = {"baseline": "no readers", "readers": "4 analysts", "readers-nice0": "4 analysts at nice 0"}
+
+
+def config(server: RefServer, qps: float, nice: int | None = None) -> str:
+    analyst = f"\n[analyst]\nnice = {nice}\n" if nice is not None else ""
+    return (
+        analyst
+        + f"""
 global_qps = {qps}
 rollout_salt = "bench"
 
@@ -95,6 +112,7 @@ wait_budget_s = 3600
 submissions_per_s_per_principal = 2000
 submission_burst = 2000
 """
+    )
 
 
 def p99(values: list[float]) -> float:
@@ -157,10 +175,11 @@ def ledger_target(kind: str, folder: Path, cluster: TemporaryPostgres | None) ->
         yield str(folder / "ledger.duckdb")
 
 
-def one_run(args: argparse.Namespace, readers: bool, ledger: str, folder: Path) -> dict[str, float]:
+def one_run(args: argparse.Namespace, mode: str, ledger: str, folder: Path) -> dict[str, float]:
+    clients, nice = MODES[mode]
     with RefServer("mcp-2025-11-25", time_scale=1.0, idempotency=True) as server:
         cfg = folder / f"finality-{uuid.uuid4().hex[:6]}.toml"
-        cfg.write_text(config(server, args.qps))
+        cfg.write_text(config(server, args.qps, nice))
         svc = ServiceProcess(ledger, cfg, startup_timeout=120).start()
         try:
             sim = {
@@ -182,7 +201,7 @@ def one_run(args: argparse.Namespace, readers: bool, ledger: str, folder: Path) 
             ran: list[str] = []
             workers = [
                 threading.Thread(target=analyst, args=(svc.url, SLOW[args.ledger], stop, ran), daemon=True)
-                for _ in range(READERS if readers else 0)
+                for _ in range(clients)
             ]
             window_start = time.time()
             prober.thread.start()
@@ -239,18 +258,24 @@ def main() -> int:
     parser.add_argument("--window-s", type=float, default=30.0)
     parser.add_argument("--qps", type=float, default=2000)
     parser.add_argument("--ledger", choices=["duckdb", "postgres"], default="duckdb")
+    parser.add_argument(
+        "--modes", default="baseline,readers", help="comma-separated, from: " + ", ".join(MODES)
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    results: dict[str, list[dict[str, float]]] = {"baseline": [], "readers": []}
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if modes[:1] != ["baseline"] or not set(modes) <= set(MODES):
+        parser.error(f"--modes must start with baseline and name only {', '.join(MODES)}")
+    results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp, contextlib_cluster(args.ledger) as cluster:
         for i in range(args.runs):
-            for mode in ("baseline", "readers"):
+            for mode in modes:
                 folder = Path(tmp) / f"{mode}-{i}"
                 folder.mkdir()
                 with ledger_target(args.ledger, folder, cluster) as ledger:
-                    run = one_run(args, mode == "readers", ledger, folder)
+                    run = one_run(args, mode, ledger, folder)
                 results[mode].append(run)
-                print(f"run {i + 1} {mode}: {run}", file=sys.stderr, flush=True)
+                print(f"run {i + 1} {mode}: {run} (uptime: {load()})", file=sys.stderr, flush=True)
     report = Report("readers", "python bench/readers.py " + " ".join(sys.argv[1:]))
     suffix = f" ({args.ledger})"
     for key, label in (
@@ -259,21 +284,22 @@ def main() -> int:
         ("cancel_p99_s", "cancel confirmation p99"),
     ):
         base = [r[key] for r in results["baseline"]]
-        with_readers = [r[key] for r in results["readers"]]
         report.add(f"{label}, no readers{suffix}", "s", base, better="lower")
-        report.add(
-            f"{label}, 4 analysts{suffix}",
-            "s",
-            with_readers,
-            baseline=f"{label}, no readers{suffix}",
-            better="lower",
-        )
-        ratio = (
-            statistics.median(with_readers) / statistics.median(base)
-            if statistics.median(base)
-            else float("inf")
-        )
-        report.notes.append(f"{label}{suffix}: readers/baseline median ratio {ratio:.2f} (bound: 1.2)")
+        for mode in modes[1:]:
+            with_readers = [r[key] for r in results[mode]]
+            report.add(
+                f"{label}, {LABELS[mode]}{suffix}",
+                "s",
+                with_readers,
+                baseline=f"{label}, no readers{suffix}",
+                better="lower",
+            )
+            ratio = (
+                statistics.median(with_readers) / statistics.median(base)
+                if statistics.median(base)
+                else float("inf")
+            )
+            report.notes.append(f"{label}{suffix}: {mode}/baseline median ratio {ratio:.2f} (bound: 1.2)")
     for key in (
         "polls_in_window",
         "health_samples",
@@ -281,9 +307,8 @@ def main() -> int:
         "analyst_queries_done",
         "analyst_503",
     ):
-        report.notes.append(
-            f"{key}: baseline {[r[key] for r in results['baseline']]}, readers {[r[key] for r in results['readers']]}"
-        )
+        report.notes.append(f"{key}: " + ", ".join(f"{m} {[r[key] for r in results[m]]}" for m in modes))
+    report.notes.append(f"uptime at the end: {load()}")
     if args.json:
         report.emit()
     else:
@@ -292,6 +317,12 @@ def main() -> int:
         for note in report.notes:
             print(note)
     return 0
+
+
+def load() -> str:
+    """The load averages (1, 5, 15 min), as ``uptime`` prints them."""
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
 @contextmanager
