@@ -6,6 +6,7 @@ but SELECT: files, sequences, catalogs of secrets), and the read-only transactio
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -18,6 +19,9 @@ from engine.ledger import open_ledger
 from engine.ledger.analyst import check_query, run_query
 from engine.ledger.postgres import ANALYST_ROLE, PgLedger
 from engine.testing import make_operation
+from service.analysis import PgReads
+from service.config import AnalystConfig
+from service.readers import ReaderPool, ReadersBusy
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -253,3 +257,38 @@ def test_a_query_over_the_servers_temporary_space_limit_fails_naming_work_mem_an
         assert settings_intact(limited)
     finally:
         limited.close()
+
+
+def test_twenty_concurrent_slow_queries_end_at_statement_timeout_or_are_refused_and_the_ledger_goes_on(
+    pg_url: str, ledger: PgLedger
+) -> None:
+    """Two reader workers and a queue of two: four slow queries stop at the time limit, sixteen get 503; writes go on."""
+    analysts = PgLedger.open(pg_url, read_only=True, pool_size=2)
+    pool = ReaderPool(workers=2, queue_limit=2)
+    reads = PgReads(analysts, AnalystConfig(timeout=timedelta(milliseconds=500)))
+
+    async def ask() -> str:
+        try:
+            await pool.run("analyst SQL", lambda: reads.query("SELECT pg_sleep(30)", 10))
+        except SqlRefused as exc:
+            return str(exc)
+        except ReadersBusy as exc:
+            return f"busy {exc.status} {exc.retry_after_s}"
+        return "answered"
+
+    async def crowd() -> list[str]:
+        return list(await asyncio.gather(*(ask() for _ in range(20))))
+
+    try:
+        answers = asyncio.run(crowd())
+        stopped = [a for a in answers if "statement_timeout" in a]
+        busy = [a for a in answers if a.startswith("busy 503 ")]
+        assert (len(stopped), len(busy)) == (4, 16), answers
+        assert all("stopped after 0.5 s" in a for a in stopped)
+        # The executor's ledger (its own pool) wrote and read all along; the analysts' pool is free again.
+        ledger.put_setting("global_qps", "60", NOW)
+        assert ledger.setting("global_qps") == "60"
+        assert reads.query("SELECT 1 AS one", 10)["rows"] == [[1]]
+    finally:
+        pool.close()
+        analysts.close()
