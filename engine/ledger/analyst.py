@@ -14,8 +14,9 @@ always rolled back.
 CPU: a query runs on its own backend only (``max_parallel_workers_per_gather = 0``: parallel workers
 would be more processes taking cores from the executor and its backends), and with ``backend_nice``
 that backend, when it is a local PostgreSQL process this user may renice, is lowered to that niceness, so
-an analyst's slow query runs on the CPU the executor's backends leave. Only for connections kept for
-analysts: an unprivileged process cannot raise a priority back.
+an analyst's slow query runs on the CPU the executor's backends leave (its autogroup's niceness too,
+as PostgreSQL gives each backend a session of its own). Only for connections kept for analysts: an
+unprivileged process cannot raise a priority back.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import ipaddress
 import os
 import re
 import time
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from datetime import timedelta
 from typing import Final, Protocol
 
@@ -246,15 +247,27 @@ def lower_backend_priority(conn: psycopg.Connection[TupleRow], nice: int) -> int
     pid = conn.info.backend_pid
     proc = f"/proc/{pid}"
     try:
-        # The pid is the server's: on this machine only if it names a postgres process we own.
+        # The pid is the server's: on this machine only if it names a postgres process.
         with open(f"{proc}/comm") as comm:
             if not comm.read().startswith("postgres"):
                 return None
         if os.getpriority(os.PRIO_PROCESS, pid) < nice:
             os.setpriority(os.PRIO_PROCESS, pid, nice)
-        return os.getpriority(os.PRIO_PROCESS, pid)
+        reached = os.getpriority(os.PRIO_PROCESS, pid)
     except OSError:
         return None
+    with suppress(OSError):
+        # PostgreSQL starts every backend in a session of its own, and with Linux's autogroup
+        # scheduling a session is a group of its own, weighed against the other groups by the
+        # group's niceness: the process's alone would change nothing. Only for a backend that
+        # leads its session, so the rest of the server is never touched.
+        if os.getsid(pid) == pid:
+            with open(f"{proc}/autogroup") as group:
+                current = int(group.read().split()[-1])
+            if current < nice:
+                with open(f"{proc}/autogroup", "w") as group:
+                    group.write(str(nice))
+    return reached
 
 
 def _first_line(exc: BaseException) -> str:

@@ -10,6 +10,7 @@ import asyncio
 import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -215,7 +216,7 @@ def test_a_read_only_ledger_handle_runs_analyst_sql(pg_url: str, ledger: PgLedge
 def test_an_analyst_query_runs_on_one_backend_lowered_to_the_lowest_cpu_priority(
     pg_url: str, ledger: PgLedger
 ) -> None:
-    """With backend_nice the (local) backend runs at niceness 19 and the query may not start parallel workers."""
+    """With backend_nice the (local) backend and its autogroup run at niceness 19; no parallel workers."""
     analysts = PgLedger.open(pg_url, read_only=True, pool_size=1)
     try:
         result = run_query(
@@ -226,7 +227,12 @@ def test_an_analyst_query_runs_on_one_backend_lowered_to_the_lowest_cpu_priority
         )
         pid, parallel = result.rows[0]
         assert parallel == "0"
-        assert os.getpriority(os.PRIO_PROCESS, int(str(pid))) == 19
+        backend = int(str(pid))
+        assert os.getpriority(os.PRIO_PROCESS, backend) == 19
+        # Under autogroup scheduling the backend's session is its group: the group is niced too.
+        group = Path(f"/proc/{backend}/autogroup")
+        if group.exists() and os.getsid(backend) == backend:
+            assert group.read_text().split()[-1] == "19"
     finally:
         analysts.close()
 
