@@ -193,8 +193,10 @@ def one_run(args: argparse.Namespace, mode: str, ledger: str, folder: Path) -> d
                     for node in chunk:
                         client.submit(call_node=node, tool="generate_report", arguments={"_sim": sim})
 
-            with ThreadPoolExecutor(4) as pool:
-                list(pool.map(submit, [nodes[i::4] for i in range(4)]))
+            # Many submitters: on a loaded machine one submission's round trip takes seconds, and
+            # the service takes concurrent submissions in one tick's group commit.
+            with ThreadPoolExecutor(args.submitters) as pool:
+                list(pool.map(submit, [nodes[i :: args.submitters] for i in range(args.submitters)]))
             time.sleep(args.warmup_s)
             prober = Prober(svc.url)
             stop = threading.Event()
@@ -252,6 +254,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--ops", type=int, default=1000)
     parser.add_argument("--cancels", type=int, default=100)
+    parser.add_argument("--submitters", type=int, default=32)
     parser.add_argument("--interval-s", type=float, default=5.0)
     parser.add_argument("--duration-s", type=float, default=600.0)
     parser.add_argument("--warmup-s", type=float, default=10.0)
