@@ -85,10 +85,10 @@ LABELS = {"baseline": "no readers", "readers": "4 analysts", "readers-nice0": "4
 
 
 def config(server: RefServer, qps: float, nice: int | None = None) -> str:
+    # Appended last: a TOML table takes every key that follows it.
     analyst = f"\n[analyst]\nnice = {nice}\n" if nice is not None else ""
     return (
-        analyst
-        + f"""
+        f"""
 global_qps = {qps}
 rollout_salt = "bench"
 
@@ -112,6 +112,7 @@ wait_budget_s = 3600
 submissions_per_s_per_principal = 2000
 submission_burst = 2000
 """
+        + analyst
     )
 
 
