@@ -55,6 +55,7 @@ from engine.ledger.rows import (
     operation_from_record,
     receipt_from_row,
     require_new,
+    require_resolution,
     rollout_state_row,
 )
 from engine.ledger.schema import (
@@ -697,8 +698,7 @@ class SqlLedger(ABC):
 
     def resolve_reconciliation(self, entry_id: int, *, actor: str, resolution: str, at: datetime) -> bool:
         """Close an open entry. False if it is not open."""
-        if not actor.strip() or not resolution.strip():
-            raise InvalidRecord("resolving a reconciliation entry needs an actor and a reason")
+        require_resolution(actor, resolution)
         with self._tx() as tx:
             return (
                 self._affected(tx, sql.RECONCILIATION_RESOLVE_ENTRY, [at, actor, resolution, entry_id]) == 1

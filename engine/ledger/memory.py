@@ -10,10 +10,17 @@ used outside simulations: nothing here is durable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields
+from datetime import datetime
 
 from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import DuplicateOperation, InvalidRecord, LedgerError, ReceiptConflict, StaleWrite
+from engine.ledger.base import chain
+from engine.ledger.port import BatchOutcome, GroupOutcome, HeldOutcome, PollRecord, WriteGroup
+from engine.ledger.rows import _refuse_receipt_state, require_resolution
 from engine.model import (
     RECEIPT_STATES,
     AcceptTerminal,
@@ -289,10 +296,271 @@ class MemLedger:
         )
 
 
+class MemoryPort:
+    """``MemLedger`` behind the ``LedgerPort`` signatures of the writes and reads the driver makes.
+
+    This is what the ledger contract suite (``tests/contract``) runs beside DuckDB and PostgreSQL:
+    operations and their compare-and-swap, group commits, the acceptance point with its receipt
+    and outbox entry, held outcomes, answers and reconciliation entries. The service's own records
+    (polls, approvals with deadlines, gate and explorer runs, rollout, leases, SQL) are not here:
+    the contract tests of those say so in their skip reason.
+    """
+
+    def __init__(self, server: str = "sim") -> None:
+        self.mem = MemLedger(server)
+        self._held_at: dict[str, datetime] = {}
+        self._entries: list[dict[str, object]] = []
+        self._log: list[dict[str, object]] = []
+        self._polls: list[PollRecord] = []
+
+    def close(self) -> None:
+        """Nothing to release: the memory goes with the object."""
+
+    # writes
+    def create_operation(self, op: Operation, arguments: Json) -> tuple[Operation, bool]:
+        stored, created = self.mem.create_operation(op, arguments)
+        if created:
+            self._log.append(
+                {"operation_id": op.operation_id, "from_state": None, "to_state": op.state.value,
+                 "event": "Created", "cause": "operation recorded before submission", "accepted": True,
+                 "epoch": op.epoch, "row_version": op.row_version, "recorded_at": op.created_at}
+            )  # fmt: skip
+        return stored, created
+
+    def create_many(self, items: Sequence[tuple[Operation, Json]]) -> list[tuple[Operation, bool]]:
+        return [self.create_operation(op, arguments) for op, arguments in items]
+
+    def _logged(self, t: Transition) -> None:
+        self._log.append(
+            {"operation_id": t.after.operation_id, "from_state": t.before.state.value,
+             "to_state": t.after.state.value, "event": type(t.event).__name__, "cause": t.reason,
+             "accepted": t.accepted, "epoch": t.after.epoch, "row_version": t.after.row_version,
+             "recorded_at": t.at}
+        )  # fmt: skip
+
+    def apply(self, transition: Transition) -> Operation:
+        after = self.mem.apply(transition)
+        self._logged(transition)
+        return after
+
+    def apply_many(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
+        """Each transition compare-and-swapped on its own, in order; transitions of one operation
+        must chain (``engine.ledger.base.chain``, the SQL ledgers' rule); a refused one writes nothing."""
+        for t in transitions:
+            _refuse_receipt_state(t)
+        _, _, chain_errors = chain(transitions)
+        out: list[BatchOutcome] = []
+        for i, t in enumerate(transitions):
+            if i in chain_errors:
+                out.append(BatchOutcome(None, chain_errors[i]))
+                continue
+            try:
+                out.append(BatchOutcome(self.apply(t), None))
+            except (StaleWrite, DuplicateOperation) as refusal:
+                out.append(BatchOutcome(None, refusal))
+        return out
+
+    def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt:
+        receipt = self.mem.accept_terminal(transition, payload)
+        self._logged(transition)
+        return receipt
+
+    def accept_many(self, items: Sequence[tuple[Transition, Json | None]]) -> list[BatchOutcome]:
+        for t, _ in items:
+            receipt_of(t)  # refuses anything that is not an acceptance before anything is written
+        out: list[BatchOutcome] = []
+        for t, payload in items:
+            try:
+                self.accept_terminal(t, payload)
+                out.append(BatchOutcome(t.after, None))
+            except (StaleWrite, ReceiptConflict) as refusal:
+                out.append(BatchOutcome(None, refusal))
+        return out
+
+    def commit_group(self, group: WriteGroup) -> GroupOutcome:
+        """A group's writes in the SQL ledgers' order: held outcomes, transitions, acceptances
+        (against the rows the transitions leave), polls; each item refused on its own."""
+        self.hold_many(group.held)
+        transitions = self.apply_many(group.transitions)
+        acceptances = self.accept_many(group.acceptances)
+        self.record_polls(group.polls)
+        return GroupOutcome(transitions, acceptances)
+
+    def record_polls(self, rows: Sequence[PollRecord]) -> None:
+        self._polls.extend(rows)
+
+    def polls(self, operation_id: str | None = None) -> list[dict[str, object]]:
+        rows = sorted(self._polls, key=lambda r: r.sent_at)
+        return [r._asdict() for r in rows if operation_id in (None, r.operation_id)]
+
+    def poll_counts(self) -> list[tuple[str, int]]:
+        return sorted(Counter(r.outcome for r in self._polls).items())
+
+    def poll_count(self, operation_id: str) -> int:
+        return sum(r.operation_id == operation_id for r in self._polls)
+
+    def hold_outcome(self, operation_id: str, held: HeldOutcome) -> None:
+        self.hold_many([(operation_id, held)])
+
+    def hold_many(self, items: Sequence[tuple[str, HeldOutcome]]) -> None:
+        for operation_id, held in items:
+            task = TaskId(held.task_id) if held.task_id is not None else None
+            self.mem.hold_outcome(
+                operation_id, Held(held.status, Digest(held.digest), held.payload, task, held.epoch_echo)
+            )
+            self._held_at[operation_id] = held.held_at
+
+    def held_outcome(self, operation_id: str) -> HeldOutcome | None:
+        held = self.mem.held_outcome(operation_id)
+        if held is None:
+            return None
+        return HeldOutcome(
+            held.status, held.digest, held.payload, held.task_id, held.epoch_echo, self._held_at[operation_id]
+        )
+
+    def attach_audit_result(self, op: Operation, kind: str, payload: Json | None, at: datetime) -> None:
+        self.mem.attach_audit_result(op, payload)
+
+    def record_answer(
+        self, operation_id: str, input_round: int, answer: Json, actor: str, at: datetime
+    ) -> bool:
+        return self.mem.record_answer(operation_id, input_round, answer)
+
+    def answer_of(self, operation_id: str, input_round: int) -> Json | None:
+        return self.mem.answer_of(operation_id, input_round)
+
+    def open_reconciliation(
+        self,
+        op: Operation,
+        *,
+        kind: str,
+        reason: str,
+        window_end: datetime,
+        candidates: Sequence[str] = (),
+        at: datetime,
+    ) -> int:
+        """Open an entry for a person; idempotent per (operation, kind) while one is open."""
+        for i, entry in enumerate(self._entries):
+            if (
+                entry["operation_id"] == op.operation_id
+                and entry["kind"] == kind
+                and entry["status"] == "open"
+            ):
+                return i + 1
+        self.mem.open_entry(op, kind, reason)
+        self._entries.append(
+            {
+                "entry_id": len(self._entries) + 1,
+                "operation_id": op.operation_id,
+                "kind": kind,
+                "reason": reason,
+                "idempotency_key": op.idempotency_key,
+                "task_id": op.task_id,
+                "request_digest": op.request_digest,
+                "window_start": op.created_at,
+                "window_end": window_end,
+                "candidates": json.dumps(list(candidates)),
+                "status": "open",
+                "opened_at": at,
+                "resolved_at": None,
+                "actor": None,
+                "resolution": None,
+            }
+        )
+        return len(self._entries)
+
+    def resolve_reconciliation(self, entry_id: int, *, actor: str, resolution: str, at: datetime) -> bool:
+        """Resolve one open entry; False if it is not open (resolved once, never twice)."""
+        require_resolution(actor, resolution)
+        if not 0 < entry_id <= len(self._entries) or self._entries[entry_id - 1]["status"] != "open":
+            return False
+        entry = self._entries[entry_id - 1]
+        entry.update(status="resolved", resolved_at=at, actor=actor, resolution=resolution)
+        self.mem.resolve_open(str(entry["operation_id"]), str(entry["kind"]))
+        return True
+
+    def resolve_open(self, operation_id: str, *, kind: str, actor: str, resolution: str, at: datetime) -> int:
+        return sum(
+            self.resolve_reconciliation(i + 1, actor=actor, resolution=resolution, at=at)
+            for i, e in enumerate(self._entries)
+            if e["operation_id"] == operation_id and e["kind"] == kind and e["status"] == "open"
+        )
+
+    def open_reconciliation_counts(self) -> list[tuple[str, int]]:
+        kinds = Counter(str(e["kind"]) for e in self._entries if e["status"] == "open")
+        return sorted(kinds.items())
+
+    def reconciliation(self, *, open_only: bool = True) -> list[dict[str, object]]:
+        return [dict(e) for e in self._entries if not open_only or e["status"] == "open"]
+
+    # reads
+    def get(self, operation_id: str) -> Operation | None:
+        return self.mem.get(operation_id)
+
+    def get_many(self, operation_ids: Sequence[str]) -> dict[str, Operation]:
+        return {i: op for i in operation_ids if (op := self.mem.get(i)) is not None}
+
+    def by_call_node(self, call_node_id: str) -> Operation | None:
+        return self.mem.by_call_node(call_node_id)
+
+    def by_task(self, server: str, task_id: str) -> Operation | None:
+        return self.mem.by_task(server, task_id)
+
+    def by_key(self, key: str) -> Operation | None:
+        return self.mem.by_key(key)
+
+    def arguments(self, operation_id: str) -> Json:
+        return self.mem.arguments(operation_id)
+
+    def receipt(self, call_node_id: str) -> Receipt | None:
+        return self.mem.receipts.get(call_node_id)
+
+    def receipt_of_operation(self, operation_id: str) -> dict[str, object] | None:
+        op = self.mem.get(operation_id)
+        receipt = self.mem.receipts.get(op.call_node_id) if op is not None else None
+        if op is None or receipt is None:
+            return None
+        row: dict[str, object] = {f.name: getattr(receipt, f.name) for f in fields(receipt)}
+        return {**row, "status": receipt.status.value, "role": op.role.value}
+
+    def result_payload(self, operation_id: str) -> Json | None:
+        return self.mem.results.get(operation_id)
+
+    def transitions(self, operation_id: str) -> list[dict[str, object]]:
+        """The operation's log in order (``seq`` is its position in this ledger's whole log)."""
+        return [
+            {"seq": i + 1, **row} for i, row in enumerate(self._log) if row["operation_id"] == operation_id
+        ]
+
+    def count(self, table: str) -> int:
+        """Rows of one of the tables this ledger keeps.
+
+        Raises:
+            LedgerError: a table it does not keep (or that does not exist).
+        """
+        sizes = {
+            "operations": len(self.mem.operations()),
+            "op_state": len(self.mem.operations()),
+            "op_identity": len(self.mem.operations()),
+            "transitions": len(self._log),
+            "receipts": len(self.mem.receipts),
+            "outbox": len(self.mem.outbox),
+            "results": len(self.mem.results),
+            "receipt_audit": len(self.mem.audit),
+            "held_outcomes": len(self.mem.held),
+            "polls": len(self._polls),
+            "reconciliation": len(self._entries),
+        }
+        if table not in sizes:
+            raise LedgerError(f"unknown ledger table {table!r} (the memory ledger keeps {sorted(sizes)})")
+        return sizes[table]
+
+
 __all__ = [
     "Entry",
     "Held",
     "Json",
     "MemLedger",
+    "MemoryPort",
     "OutboxEntry",
 ]

@@ -356,6 +356,12 @@ def _string_list(value: object) -> list[str]:
     return [str(v) for v in value]
 
 
+def require_resolution(actor: str, resolution: str) -> None:
+    """Refuse resolving a reconciliation entry without an actor and a reason."""
+    if not actor.strip() or not resolution.strip():
+        raise InvalidRecord("resolving a reconciliation entry needs an actor and a reason")
+
+
 def require_new(op: Operation) -> None:
     """Refuse an operation that is not new (SUBMITTING at row version 0)."""
     if op.state is not LocalState.SUBMITTING or op.row_version != 0:

@@ -511,6 +511,9 @@ def test_cancelled_is_accepted_on_the_cancel_response_without_a_payload(ledger: 
     assert raw(ledger, "SELECT payload, terminal_status FROM outbox") == [(None, "cancelled")]
 
 
+@pytest.mark.not_in_memory(
+    "gate inputs are SQL over the ledger's tables (engine.ledger.gate_sql); the explorer checks its invariants on the memory ledger itself"
+)
 def test_a_cancel_pending_until_a_person_declares_its_lost_operation_absent(ledger: LedgerPort) -> None:
     """A cancel whose task the server lost (UNKNOWN) is pending; once a person declares it absent it is not."""
     op = created(ledger, "lost")
@@ -714,6 +717,9 @@ def test_polls_are_recorded_and_counted(ledger: LedgerPort) -> None:
     assert len(ledger.polls()) == 4
 
 
+@pytest.mark.not_in_memory(
+    "approval rounds with their schema and deadline are not kept (the explorer's rounds are MemLedger entries without a deadline)"
+)
 def test_approvals_bind_an_answer_to_its_round(ledger: LedgerPort) -> None:
     """An approval opens once per round; a stale round's answer is refused; an answered round takes no second answer."""
     op = created(ledger, "ap")
@@ -766,6 +772,9 @@ def _open(ledger: LedgerPort, op: Operation, deadline: timedelta) -> None:
     assert opened
 
 
+@pytest.mark.not_in_memory(
+    "approval rounds with their schema and deadline are not kept (the explorer's rounds are MemLedger entries without a deadline)"
+)
 def test_rounds_close_when_their_operation_moves_past_them_or_their_deadline_passes(
     ledger: LedgerPort,
 ) -> None:
@@ -880,6 +889,9 @@ def test_held_outcomes_survive_and_a_later_copy_replaces_an_earlier_one(ledger: 
     assert ledger.held_outcome("op-none") is None
 
 
+@pytest.mark.not_in_memory(
+    "settings, explorer runs and gate runs are the service's and the gates' records; a simulation writes none"
+)
 def test_settings_explorer_runs_and_gate_runs(ledger: LedgerPort) -> None:
     """Settings replace by key; explorer and gate runs are numbered by the ledger."""
     assert ledger.setting("global_qps") is None
@@ -986,6 +998,9 @@ def test_two_first_rollout_actions_at_once_record_one(target: str, ledger: Ledge
     assert verify_ledger(ledger).ok  # type: ignore[arg-type]
 
 
+@pytest.mark.not_in_memory(
+    "rollout assignments and shadow diffs are the rollout's records; a simulation writes none"
+)
 def test_assignments_and_shadow_diffs(ledger: LedgerPort) -> None:
     """One arm per operation (a second row is ignored); a shadow pair is compared once."""
     primary = to_fetching(ledger, "p")
@@ -1352,6 +1367,9 @@ def test_a_crashed_executor_is_taken_over_without_a_second_operation_or_receipt(
     assert raw(pg, "SELECT count(*) FROM op_state WHERE state <> 'ACCEPTED'") == [(0,)]
 
 
+@pytest.mark.not_in_memory(
+    "refused control API attempts are the service's record; a simulation has no control API"
+)
 def test_refused_control_api_attempts_are_recorded_and_read_newest_first(ledger: LedgerPort) -> None:
     """``record_denial`` keeps who, which token, what and when; ``denials`` reads them newest first."""
     for i, (principal, status) in enumerate((("", 401), ("vera", 403))):
