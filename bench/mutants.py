@@ -15,7 +15,7 @@ rule on its own, caught by the explorer and by which scenario, caught by the tes
 test) and prints how long each half took. Exit 1 when a mutant that breaks a seed rule survives
 the explorer. Usage::
 
-    python bench/mutants.py [--per-pair 30] [--tests] [--only ID ...] [--out bench/results/mutants.md]
+    python bench/mutants.py [--per-pair 30] [--hint-budget 150] [--tests] [--only ID ...] [--out bench/results/mutants.md]
 """
 
 from __future__ import annotations
@@ -46,6 +46,10 @@ class Mutant:
     """The bug on its own breaks a rule of the seed (else it removes a second line of defence)."""
     hint: str
     tests: tuple[str, ...]
+    duckdb: bool = False
+    """The bug is in the DuckDB ledger's SQL: every explored run writes through the real DuckDB ledger."""
+    why_not: str = ""
+    """For a mutant that breaks no seed rule on its own: what it breaks instead (the tests catch it)."""
 
 
 RACE = ("tests/integration/test_race_cancel.py", "tests/integration/test_race_submission.py")
@@ -106,8 +110,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "        if False:\n            # Found in SUBMITTING without having sent it",
         "an executor restarted in SUBMITTING sends the create again instead of looking it up",
         True,
-        "crash-restart",
-        ("tests/integration/test_race_submission.py", "tests/engine/runtime"),
+        "crash-while-submitting",
+        ("tests/integration/test_race_submission.py",),
     ),
     # ------------------------------------------------------------------ MCP 2025-11-25 adapter
     Mutant(
@@ -129,7 +133,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "            status = ServerStatus.COMPLETED",
         "a tool result with isError read as completed",
         True,
-        "failure",
+        "tool-error",
         (*RESULT, "tests/engine/adapters"),
     ),
     Mutant(
@@ -165,7 +169,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '                raise NotFoundOnServer(\n                    f"tasks/cancel: the server does not know task',
         "a -32602 on tasks/cancel taken as cancelled",
         True,
-        "not-found-before-expiry",
+        "cancel-not-found",
         (*RACE, "tests/engine/adapters"),
     ),
     Mutant(
@@ -261,7 +265,7 @@ MUTANTS: tuple[Mutant, ...] = (
         '                    f"confirmation for cancel generation',
         "a confirmation of an older cancel generation is accepted",
         True,
-        "cancel-twice",
+        "cancel-crossed",
         ("tests/engine/test_machine.py", *RACE),
     ),
     # -------------------------------------------------------- the ledger's acceptance and its CAS
@@ -290,72 +294,77 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "ledger-cas-ignores-version",
         "ledger CAS SQL",
-        "engine/ledger/duckdb.py",
-        'f"UPDATE op_state SET {assignments} WHERE operation_id = ? AND row_version = ? AND cancel_generation = ?",',
-        'f"UPDATE op_state SET {assignments} WHERE operation_id = ? AND row_version >= 0 * ? AND cancel_generation >= 0 * ?",',
-        "the compare-and-swap UPDATE matches any row version and cancel generation",
+        "engine/ledger/sql.py",
+        "WHERE operation_id = ? AND row_version = ? AND cancel_generation = ?",
+        "WHERE operation_id = ? AND row_version >= 0 * ? AND cancel_generation = ?",
+        "the compare-and-swap UPDATE matches any row version",
         True,
-        "crash-restart",
-        ("tests/engine/ledger/test_ledger.py", "tests/contract"),
+        "complete-vs-cancel",
+        ("tests/contract/test_ledger_contract.py",),
+        duckdb=True,
     ),
     Mutant(
-        "ledger-batch-cas-ignores-version",
+        "ledger-cas-ignores-generation",
         "ledger CAS SQL",
-        "engine/ledger/duckdb.py",
-        '"WHERE operation_id = ? AND row_version = ? AND cancel_generation = ?",',
-        '"WHERE operation_id = ? AND row_version >= 0 * ? AND cancel_generation >= 0 * ?",',
-        "the grouped compare-and-swap matches any row version and cancel generation",
+        "engine/ledger/sql.py",
+        "WHERE operation_id = ? AND row_version = ? AND cancel_generation = ?",
+        "WHERE operation_id = ? AND row_version = ? AND cancel_generation >= 0 * ?",
+        "the compare-and-swap UPDATE matches any cancel generation",
         True,
         "crash-restart",
-        ("tests/engine/ledger/test_ledger.py", "tests/contract"),
+        ("tests/contract/test_ledger_contract.py",),
+        duckdb=True,
     ),
-    # ------------------------------------------------------------------------ service executor
+    # ----------------------------------------------- service executor (engine/runtime/epochs.py)
     Mutant(
         "executor-old-epoch-kept",
         "service executor",
-        "service/executor.py",
-        "        if op.epoch < self.epoch:\n            # A value from before a rollback; the ledger holds the adopted one.\n"
-        "            op = self.ledger.get(op.operation_id) or op",
-        "        if op.epoch < self.epoch:\n            # A value from before a rollback; the ledger holds the adopted one.\n"
-        "            pass",
+        "engine/runtime/epochs.py",
+        "        return read(op.operation_id) or op\n",
+        "        return op\n",
         "an operation value from before a rollback is advanced as it is",
         False,
         "stale-epoch",
-        ("tests/service",),
+        ("tests/engine/runtime/test_epochs.py",),
+        why_not="the driver's writes from the stale value lose their compare-and-swap and are fenced by "
+        "step; the cost is wasted requests, not a wrong outcome (the explorer's executor always reads the "
+        "ledger's row)",
     ),
     Mutant(
         "executor-no-cancel-priority",
         "service executor",
-        "engine/runtime/driver.py",
-        "        async with self.limiter.in_flight.hold(urgent=op.cancel_generation > 0):",
-        "        async with self.limiter.in_flight.hold(urgent=False):",
+        "engine/runtime/epochs.py",
+        "    return op.cancel_generation > 0 and op.state not in RECEIPT_STATES",
+        "    return False",
         "cancel-path requests queue behind routine polls under load",
         False,
         "complete-vs-cancel",
-        ("tests/service", "tests/engine/runtime"),
+        ("tests/engine/runtime/test_epochs.py",),
+        why_not="a latency bound under load (the cancel still goes out, later); the explorer has no "
+        "request limiter contention",
     ),
     Mutant(
         "executor-ledger-epoch-ignored",
         "service executor",
-        "service/executor.py",
-        "        if recorded is not None and recorded != self.epoch:",
-        "        if False:",
+        "engine/runtime/epochs.py",
+        "    if recorded is not None and recorded != configured:",
+        "    if False:",
         "a restarted executor ignores the execution epoch the ledger recorded",
         True,
-        "stale-epoch",
-        ("tests/service", "tests/rollout"),
+        "rollback-restart",
+        ("tests/engine/runtime/test_epochs.py", "tests/rollout/test_adoption.py"),
     ),
     # ------------------------------------------------------------------ rollout fencing, adoption
     Mutant(
-        "rollout-adopt-skipped-on-restart",
+        "rollout-adoption-keeps-epoch",
         "rollout adoption",
-        "service/executor.py",
-        "        if behind:\n            # A rollback raised the epoch but stopped before adopting these: finish it now.",
-        "        if False:\n            # A rollback raised the epoch but stopped before adopting these: finish it now.",
-        "operations left behind by an interrupted rollback are never adopted",
+        "engine/runtime/epochs.py",
+        "    return step(op, EpochRaised(epoch, actor), now)",
+        "    return step(op, EpochRaised(op.epoch, actor), now)",
+        "adoption after a rollback leaves the operation at its old epoch",
         True,
         "stale-epoch",
-        ("tests/rollout", "tests/service"),
+        ("tests/engine/runtime/test_epochs.py", "tests/rollout/test_adoption.py"),
     ),
     Mutant(
         "rollout-state-cas-unfenced",
@@ -364,20 +373,23 @@ MUTANTS: tuple[Mutant, ...] = (
         "                expected_epoch=decision.before.epoch,",
         "                expected_epoch=decision.after.epoch,",
         "the rollout state is written fenced by the epoch it is about to set, not the one it read",
-        True,
+        False,
         "stale-epoch",
-        ("tests/rollout",),
+        ("tests/rollout/test_controller.py",),
+        why_not="every rollback's compare-and-swap is refused, so no rollback happens (the rollout "
+        "cannot be stopped): a rollout failure before any operation is touched, outside the explored "
+        "operation",
     ),
     Mutant(
         "rollout-taken-over-not-adopted",
         "rollout adoption",
-        "service/executor.py",
-        "        behind = [op for op in claimed if op.epoch < self.epoch]",
-        "        behind = [op for op in claimed if op.epoch < self.epoch - 1]",
-        "operations claimed behind the epoch are adopted only two epochs late",
+        "engine/runtime/epochs.py",
+        "    return [op for op in ops if is_behind(op, epoch) and op.state not in RECEIPT_STATES]",
+        "    return [op for op in ops if is_behind(op, Epoch(epoch - 1)) and op.state not in RECEIPT_STATES]",
+        "operations behind the epoch are adopted only two epochs late",
         True,
         "stale-epoch",
-        ("tests/rollout", "tests/service"),
+        ("tests/engine/runtime/test_epochs.py", "tests/rollout/test_adoption.py"),
     ),
 )
 
@@ -413,14 +425,18 @@ def apply(tree: Path, mutant: Mutant) -> bool:
 PROBE = """
 import json, logging, sys, time
 logging.disable(logging.CRITICAL)
+from engine.explore import explorer
 from engine.explore.explorer import explore_pair
 from engine.explore.scenario import SCENARIOS
-hint, per_pair = sys.argv[1], int(sys.argv[2])
+hint, per_pair, hint_budget, duckdb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+if duckdb:
+    explorer.DUCKDB_SHARE = 1  # every run writes through the real DuckDB ledger
 pairs = [(s, p) for s in SCENARIOS for p in s.protocols]
 pairs.sort(key=lambda sp: sp[0].name != hint)
 started, runs = time.monotonic(), 0
 for scenario, protocol in pairs:
-    r = explore_pair(scenario, protocol, budget=per_pair, code="shipped")
+    budget = hint_budget if scenario.name == hint else per_pair
+    r = explore_pair(scenario, protocol, budget=budget, code="shipped")
     runs += r.explored
     if r.divergent:
         print(json.dumps({"caught": True, "by": f"{scenario.name} on {protocol}", "kinds": r.kinds,
@@ -430,11 +446,21 @@ print(json.dumps({"caught": False, "by": None, "kinds": {}, "runs": runs, "secon
 """
 
 
-def run_explorer(tree: Path, mutant: Mutant, per_pair: int, timeout: float) -> dict[str, object]:
+def run_explorer(
+    tree: Path, mutant: Mutant, per_pair: int, hint_budget: int, timeout: float
+) -> dict[str, object]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     try:
         done = subprocess.run(
-            [sys.executable, "-c", PROBE, mutant.hint, str(per_pair)],
+            [
+                sys.executable,
+                "-c",
+                PROBE,
+                mutant.hint,
+                str(per_pair),
+                str(hint_budget),
+                "1" if mutant.duckdb else "0",
+            ],
             cwd=tree,
             env=env,
             capture_output=True,
@@ -498,20 +524,31 @@ def write_report(
     partial: bool,
 ) -> None:
     """``bench/results/mutants.md`` for the rows so far (``partial``: the run is still going)."""
-    caught_seed = sum(1 for m in chosen if m.seed_rule) - len(survivors)
-    total_seed = sum(1 for m in chosen if m.seed_rule)
+    seed_ids = {m.id for m in chosen if m.seed_rule}
+    seed_survivors = [s for s in survivors if s in seed_ids]
+    others = [s for s in survivors if s not in seed_ids]
+    caught_seed = len(seed_ids) - len(seed_survivors)
+    total_seed = len(seed_ids)
     doc = [
         "# Mutants: does the safety net fail when the code is wrong?",
         "",
-        f"`python bench/mutants.py --per-pair {args.per_pair}{' --tests' if args.tests else ''}`: "
+        f"`python bench/mutants.py --per-pair {args.per_pair} --hint-budget {args.hint_budget}"
+        f"{' --tests' if args.tests else ''}`: "
         f"{len(chosen)} one-line bugs, each applied alone to a throwaway copy of the tree. Explorer: "
         "`finality explore --code shipped` (the real driver and adapters against the reference servers, "
-        f"{args.per_pair} interleavings per scenario and protocol, the whole catalogue, stopping at the "
-        "first divergent pair). Tests: the mutant's targeted test files, `pytest -x`.",
+        f"the mutant's own scenario first with {args.hint_budget} interleavings per protocol, then "
+        f"{args.per_pair} per scenario and protocol over the whole catalogue, stopping at the first "
+        "divergent pair; for the ledger's SQL every run writes through the real DuckDB ledger). "
+        "Tests: the mutant's targeted test files, `pytest -x`.",
         "",
         f"Seed-rule-breaking mutants caught by the explorer alone: {caught_seed} of {total_seed}"
-        + (f"; survivors (gaps to close): {', '.join(survivors)}" if survivors else "")
-        + ".",
+        + (f"; survivors (gaps to close): {', '.join(seed_survivors)}" if seed_survivors else "")
+        + "."
+        + (
+            f" Mutants that break no seed rule alone and neither half caught: {', '.join(others)}."
+            if others
+            else ""
+        ),
         f"Explorer half: {explorer_s:.0f} s in total; test half: "
         + (f"{tests_s:.0f} s in total." if args.tests else "not run."),
         "",
@@ -529,6 +566,12 @@ def write_report(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--per-pair", type=int, default=30, help="interleavings per scenario/protocol pair")
+    parser.add_argument(
+        "--hint-budget",
+        type=int,
+        default=150,
+        help="interleavings of the mutant's own scenario per protocol (explored first)",
+    )
     parser.add_argument("--tests", action="store_true", help="also run each mutant's targeted tests")
     parser.add_argument("--no-explorer", action="store_true", help="skip the explorer half")
     parser.add_argument("--only", nargs="*", help="mutant ids to run (default: all)")
@@ -552,7 +595,7 @@ def main(argv: list[str] | None = None) -> int:
             found: dict[str, object] = (
                 {"caught": False, "by": "not run", "kinds": {}, "runs": 0, "seconds": 0.0}
                 if args.no_explorer
-                else run_explorer(tree, mutant, args.per_pair, args.timeout)
+                else run_explorer(tree, mutant, args.per_pair, args.hint_budget, args.timeout)
             )
             explorer_s += float(found["seconds"])  # type: ignore[arg-type]
             by = found["by"] or "survived"
@@ -569,7 +612,9 @@ def main(argv: list[str] | None = None) -> int:
                 caught, test, seconds = run_tests(tree, mutant, args.timeout)
                 tests_s += seconds
                 tests = f"yes: {test}" if caught else f"no ({test})" if test else "no"
-            seed = "yes" if mutant.seed_rule else "no"
+                if not mutant.seed_rule and not caught and not found["caught"]:
+                    survivors.append(mutant.id)
+            seed = "yes" if mutant.seed_rule else f"no: {mutant.why_not}"
             rows.append(f"| {mutant.id} | {mutant.area} | {mutant.bug} | {seed} | {explorer} | {tests} |")
             print(f"{mutant.id}: explorer {explorer}; tests {tests}", flush=True)
             write_report(args, chosen, rows, survivors, explorer_s, tests_s, partial=True)

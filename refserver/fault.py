@@ -30,6 +30,7 @@ class Fault(StrEnum):
     FUTURE_EPOCH_RESULT = "future_epoch_result"
     TASK_ID_REUSED = "task_id_reused"
     NOT_FOUND_BEFORE_EXPIRY = "not_found_before_expiry"
+    NOT_FOUND_ON_CANCEL = "not_found_on_cancel"
     EXPIRE_EARLY = "expire_early"
     POLL_429 = "poll_429"
     POLL_503 = "poll_503"

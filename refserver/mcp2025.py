@@ -404,6 +404,9 @@ class Mcp2025:
         if not self.ctx.options.cancel:
             raise RpcFault(METHOD_NOT_FOUND, "Method not found: tasks/cancel (tasks.cancel is not declared)")
         task = self._lookup(message, principal)
+        if task.faults.take(Fault.NOT_FOUND_ON_CANCEL, "tasks/cancel"):
+            # A server that lost the task (a restart): the cancel changes nothing.
+            raise RpcFault(INVALID_PARAMS, f"Invalid params: task not found: {task.task_id}")
         try:
             task.cancel_now(self.store.now())
         except CancelRejected as exc:

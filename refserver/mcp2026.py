@@ -382,6 +382,9 @@ class Mcp2026:
         self, request: Request, message: RpcRequest, principal: str | None, env: Envelope
     ) -> Response:
         task = self._lookup(message, principal)
+        if task.faults.take(Fault.NOT_FOUND_ON_CANCEL, "tasks/cancel"):
+            # A server that lost the task (a restart): the cancel changes nothing.
+            raise RpcFault(INVALID_PARAMS, f"Invalid params: task not found: {task.task_id}")
         task.request_cancel(self.store.now(), self.store.config.cancel_delay_s)
         self.ctx.notify()
         if task.faults.take(Fault.CANCEL_ACK_LOST, "tasks/cancel"):

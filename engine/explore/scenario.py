@@ -46,6 +46,8 @@ class Scenario:
     """Message kinds the faults above may hit (None: every kind)."""
     crashes: int = 0
     """Executor crashes; each restart loses the executor's memory and resumes from the ledger."""
+    crash_in: frozenset[str] | None = None
+    """Local states (``LocalState`` values) a crash may happen in (None: any state before a receipt)."""
     epoch_raises: int = 0
     """Rollbacks: an operator raises the execution epoch and a new executor takes over."""
     pollers: int = 1
@@ -56,6 +58,11 @@ class Scenario:
     """The clock may pass the task's expiry, after which the server may delete it (404 after expiry)."""
     reuse_task_id: bool = False
     """The server hands out a task id already bound to another call node's operation."""
+    cancel_not_found: bool = False
+    """The server answers the first cancel -32602 (task not found) though the task exists (MCP only)."""
+    tool_error: bool = False
+    """The tool ends with an ``isError`` result: ``failed`` on MCP 2025-11-25, a completed result
+    carrying the error on 2026-07-28 and AIP-151."""
     flip: bool = False
     """Non-compliant server: after a cancel won, the finished work shows as completed on later reads."""
     echo_creation_epoch: bool = False
@@ -77,6 +84,11 @@ SCENARIOS: tuple[Scenario, ...] = (
     Scenario(
         "failure", "the tool fails; the failure is fetched and accepted as failed", script=("fail",), drops=1
     ),
+    Scenario(
+        "tool-error",
+        "the tool reports an error in its result (isError); the receipt carries the server's status",
+        tool_error=True,
+    ),
     Scenario("complete-vs-cancel", "completion racing a cancel click", cancels=1, side_effects=True),
     Scenario(
         "cancel-ack-lost",
@@ -92,6 +104,18 @@ SCENARIOS: tuple[Scenario, ...] = (
         cancels=2,
         dups=1,
         fault_kinds=frozenset({Kind.CANCEL}),
+    ),
+    Scenario(
+        "cancel-crossed",
+        "two cancel clicks: the first generation's reply arrives after the second click",
+        cancels=2,
+    ),
+    Scenario(
+        "cancel-not-found",
+        "the server answers the cancel -32602 (it does not know the task) though the task exists",
+        protocols=MCP,
+        cancels=1,
+        cancel_not_found=True,
     ),
     Scenario(
         "create-lost",
@@ -163,6 +187,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         fault_kinds=frozenset({Kind.GET, Kind.RESULT}),
     ),
     Scenario(
+        "rollback-restart",
+        "a rollback, and an executor restart before or after it: the restarted executor runs at the "
+        "epoch the ledger recorded and adopts what was left behind",
+        epoch_raises=1,
+        crashes=1,
+    ),
+    Scenario(
         "stale-epoch-input",
         "rollback in the middle of an input round: the old executor's replies and answers arrive late",
         protocols=MCP,
@@ -179,6 +210,16 @@ SCENARIOS: tuple[Scenario, ...] = (
         "the executor crashes and restarts at any point, with a cancel click in play",
         crashes=1,
         cancels=1,
+    ),
+    Scenario(
+        "crash-while-submitting",
+        "the executor crashes with the create in flight, on a server without lookup by key: the "
+        "restarted executor must not send the create again",
+        protocols=MCP,
+        lookup_by_key=False,
+        crashes=1,
+        crash_in=frozenset({"SUBMITTING"}),
+        reconciler=True,
     ),
     Scenario(
         "crash-restart-input",

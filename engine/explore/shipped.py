@@ -24,6 +24,7 @@ same choices give the same run. Used by the explorer only.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import random
 from collections.abc import Callable
@@ -49,7 +50,6 @@ from engine.explore.wire import (
     ref_server,
     settle,
 )
-from engine.machine import step
 from engine.model import (
     RECEIPT_STATES,
     CallNodeId,
@@ -69,6 +69,7 @@ from engine.model import (
     new_operation,
 )
 from engine.runtime.driver import Driver, Wake
+from engine.runtime.epochs import adoption, behind, startup_epoch
 from engine.schedule import PollPolicy
 from engine.testing import BATCH_TOOL, REPORT_TOOL
 from refserver.context import Protocol as ServerProtocol
@@ -83,6 +84,8 @@ PRINCIPAL = Principal("anonymous")
 DURATION_MS = 10_000
 """The tool's work, in virtual milliseconds (long enough that no protocol answers synchronously)."""
 MAX_UNKNOWNS = 3
+CONFIGURED_EPOCH = Epoch(1)
+"""The epoch an executor's configuration names (a restarted one runs at the ledger's, if recorded)."""
 _PASSIVE = frozenset({S.WORKING, S.INPUT_REQUIRED, S.CANCEL_REQUESTED})
 _EXCUSING = frozenset({Kind.SUBMIT, Kind.LOOKUP, Kind.RESULT})
 _REQUEST_FAULTS = frozenset({Kind.GET, Kind.RESULT, Kind.CANCEL, Kind.SUBMIT, Kind.LOOKUP})
@@ -192,7 +195,9 @@ class WireWorld:
         )
         self.ledger: Any = MemPort(self.server) if ledger == "memory" else DuckPort(_duck_ledger())
         self.writes: list[Write] = []
-        self.executors = [Incarnation(self, 0, Epoch(1))]
+        self.recorded_epoch: int | None = None
+        """The execution epoch the ledger records (set by a rollback; what a restart runs at)."""
+        self.executors = [Incarnation(self, 0, CONFIGURED_EPOCH)]
         self.active = 0
         self.fault_kinds = _fault_kinds(scenario)
         self.drops = scenario.drops
@@ -207,7 +212,7 @@ class WireWorld:
         self.max_generation = 0
         self.answering: asyncio.Task[None] | None = None
         self.findings: list[Finding] = []
-        self.faulted = scenario.evict or scenario.flip
+        self.faulted = scenario.evict or scenario.flip or scenario.cancel_not_found
         """Whether something happened that may leave the outcome unknown (a create, lookup or result
         exchange that failed, a crash, a rollback, an expiry, a server losing tasks): a run without
         one must end with a receipt, never parked in UNKNOWN. A lost status read or cancel is retried
@@ -227,6 +232,8 @@ class WireWorld:
             sim["input_rounds"] = script.count("input")
         if "fail" in script:
             sim["outcome"] = "failed"
+        elif scenario.tool_error:
+            sim["outcome"] = "is_error"
         if scenario.expire:
             sim["ttl_ms"] = 2 * DURATION_MS
         faults = []
@@ -234,6 +241,8 @@ class WireWorld:
             faults.append("not_found_before_expiry")
         if scenario.flip:
             faults.append("complete_on_cancel")
+        if scenario.cancel_not_found:
+            faults.append("not_found_on_cancel")
         if faults:
             sim["faults"] = faults
         return CallRequest(
@@ -284,8 +293,15 @@ class WireWorld:
             for t in self.store._tasks.values()
         )
         # The executor's memory (what ``Driver`` keeps between actions: a refetch due, an answer to
-        # re-send) decides its next action as much as the ledger does.
-        memory = repr(self.executors[self.active].driver._memory)
+        # re-send) decides its next action as much as the ledger does. Not the server's advised poll
+        # interval: it only says when to wake, and the explorer decides that (a 2026-07-28 server
+        # jitters it on every read, which made every poll look new and a run poll for ever).
+        memory = repr(
+            {
+                k: dataclasses.replace(m, advised=None)
+                for k, m in self.executors[self.active].driver._memory.items()
+            }
+        )
         net = self.net
         return (op, tasks, self.vt.seconds, len(net.inflight), net.failures, memory)
 
@@ -350,7 +366,8 @@ class WireWorld:
         if state not in RECEIPT_STATES:
             if self.raises:
                 out.append(("operator", "raise-epoch", None))
-            if self.crashes:
+            crash_in = self.scenario.crash_in
+            if self.crashes and (crash_in is None or state.value in crash_in):
                 out.append(("executor", "crash", self.active))
         return out
 
@@ -530,26 +547,33 @@ class WireWorld:
             self.net.orphan(dead.index)
 
         self._run(kill())
-        self._new_incarnation(dead.epoch)
+        self._start_executor()
 
-    def _new_incarnation(self, epoch: Epoch) -> None:
+    def _start_executor(self) -> None:
+        """A new executor process, deciding as ``service/executor`` does (``engine.runtime.epochs``):
+        it runs at the epoch the ledger recorded, not the configured one, and first adopts what a
+        rollback left behind that epoch."""
+        epoch = startup_epoch(CONFIGURED_EPOCH, self.recorded_epoch)
         fresh = Incarnation(self, len(self.executors), epoch)
         self.executors.append(fresh)
         self.active = fresh.index
+        op = self.ledger.get(self.op_id)
+        for left in behind([] if op is None else [op], epoch):
+            t = adoption(left, epoch, "executor taking over", self.clock.now())
+            try:
+                self.ledger.apply(t)
+            except LedgerError:
+                continue
+            self.writes.append(Write(-1, int(epoch), t, None, False))
 
     def _raise_epoch(self) -> None:
+        """A rollback: the raised execution epoch is recorded in the ledger (the rollout state's
+        compare-and-swap), and an executor at that epoch takes over while the old one's requests
+        are still in flight."""
         self.raises -= 1
         self.faulted = True
-        op = self.ledger.get(self.op_id)
-        assert op is not None
-        t = step(op, EpochRaised(Epoch(op.epoch + 1), "operator"), self.clock.now())
-        try:
-            after = self.ledger.apply(t)
-        except LedgerError:
-            return
-        self.writes.append(Write(-1, int(after.epoch), t, None, False))
-        if after.epoch != op.epoch:
-            self._new_incarnation(after.epoch)
+        self.recorded_epoch = (self.recorded_epoch or CONFIGURED_EPOCH) + 1
+        self._start_executor()
 
     # -------------------------------------------------------------------------------- checks
 

@@ -81,6 +81,7 @@ from engine.model import (
     TaskId,
     Transition,
 )
+from engine.runtime.epochs import urgent
 from engine.runtime.limiter import Limiter
 from engine.runtime.plan import Step, next_step
 from engine.schedule import PollPolicy, poll_delay, retry_delay, wait_budget_end
@@ -171,7 +172,7 @@ class Driver:
         if self.limiter is None:
             return await self._send(op, method, self.clock.now(), call)
         # The cancel path goes first when requests queue: a person is waiting on it (the p99 gate).
-        async with self.limiter.in_flight.hold(urgent=op.cancel_generation > 0):
+        async with self.limiter.in_flight.hold(urgent=urgent(op)):
             return await self._send(op, method, await self.limiter.acquire(self.server), call)
 
     async def _send(self, op: Operation, method: str, sent: datetime, call: Callable[[], Awaitable[T]]) -> T:

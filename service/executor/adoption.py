@@ -16,15 +16,14 @@ from datetime import timedelta
 from typing import TypeVar
 
 from engine.errors import EngineError, LeaseLost
-from engine.machine import step
 from engine.model import (
     RECEIPT_STATES,
     Epoch,
-    EpochRaised,
     LocalState,
     Operation,
     Protocol,
 )
+from engine.runtime.epochs import adoption, is_behind
 from rollout.assign import Arm
 from rollout.plan import Action, Request
 from service.executor.base import (
@@ -171,9 +170,7 @@ class RolloutAdoption(ExecutorState):
         for _ in range(3):
             retry: list[Operation] = []
             for start in range(0, len(pending), 1000):
-                chunk = [
-                    step(op, EpochRaised(self.epoch, actor), now) for op in pending[start : start + 1000]
-                ]
+                chunk = [adoption(op, self.epoch, actor, now) for op in pending[start : start + 1000]]
                 for t, outcome in zip(chunk, self.ledger.apply_many(chunk), strict=True):
                     if isinstance(outcome.error, LeaseLost):
                         self._lease_lost(t.before.operation_id, str(outcome.error))
@@ -182,7 +179,7 @@ class RolloutAdoption(ExecutorState):
                         fresh = self.ledger.get(t.before.operation_id)
                         if (
                             fresh is not None
-                            and fresh.epoch < self.epoch
+                            and is_behind(fresh, self.epoch)
                             and fresh.state not in RECEIPT_STATES
                         ):
                             retry.append(fresh)

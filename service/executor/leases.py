@@ -20,6 +20,7 @@ from engine.clock import Clock
 from engine.errors import EngineError, LeaseLost
 from engine.ledger.port import Fence, LeasingLedgerPort, LedgerPort
 from engine.model import RECEIPT_STATES, Epoch, LocalState, Operation
+from engine.runtime.epochs import behind, is_behind
 from engine.runtime.limiter import Limiter, SharedLimiter
 from service.executor.base import (
     CLAIM_BATCH,
@@ -64,7 +65,7 @@ class SoleOwner(Tenancy):
         return True
 
     def adoption_candidates(self, held: list[str], epoch: Epoch) -> list[Operation]:
-        return [op for op in self._ledger.operations(states=_LIVE) if op.epoch < epoch]
+        return behind(self._ledger.operations(states=_LIVE), epoch)
 
     def renew(self, now: datetime) -> set[str] | None:
         return None
@@ -120,7 +121,7 @@ class SharedLeases(Tenancy):
         # Only what this executor leases; the others adopt theirs when their fence refuses them,
         # and behind-epoch operations nobody holds are adopted as ``claim`` hands them out.
         found = self._leasing.get_many(held)
-        return [op for op in found.values() if op.epoch < epoch and op.state not in RECEIPT_STATES]
+        return behind(found.values(), epoch)
 
     def renew(self, now: datetime) -> set[str] | None:
         self.lease_due = now + timedelta(seconds=self.lease_s / 3)
@@ -200,17 +201,17 @@ class Leases(ExecutorState):
             return
         self.stats["claimed"] += len(claimed)
         logger.info("claimed %d operations", len(claimed))
-        behind = [op for op in claimed if op.epoch < self.epoch]
+        taken_behind = behind(claimed, self.epoch)
         for op in claimed:
-            if op.epoch < self.epoch:
+            if is_behind(op, self.epoch):
                 continue
             self._lost.discard(op.operation_id)
             if op.operation_id in self._running:
                 self._dirty.add(op.operation_id)  # its advance ends on the row as claimed
             self._ops[op.operation_id] = op
             self._schedule(op.operation_id, now)
-        if behind:
-            self._adopt_operations(behind, actor="finality (taken over behind the epoch)")
+        if taken_behind:
+            self._adopt_operations(taken_behind, actor="finality (taken over behind the epoch)")
 
     def _lease_lost(self, op_id: str, why: str) -> None:
         """Another executor owns ``op_id`` now (or the epoch moved on): stop driving it."""

@@ -25,13 +25,13 @@ from engine.errors import EngineError, LeaseLost
 from engine.ledger.port import LedgerPort
 from engine.model import (
     RECEIPT_STATES,
-    Epoch,
     LocalState,
     Operation,
     Principal,
     Protocol,
 )
 from engine.runtime.driver import Driver, Wake
+from engine.runtime.epochs import behind, is_behind, startup_epoch, to_advance, urgent
 from engine.schedule import PollPolicy, wait_budget_end
 from rollout.controller import RolloutController
 from rollout.route import Router, ToolPaths
@@ -58,11 +58,11 @@ class Loop(ExecutorState):
         """Negotiate with every configured server, then resume every non-terminal operation."""
         self.ledger.warm_up()
         now = self.clock.now()
-        recorded = self.ledger.execution_epoch()
-        if recorded is not None and recorded != self.epoch:
-            # The ledger's epoch is the truth: a rollback raised it and it survives restarts.
-            logger.info("execution epoch %d (from the ledger)", recorded)
-            self.epoch = Epoch(recorded)
+        # The ledger's epoch is the truth: a rollback raised it and it survives restarts.
+        started_at = startup_epoch(self.epoch, self.ledger.execution_epoch())
+        if started_at != self.epoch:
+            logger.info("execution epoch %d (from the ledger)", started_at)
+            self.epoch = started_at
         self.ledger.put_setting("global_qps", repr(self.config.global_qps), now)
         self.ledger.put_setting("rollout_salt", self.config.rollout_salt, now)
         if self.client is None:
@@ -141,10 +141,10 @@ class Loop(ExecutorState):
         now = self.clock.now()
         by_url = {s.config.url: s for s in self._servers.values()}
         resumed = 0
-        behind = [op for op in self._tenancy.loaded_at_start() if op.epoch < self.epoch]
-        if behind:
+        left_behind = behind(self._tenancy.loaded_at_start(), self.epoch)
+        if left_behind:
             # A rollback raised the epoch but stopped before adopting these: finish it now.
-            self._adopt_operations(behind, actor="finality (restart after rollback)")
+            self._adopt_operations(left_behind, actor="finality (restart after rollback)")
         for op in self._tenancy.loaded_at_start():
             if op.epoch > self.epoch:
                 logger.warning(
@@ -185,7 +185,7 @@ class Loop(ExecutorState):
         op = self._ops.get(op_id)
         if op is not None:
             self._note_rounds(op)
-        if op is not None and op.cancel_generation > 0 and op.state not in RECEIPT_STATES:
+        if op is not None and urgent(op):
             self._urgent.add(op_id)
         current = self._due_at.get(op_id)
         if current is not None and current <= at:
@@ -316,9 +316,8 @@ class Loop(ExecutorState):
             self._wake.set()
 
     async def _advance(self, op: Operation) -> Wake:
-        if op.epoch < self.epoch:
-            # A value from before a rollback; the ledger holds the adopted one.
-            op = self.ledger.get(op.operation_id) or op
+        # A value from before a rollback is replaced by the ledger's adopted one.
+        op = to_advance(op, self.epoch, self.ledger.get)
         driver = self._driver_for(op)
         if driver is None:
             return Wake(op, None)
@@ -351,7 +350,7 @@ class Loop(ExecutorState):
             self._dirty.discard(op.operation_id)
             self._rerun.discard(op.operation_id)
             return
-        if op.epoch < self.epoch:
+        if is_behind(op, self.epoch):
             # Finished under an older epoch (a rollback happened meanwhile): what it ended with
             # is not the truth, the adopted row in the ledger is.
             self._dirty.add(op.operation_id)

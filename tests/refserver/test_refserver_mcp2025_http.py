@@ -348,6 +348,16 @@ def test_not_found_before_expiry_then_found(mcp):
     assert mcp.status(task_id) in ("working", "completed")
 
 
+def test_not_found_on_cancel_answers_32602_for_a_task_that_exists_and_cancels_nothing(mcp):
+    """not_found_on_cancel: tasks/cancel answers -32602 once, the task works on, a second cancel takes."""
+    task_id = mcp.start(
+        "apply_batch_change", {"batch_id": "b10", **sim(faults=["not_found_on_cancel"], duration_ms=100_000)}
+    )
+    assert mcp.error("tasks/cancel", {"taskId": task_id})["code"] == -32602
+    assert mcp.status(task_id) == "working"
+    assert mcp.result("tasks/cancel", {"taskId": task_id})["status"] == "cancelled"
+
+
 def test_expire_early_deletes_the_task_when_it_becomes_terminal(mcp):
     """expire_early: gets after completion are not found."""
     task_id = mcp.start("generate_report", sim(faults=["expire_early"]))

@@ -146,6 +146,16 @@ def test_cancel_of_a_finished_task_is_acknowledged_and_changes_nothing(mcp):
     assert mcp.get(task_id)["status"] == "completed"
 
 
+def test_not_found_on_cancel_answers_32602_for_a_task_that_exists_and_cancels_nothing(mcp):
+    """not_found_on_cancel: tasks/cancel answers -32602 once, the task works on, a second cancel is acked."""
+    task_id = mcp.start(
+        "apply_batch_change", {"_sim": {"duration_ms": 100_000, "faults": ["not_found_on_cancel"]}}
+    )
+    assert mcp.error("tasks/cancel", {"taskId": task_id})["code"] == -32602
+    assert mcp.get(task_id)["status"] == "working"
+    assert mcp.result("tasks/cancel", {"taskId": task_id}) == {"resultType": "complete"}
+
+
 def test_complete_on_cancel_acks_and_leaves_the_task_completed(mcp):
     """With complete_on_cancel the work finishes as the cancel arrives."""
     task_id = mcp.start(
