@@ -99,7 +99,7 @@ from engine.limits import (
     check_reason,
     encoded_size,
 )
-from engine.runtime.report import operation_report
+from engine.runtime.report import creation_report, operation_report
 from rollout.assign import percent_to_bp
 from rollout.controller import verify_ledger
 from rollout.plan import Action as RolloutAction
@@ -347,6 +347,10 @@ def build_api(
             # The operation is recorded: a caller that goes away from here on cancels nothing.
             report = await _await_receipt(op.call_node_id, wait_s)
             return JSON(report, status_code=201 if _has_receipt(report) else 202)
+        if op.row_version == 0:
+            # Recorded and not yet written since (a new call, or a repeat before its submission):
+            # the reply needs no read, the record is the durable SUBMITTING row itself.
+            return JSON(creation_report(op), status_code=201)
         # Read back on a worker thread: three queries per call, and 200 callers at once would
         # otherwise hold the event loop (and every request in flight) for seconds.
         report = await asyncio.to_thread(operation_report, ledger, op.call_node_id)

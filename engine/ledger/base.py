@@ -310,7 +310,7 @@ class SqlLedger(ABC):
         nodes = [op.call_node_id for op, _ in items]
         if len(set(nodes)) != len(nodes):
             return [self.create_operation(op, args) for op, args in items]
-        existing = self._existing_by_call_node(nodes)
+        existing = self.by_call_nodes(nodes)
         fresh = [(op, args) for op, args in items if op.call_node_id not in existing]
         for op, _ in fresh:
             require_new(op)
@@ -1094,8 +1094,11 @@ class SqlLedger(ABC):
             return {}
         return {op.operation_id: op for op in self._operations_in("operation_id", operation_ids)}
 
-    def _existing_by_call_node(self, nodes: Sequence[str]) -> dict[str, Operation]:
-        return {op.call_node_id: op for op in self._operations_in("call_node_id", nodes)}
+    def by_call_nodes(self, call_node_ids: Sequence[str]) -> dict[str, Operation]:
+        """The operations of several call nodes in one query (the ones that exist), by call node."""
+        if not call_node_ids:
+            return {}
+        return {op.call_node_id: op for op in self._operations_in("call_node_id", call_node_ids)}
 
     def _operations_where(self, where: str, params: Sequence[object], suffix: str = "") -> list[Operation]:
         query = sql.OPERATION_SELECT + (f" WHERE {where}" if where else "") + suffix

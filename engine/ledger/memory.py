@@ -240,6 +240,10 @@ class MemLedger:
         found = self._by_node.get(call_node_id)
         return self._ops[found] if found is not None else None
 
+    def by_call_nodes(self, call_node_ids: Sequence[str]) -> dict[str, Operation]:
+        found = (self.by_call_node(node) for node in call_node_ids)
+        return {op.call_node_id: op for op in found if op is not None}
+
     def by_key(self, key: str) -> Operation | None:
         found = self._by_key.get(key)
         return self._ops[found] if found is not None else None

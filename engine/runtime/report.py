@@ -4,9 +4,10 @@ and what the control API returns. Reads the ledger only; decides nothing."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
-from engine.model import RECEIPT_STATES, ServerStatus
+from engine.ledger.rows import created_row
+from engine.model import RECEIPT_STATES, Operation, Receipt, ServerStatus
 
 Json = dict[str, object]
 
@@ -27,6 +28,41 @@ def operation_report(ledger: LedgerPort, call_node_id: str) -> Json | None:
     result = None
     if receipt is not None and receipt.status is not ServerStatus.CANCELLED:
         result = ledger.result_payload(op.operation_id)
+    return _report(op, receipt, result, ledger.transitions(op.operation_id))
+
+
+def creation_report(op: Operation) -> Json:
+    """``operation_report`` of an operation at row version 0, without reading the ledger.
+
+    Every write moves the row version, so at version 0 the ledger holds the operation as it was
+    created and nothing else: its one ``Created`` transition (``engine.ledger.rows.created_row``),
+    no receipt, no result.
+    """
+    if op.row_version != 0:
+        raise ValueError(f"{op.operation_id} has been written since its creation; read its report")
+    created = dict(zip(_CREATED_COLUMNS, created_row(op), strict=True))
+    return _report(op, None, None, [created])
+
+
+_CREATED_COLUMNS: Final = (
+    "operation_id",
+    "call_node_id",
+    "from_state",
+    "to_state",
+    "event",
+    "detail",
+    "cause",
+    "accepted",
+    "epoch",
+    "row_version",
+    "recorded_at",
+)
+"""``created_row``'s values, named as the ``transitions`` table names them."""
+
+
+def _report(
+    op: Operation, receipt: Receipt | None, result: Json | None, transitions: list[dict[str, object]]
+) -> Json:
     return {
         "call_node": op.call_node_id,
         "operation_id": op.operation_id,
@@ -64,12 +100,13 @@ def operation_report(ledger: LedgerPort, call_node_id: str) -> Json | None:
                 "accepted": row["accepted"],
                 "at": _iso(row["recorded_at"]),
             }
-            for row in ledger.transitions(op.operation_id)
+            for row in transitions
         ],
     }
 
 
 __all__ = [
     "Json",
+    "creation_report",
     "operation_report",
 ]

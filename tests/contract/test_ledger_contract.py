@@ -79,6 +79,7 @@ from engine.model import (
     digest_of,
 )
 from engine.revision import running_revision
+from engine.runtime.report import creation_report, operation_report
 from engine.testing import make_operation
 from rollout.audit import GENESIS
 from rollout.controller import verify_ledger
@@ -188,6 +189,23 @@ def test_create_many_returns_existing_operations_and_creates_the_rest(ledger: Le
     assert [made for _, made in again] == [False, False, False]
     assert ledger.count("operations") == 3
     assert ledger.count("transitions") == 3  # one Created line each, never two
+
+
+def test_by_call_nodes_reads_the_operations_of_many_call_nodes_at_once(ledger: LedgerPort) -> None:
+    """One read answers many call nodes: each one that has an operation, by call node; the rest are absent."""
+    first, second = created(ledger, "first"), created(ledger, "second")
+    found = ledger.by_call_nodes(["second", "none", "first", "second"])
+    assert found == {"first": first, "second": second}
+    assert ledger.by_call_nodes([]) == {}
+
+
+def test_the_creation_report_is_the_report_the_ledger_gives_of_a_new_operation(ledger: LedgerPort) -> None:
+    """Before its first write, an operation's report built without a read equals the one read back."""
+    op, _ = ledger.create_operation(make_operation("fresh"), {"report": "fresh"})
+    assert creation_report(op) == operation_report(ledger, "fresh")
+    moved = ledger.apply(step(op, Submitted(TaskId("t-fresh"), Epoch(1)), op.created_at))
+    with pytest.raises(ValueError, match="read its report"):
+        creation_report(moved)
 
 
 def test_create_many_with_a_call_node_twice_creates_it_once(ledger: LedgerPort) -> None:
