@@ -2,6 +2,8 @@
 
 * ``scale``: ``bench/scale.py --runs 1 --ops 10000`` (the executor in the benchmark's own process,
   10,000 operations in flight), sampled from start to end.
+* ``ledger``: ``bench/ledger_commit.py --runs 3 --single 1`` (group commit of 20,000 transitions in
+  batches of 5000 on a file ledger, three times; the per-transition baseline cut to one write).
 * ``fastmcp``: the ``finality serve`` process of bench/fastmcp_compare.py's workload (200 concurrent
   3 s calls on a fresh fastmcp-tasks server, submitted through the API, durable ledger on disk),
   sampled from before the first submission until nothing is in flight.
@@ -12,7 +14,7 @@ and by time including callees). py-spy samples from outside the process, so the 
 unchanged (no tracing overhead on the figures); it lives in the benchmark's own virtualenv
 (bench/.venv-fastmcp, installed here on first use) because nothing in the project needs it.
 
-    python bench/_profile.py --label before [--only scale,fastmcp] [--ops 10000] [--calls 200]
+    python bench/_profile.py --label before [--only scale,fastmcp,ledger] [--ops 10000] [--calls 200]
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -78,14 +81,15 @@ def compress(collapsed: Path) -> None:
     collapsed.unlink()
 
 
-def summarise(collapsed: Path, title: str, top: int = 40) -> str:
-    """The functions with the most samples, own and including callees, from py-spy's collapsed stacks."""
+def summarise(collapsed: Path, title: str, top: int = 40, keep: Callable[[str], bool] | None = None) -> str:
+    """The functions with the most samples, own and including callees, from py-spy's collapsed stacks
+    (only the stacks ``keep`` accepts, if given)."""
     own: Counter[str] = Counter()
     inclusive: Counter[str] = Counter()
     total = 0
     for line in collapsed.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
-        if not stack:
+        if not stack or (keep is not None and not keep(stack)):
             continue
         count = int(count_text)
         total += count
@@ -129,6 +133,28 @@ def profile_scale(binary: Path, label: str, ops: int) -> None:
         summarise(collapsed, f"bench/scale.py --runs 1 --ops {ops} ({label}): the executor process") + "\n"
     )
     compress(collapsed)
+
+
+def profile_ledger(binary: Path, label: str, ops: int) -> None:
+    collapsed = OUT / f"ledger-{label}.collapsed.txt"
+    command = [sys.executable, str(ROOT / "bench" / "ledger_commit.py"), "--runs", "3", "--single", "1"]
+    recorder = start_recording(binary, collapsed, command=[*command, "--ops", str(ops)])
+    recorder.wait(timeout=3600)
+    (OUT / f"ledger-{label}.md").write_text(
+        summarise(
+            collapsed,
+            f"bench/ledger_commit.py --runs 3 --single 1 --ops {ops} ({label}): the timed group commits",
+            keep=timed_group_commit,
+        )
+        + "\n"
+    )
+    compress(collapsed)
+
+
+def timed_group_commit(stack: str) -> bool:
+    """A stack of ledger_commit.py's timed group commits (not the set-up: creating the operations,
+    stepping their transitions, opening the ledger)."""
+    return "group (ledger_commit.py" in stack and "apply_many" in stack and "prepare (" not in stack
 
 
 def profile_fastmcp(binary: Path, label: str, calls: int) -> None:
@@ -177,6 +203,8 @@ def main() -> int:
         profile_fastmcp(binary, args.label, args.calls)
     if "scale" in wanted:
         profile_scale(binary, args.label, args.ops)
+    if "ledger" in wanted:
+        profile_ledger(binary, args.label, 20_000)
     return 0
 
 
