@@ -370,14 +370,14 @@ class Ledger(SqlLedger):
         """
         first, last, chain_errors = chain(transitions)
         changed: list[Operation] = []
-        expected: list[tuple[int, int]] = []
+        befores: list[Operation] = []
         unchanged: list[tuple[str, int, int]] = []
         for k, t in last.items():
             before, after = first[k].before, t.after
             # A new row version says at once that the row changed; equal ones are compared in full.
             if after.row_version != before.row_version or after != before:
                 changed.append(after)
-                expected.append((before.row_version, before.cancel_generation))
+                befores.append(before)
             else:
                 unchanged.append((k, before.row_version, before.cancel_generation))
         stale_ids: set[str] = set()
@@ -397,7 +397,7 @@ class Ledger(SqlLedger):
                 tx.unregister("log_only")
         if changed:
             stale_ids |= self._update_states_in(
-                tx, codec.state_table(changed, expected), "group commit", find_stale=checked, verify=checked
+                tx, codec.state_changes(befores, changed), "group commit", find_stale=checked, verify=checked
             )
         self._append_batch(tx, transitions, first, last, chain_errors, stale_ids)
         if not stale_ids and not chain_errors:
@@ -441,7 +441,8 @@ class Ledger(SqlLedger):
                         "OR s.cancel_generation <> n.expected_cancel_generation"
                     ).fetchall()
                 }
-            assignments = ", ".join(f"{c} = n.{c}" for c in _STATE_COLUMNS[1:])
+            written = set(state.column_names)  # every state column, or those a group moved
+            assignments = ", ".join(f"{c} = n.{c}" for c in _STATE_COLUMNS[1:] if c in written)
             updated = tx.execute(
                 f"UPDATE op_state SET {assignments} FROM new_state n "
                 "WHERE op_state.operation_id = n.operation_id AND op_state.row_version = n.expected_version "

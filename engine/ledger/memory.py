@@ -507,6 +507,9 @@ class MemoryPort:
     def by_call_node(self, call_node_id: str) -> Operation | None:
         return self.mem.by_call_node(call_node_id)
 
+    def by_call_nodes(self, call_node_ids: Sequence[str]) -> dict[str, Operation]:
+        return self.mem.by_call_nodes(call_node_ids)
+
     def by_task(self, server: str, task_id: str) -> Operation | None:
         return self.mem.by_task(server, task_id)
 

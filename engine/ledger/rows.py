@@ -341,6 +341,32 @@ def state_table(ops: Sequence[Operation], expected: Sequence[tuple[int, int]]) -
     )
 
 
+_VERSION_AT: Final = _STATE_COLUMNS.index("row_version")
+_CANCEL_AT: Final = _STATE_COLUMNS.index("cancel_generation")
+_EXPECTED_FIELDS: Final = [
+    _STATE_SCHEMA.field("expected_version"),
+    _STATE_SCHEMA.field("expected_cancel_generation"),
+]
+
+
+def state_changes(befores: Sequence[Operation], afters: Sequence[Operation]) -> pa.Table:
+    """The compare-and-swap table of a group's changed operations (``befores[i]`` -> ``afters[i]``):
+    ``operation_id``, the state columns in which some of them moved, and the expected row version and
+    cancel generation of each.
+
+    A column in which none moved is left out: the row a compare-and-swap matches holds the
+    ``before`` values (every write moves the row version, see ``Operation``), so writing them again
+    would change nothing and cost the UPDATE a column and its WAL record. A poll moves three or
+    four of the seventeen.
+    """
+    new = list(zip(*map(_STATE_VALUES, afters), strict=True))
+    old = list(zip(*map(_STATE_VALUES, befores), strict=True))
+    keep = [i for i in range(1, len(new)) if new[i] != old[i]] or [_VERSION_AT]
+    fields = [_STATE_SCHEMA.field(0), *(_STATE_SCHEMA.field(i) for i in keep), *_EXPECTED_FIELDS]
+    columns = [new[0], *(new[i] for i in keep), old[_VERSION_AT], old[_CANCEL_AT]]
+    return arrow_columns(columns, pa.schema(fields))
+
+
 def transition_table(transitions: Sequence[Transition]) -> pa.Table:
     """``_transition_row``'s rows as an Arrow table, built by column."""
     if not transitions:
@@ -561,6 +587,7 @@ __all__ = [
     "receipt_from_row",
     "require_new",
     "rollout_state_row",
+    "state_changes",
     "state_table",
     "transition_table",
 ]

@@ -120,3 +120,22 @@ def test_state_and_transition_tables_hold_the_rows_the_row_builders_write() -> N
         orjson.dumps(t.event, option=orjson.OPT_SORT_KEYS).decode() for t in ts
     ]
     assert rows.transition_table([]).num_rows == 0
+
+
+def test_a_groups_compare_and_swap_table_holds_only_the_state_columns_it_moves() -> None:
+    """Polls move the cursor, status, version and instant: the other state columns stay out of the UPDATE."""
+    ts = _transitions()[3:6]  # the three polls
+    table = rows.state_changes([t.before for t in ts], [t.after for t in ts])
+    assert table.column_names == [
+        "operation_id",
+        "server_status",
+        "poll_cursor",
+        "row_version",
+        "updated_at",
+        "expected_version",
+        "expected_cancel_generation",
+    ]
+    full = rows.state_table(
+        [t.after for t in ts], [(t.before.row_version, t.before.cancel_generation) for t in ts]
+    )
+    assert table.equals(full.select(table.column_names))
