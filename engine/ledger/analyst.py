@@ -35,7 +35,7 @@ from psycopg import sql
 from psycopg.rows import TupleRow
 
 from engine.errors import SqlRefused
-from engine.ledger.sandbox import QueryResult
+from engine.ledger.sandbox import QueryResult, query_text
 
 
 class AnalystSource(Protocol):
@@ -119,11 +119,7 @@ def check_query(query: str) -> str:
     Raises:
         SqlRefused: with what was refused and why.
     """
-    text = query.strip().rstrip(";").strip()
-    if not text:
-        raise SqlRefused("empty query")
-    if len(text) > 100_000:
-        raise SqlRefused("query longer than 100,000 characters")
+    text = query_text(query)
     keyword = first_keyword(text)
     if keyword not in _ALLOWED:
         what = _WHAT.get(keyword, keyword.upper() or "this statement")

@@ -57,17 +57,8 @@ from engine.ledger.schema import (
 )
 from engine.ledger.schema import _TABLES as _TABLES  # the table names, for the contract suite
 from engine.model import (
-    CallNodeId,
-    Digest,
-    Epoch,
-    IdempotencyKey,
-    LocalState,
     Operation,
-    OperationId,
-    Principal,
-    Protocol,
     Receipt,
-    ToolRef,
     Transition,
 )
 
@@ -597,26 +588,7 @@ class _Moved(Exception):
     """A group's unguarded compare-and-swap wrote fewer rows than it changes: retry it checked."""
 
 
-def _warm_up_operation() -> Operation:
-    now = datetime(2000, 1, 1, tzinfo=UTC)
-    return Operation(
-        operation_id=OperationId("warm-up"),
-        call_node_id=CallNodeId("warm-up"),
-        request_digest=Digest("sha256:0"),
-        tool=ToolRef("warm-up", "0", "0"),
-        principal=Principal("warm-up"),
-        protocol=Protocol.LEGACY_SYNC,
-        adapter_version="0",
-        server="warm-up",
-        idempotency_key=IdempotencyKey("warm-up"),
-        state=LocalState.WORKING,
-        epoch=Epoch(0),
-        created_at=now,
-        updated_at=now,
-    )
-
-
-_WARM_UP_OP: Final = _warm_up_operation()
+_WARM_UP_OP: Final = codec.warm_up_operation()
 
 
 def _check_file(path: Path, read_only: bool) -> None:

@@ -71,6 +71,15 @@ from engine.model import (
     Transition,
 )
 
+
+def _only(params: list[object], operation_ids: Sequence[str] | None) -> str:
+    """The condition that narrows a lease statement to ``operation_ids`` (appending its parameter)."""
+    if operation_ids is None:
+        return ""
+    params.append(list(operation_ids))
+    return " AND operation_id = ANY(%s)"
+
+
 __all__ = [
     "ANALYST_ROLE",
     "LEASE_COLUMNS",
@@ -698,10 +707,7 @@ class PgLedger(SqlLedger):
             The operations (without a receipt) still held; any other one asked for was taken over.
         """
         params: list[object] = [now + timedelta(seconds=lease_s), lease_token, owner, _RECEIPT_STATE_VALUES]
-        only = ""
-        if operation_ids is not None:
-            only = " AND operation_id = ANY(%s)"
-            params.append(list(operation_ids))
+        only = _only(params, operation_ids)
         with self._tx() as cur:
             cur.execute(
                 "UPDATE op_state SET lease_expires_at = %s "
@@ -713,10 +719,7 @@ class PgLedger(SqlLedger):
     def release(self, owner: str, lease_token: str, operation_ids: Sequence[str] | None = None) -> int:
         """Give leases back at once (a clean stop), so other executors may claim them; returns how many."""
         params: list[object] = [lease_token, owner]
-        only = ""
-        if operation_ids is not None:
-            only = " AND operation_id = ANY(%s)"
-            params.append(list(operation_ids))
+        only = _only(params, operation_ids)
         with self._tx() as cur:
             cur.execute(
                 "UPDATE op_state SET lease_owner = NULL, lease_token = NULL, lease_epoch = NULL, "

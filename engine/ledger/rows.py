@@ -382,6 +382,26 @@ def _string_list(value: object) -> list[str]:
     return [str(v) for v in value]
 
 
+def warm_up_operation() -> Operation:
+    """A throwaway operation a backend writes and rolls back to warm its statements up."""
+    now = datetime(2000, 1, 1, tzinfo=UTC)
+    return Operation(
+        operation_id=OperationId("warm-up"),
+        call_node_id=CallNodeId("warm-up"),
+        request_digest=Digest("sha256:0"),
+        tool=ToolRef("warm-up", "0", "0"),
+        principal=Principal("warm-up"),
+        protocol=Protocol.LEGACY_SYNC,
+        adapter_version="0",
+        server="warm-up",
+        idempotency_key=IdempotencyKey("warm-up"),
+        state=LocalState.WORKING,
+        epoch=Epoch(0),
+        created_at=now,
+        updated_at=now,
+    )
+
+
 def require_resolution(actor: str, resolution: str) -> None:
     """Refuse resolving a reconciliation entry without an actor and a reason."""
     if not actor.strip() or not resolution.strip():
@@ -586,8 +606,10 @@ __all__ = [
     "operation_to_record",
     "receipt_from_row",
     "require_new",
+    "require_resolution",
     "rollout_state_row",
     "state_changes",
     "state_table",
     "transition_table",
+    "warm_up_operation",
 ]

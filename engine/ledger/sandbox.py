@@ -95,17 +95,27 @@ def _plain(value: object) -> object:
     return str(value)
 
 
-def check_query(query: str) -> None:
-    """Refuse anything but one read-only statement.
+def query_text(query: str) -> str:
+    """The statement's text without surrounding blanks and a final ``;`` (both SQL read paths).
 
     Raises:
-        SqlRefused: with what was refused and why.
+        SqlRefused: the query is empty or longer than 100,000 characters.
     """
     text = query.strip().rstrip(";").strip()
     if not text:
         raise SqlRefused("empty query")
     if len(text) > 100_000:
         raise SqlRefused("query longer than 100,000 characters")
+    return text
+
+
+def check_query(query: str) -> None:
+    """Refuse anything but one read-only statement.
+
+    Raises:
+        SqlRefused: with what was refused and why.
+    """
+    text = query_text(query)
     try:
         statements = _parser().extract_statements(text)
     except duckdb.Error as exc:
