@@ -29,7 +29,7 @@ import pyarrow as pa
 from engine.clock import Clock, monotonic_seconds
 from engine.errors import SqlRefused
 from engine.ledger.analyst import run_query as run_pg_query
-from engine.ledger.duckdb import Ledger
+from engine.ledger.port import SnapshotSource
 from engine.ledger.postgres import PgLedger
 from engine.ledger.sandbox import QueryResult, SandboxLimits, run_arrow, run_query, stamp_snapshot
 from service.config import AnalystConfig
@@ -39,6 +39,9 @@ SNAPSHOT_PREFIX = "finality-snapshot-"
 
 
 class AnalystReads(Protocol):
+    snapshotting: bool
+    """Whether the reads are over published snapshot files (which the service refreshes now and then)."""
+
     def query(self, query: str, max_rows: int) -> dict[str, object]: ...
 
     def arrow(self, query: str, max_rows: int) -> pa.Table: ...
@@ -58,12 +61,13 @@ def _arrow_from_rows(columns: list[str], rows: list[list[object]]) -> pa.Table:
 class DuckDbReads:
     """Analyst reads over snapshots of a DuckDB ledger this process owns."""
 
-    ledger: Ledger
+    ledger: SnapshotSource
     folder: Path
     clock: Clock
     config: AnalystConfig = field(default_factory=AnalystConfig)
     published: Path | None = None
     max_age: timedelta = SNAPSHOT_MAX_AGE
+    snapshotting: bool = True
     _made_at: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _publish_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -155,6 +159,7 @@ class PgReads:
 
     reader: PgLedger
     config: AnalystConfig = field(default_factory=AnalystConfig)
+    snapshotting: bool = False
 
     def _run(self, query: str, max_rows: int) -> QueryResult:
         # The reader pool's connections serve analysts alone, so their backends may be niced.

@@ -91,7 +91,6 @@ from engine.errors import (
     TooMany,
 )
 from engine.ledger.port import LedgerPort
-from engine.ledger.postgres import PgLedger
 from engine.limits import (
     check_actor,
     check_call_node,
@@ -306,7 +305,7 @@ def build_api(
                 "epoch": executor.epoch,
                 "servers": {name: protocol.value for name, protocol in executor.servers().items()},
                 # The SQL dialect POST /api/v1/sql speaks (the console picks its query variants by it).
-                "dialect": "postgres" if isinstance(ledger, PgLedger) else "duckdb",
+                "dialect": ledger.dialect,
                 # How busy the readers' pool is (it never holds this answer back: health is not a read).
                 "readers": pool.stats().as_json(),
             }

@@ -54,7 +54,7 @@ async def serve(
     (``record_shipped_explorer``).
     """
     ledger = open_ledger(ledger_target)
-    shared = isinstance(ledger, PgLedger)
+    shared = ledger.leasing is not None
     executor = Executor(
         ledger=ledger,
         config=config,
@@ -68,16 +68,17 @@ async def serve(
     reader_ledger: PgLedger | None = None
     with tempfile.TemporaryDirectory(prefix="finality-sql-") as folder:
         sql: AnalystReads
-        if isinstance(ledger, PgLedger):
-            # A pool of its own: analyst queries never hold a connection the executor needs.
+        source = ledger.snapshots
+        if source is None:
+            # Read in place, on a pool of its own: analyst queries never hold a connection the
+            # executor needs.
             reader_ledger = PgLedger.open(ledger_target, read_only=True, pool_size=analyst.workers)
             sql = PgReads(reader_ledger, analyst)
         else:
-            assert isinstance(ledger, Ledger)
             published = (
-                Path(analyst.snapshot_dir) if analyst.snapshot_dir else Path(ledger.path).parent / "snapshots"
+                Path(analyst.snapshot_dir) if analyst.snapshot_dir else Path(source.path).parent / "snapshots"
             )
-            sql = DuckDbReads(ledger, Path(folder), executor.clock, analyst, published=published)
+            sql = DuckDbReads(source, Path(folder), executor.clock, analyst, published=published)
         app = build_api(executor, ledger, sql=sql, readers=readers, analyst=analyst)
         server = uvicorn.Server(
             uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
@@ -116,7 +117,7 @@ async def publish_snapshots(
     executor: Executor, readers: ReaderPool, reads: AnalystReads, every: timedelta | None
 ) -> None:
     """Publish a snapshot every ``every`` (on the readers' pool); a failure is logged and retried next time."""
-    if every is None or isinstance(reads, PgReads):
+    if every is None or not reads.snapshotting:
         return
     while True:
         await executor.clock.sleep(every)

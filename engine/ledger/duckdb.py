@@ -133,6 +133,11 @@ class Ledger(SqlLedger):
         self._root.close()
 
     @property
+    def snapshots(self) -> Ledger:
+        """Analysts read snapshot files of a DuckDB ledger, never the file the executor writes."""
+        return self
+
+    @property
     def leasing(self) -> None:
         """One process owns a DuckDB file: nothing is leased or fenced."""
         return None

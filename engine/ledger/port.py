@@ -122,6 +122,14 @@ class GroupOutcome:
     acceptances: list[BatchOutcome]
 
 
+class SnapshotSource(Protocol):
+    """A ledger that copies itself, consistent, to a file (DuckDB: ``Ledger.snapshot``)."""
+
+    @property
+    def path(self) -> str: ...
+    def snapshot(self, dest: str | Path) -> Path: ...
+
+
 class LedgerPort(Protocol):
     """Everything the code above the ledger (runtime, service, rollout, CLI, seeding) calls on it.
 
@@ -260,6 +268,17 @@ class LedgerPort(Protocol):
 
     # what the backend can do
     @property
+    def dialect(self) -> str:
+        """The SQL the ledger's tables are read with: ``duckdb`` or ``postgres``."""
+        ...
+
+    @property
+    def snapshots(self) -> SnapshotSource | None:
+        """This ledger as one that copies itself to a file for analysts to read apart (DuckDB), or
+        None: analysts read it in place (PostgreSQL). Callers ask this, never the backend's type."""
+        ...
+
+    @property
     def leasing(self) -> LeasingLedgerPort | None:
         """This ledger as one several executors share (leases, fencing, a shared QPS budget), or None.
 
@@ -338,5 +357,6 @@ __all__ = [
     "LedgerPort",
     "OutboxAck",
     "PollRecord",
+    "SnapshotSource",
     "WriteGroup",
 ]

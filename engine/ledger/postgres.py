@@ -242,6 +242,11 @@ class PgLedger(SqlLedger):
             self._pool.close()
 
     @property
+    def snapshots(self) -> None:
+        """Analysts read PostgreSQL in place (a read-only role on a pool of their own)."""
+        return None
+
+    @property
     def leasing(self) -> PgLedger:
         """Any number of executors share a PostgreSQL ledger: leases, fencing, shared QPS slots."""
         return self
