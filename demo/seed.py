@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.clock import Clock, SystemClock
+from engine.errors import EngineError
 from engine.ledger import is_postgres, open_ledger
 from engine.ledger.gate_sql import WRITE_SETTLE_S
 from engine.ledger.port import ExplorerRun, LedgerPort
@@ -249,7 +250,7 @@ def _fill(template: str, members: pa.Array, fills: dict[str, pa.Array]) -> pa.Ar
     return pc.binary_join_element_wise(*args, "")
 
 
-class SeedScriptError(ValueError):
+class SeedScriptError(EngineError):
     """A seeded history the decision path or the machine does not allow."""
 
 

@@ -1,5 +1,10 @@
-"""The engine's exception tree, the one tree of the whole project (service, console, rollout, tests
-helpers included). Callers catch by type; retryability is the type, never the message.
+"""The engine's exception tree, the one tree of the whole project (service, console, rollout, demo,
+test helpers included). Callers catch by type; retryability is the type, never the message.
+
+Every class is defined here except the few that carry what only their module knows; those are
+drawn with their module in brackets and still derive from a class here. ``refserver/`` is a
+separate program (the reference servers, standing in for other people's servers): it imports
+nothing from Finality and has exceptions of its own, outside this tree on purpose.
 
 EngineError
 ├── InvalidTransition        a bug or a peer violation: carries state and event
@@ -8,6 +13,7 @@ EngineError
 │   │   └── LeaseLost        a fenced write refused: the lease was taken over or the epoch raised
 │   ├── ReceiptConflict      acceptTerminal refused: names the mismatching field
 │   ├── DuplicateOperation   a second operation for a call node, key or server task id
+│   ├── AckRefused           an outbox acknowledgement refused (and recorded): unknown or not held
 │   ├── LedgerUnavailable    the file cannot be opened or written
 │   ├── LedgerCorrupt        the file is not a ledger, or is damaged
 │   └── SchemaTooNew         the file was written by a newer Finality
@@ -15,6 +21,7 @@ EngineError
 ├── ConfigError              bad configuration or usage: names the offending key
 │   └── AnswerInvalid        a person's answer does not fit the requested schema: names the field
 ├── NegotiationError         the server/tool cannot run this call the way it was asked
+│   └── CancelUnsupported    a cancel the server cannot receive (no cancel capability declared)
 ├── BackendError             talking to a server failed
 │   ├── BackendUnavailable   retryable: connection lost, timeout, 429/503 (carries retry_after)
 │   │   └── SessionExpired   an MCP session the server forgot: re-initialize
@@ -29,7 +36,9 @@ EngineError
 ├── RolloutRefused           a rollout action not allowed now (HTTP status, blocking gates)
 ├── ServiceError             a service request that cannot be carried out (HTTP status)
 │   ├── TooLarge             413: a body, arguments or an answer over its limit
-│   └── TooMany              429: a principal over its limits (carries retry_after)
+│   ├── TooMany              429: a principal over its limits (carries retry_after)
+│   ├── Denied               [service.access] 401/403: the request may not do this (recorded)
+│   └── ReadersBusy          [service.readers] 503: every reader busy, queue full (retry_after)
 ├── IdentifierRefused        a call node id, principal, actor or reason breaking its rule (422)
 ├── ServiceUnavailable       the service cannot be reached (client side)
 ├── ServiceRefused           the service answered an error status (client side)
@@ -37,6 +46,7 @@ EngineError
 ├── ClusterError             the throwaway PostgreSQL could not be started or reached
 ├── StateLimit               the explorer's pruned search met its state limit
 ├── Nondeterminism           the explorer found the simulation not deterministic
+├── SeedScriptError          [demo.seed] a seeded history the decision path or the machine refuses
 └── ConsoleError             shown to a console user as a message, never a traceback
     ├── NotConfigured        neither a service URL nor a ledger was given
     ├── ReadOnlyConsole      an action asked of a console that reads a ledger read-only
