@@ -19,8 +19,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict engine rollout service console demo app.py pages
 
+# Two workers, one per CI core; --dist loadfile keeps a module on one worker, so its module-scoped
+# servers start once. The 30 slowest tests are listed so that the suite's time stays visible.
 unit: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30
 
 browser:
 	bash scripts/install-browser.sh
