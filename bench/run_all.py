@@ -85,6 +85,14 @@ BENCHMARKS: tuple[Benchmark, ...] = (
         timeout_s=900,
     ),
     Benchmark(
+        "submit",
+        "bench/submit.py",
+        "Submission latency: 200 concurrent POST /api/v1/calls to the durable SUBMITTING record",
+        ("--runs", "5"),
+        ("--runs", "1", "--calls", "50"),
+        timeout_s=900,
+    ),
+    Benchmark(
         "scale",
         "bench/scale.py",
         "10,000 in-flight operations: RSS, CPU per 1,000 requests, busiest 1-second window vs cap, "
