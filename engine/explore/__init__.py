@@ -1,27 +1,20 @@
-"""Finality's deterministic race explorer: every interleaving of a scenario's actors, judged.
+"""Finality's deterministic race explorer: the interleavings of the shipped code, judged.
 
-The explorer runs the real transition function (``engine.machine.step``) and the ledger's
-acceptance rule (``engine.acceptance.check_acceptance``, inside an in-memory ledger) against
-simulated servers, a lossy and reordering network, executor crashes and epoch raises, and
-reports every run whose outcome diverges from the server's truth. Simulation only: it never talks
-to a real server or writes a real ledger (except ``cli.main --ledger``, which records summaries).
+Each run is the real ``engine.runtime.driver.Driver`` with the real protocol adapters, talking over
+an in-process network to the reference server's own protocol code on a virtual clock, with the
+explorer choosing at every point where the wire or the ledger is touched what happens next
+(``engine.explore.shipped``, ``engine.explore.wire``). Every run is judged by the seed's invariants
+from the ledger's writes and the server's own records. Simulation only: it never talks to a real
+server or writes a real ledger (except ``cli.main --ledger``, which records summaries).
 """
 
 from engine.explore.explorer import PairResult, explore, explore_pair, render_trace, replay, selected_pairs
-from engine.explore.rules import BROKEN, ENGINE, RULES, Rules
 from engine.explore.scenario import SCENARIOS, Scenario, scenario_named
-from engine.explore.world import Divergence, World
 
 __all__ = [
-    "BROKEN",
-    "ENGINE",
-    "RULES",
     "SCENARIOS",
-    "Divergence",
     "PairResult",
-    "Rules",
     "Scenario",
-    "World",
     "explore",
     "explore_pair",
     "render_trace",

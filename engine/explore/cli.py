@@ -1,8 +1,7 @@
 """``finality explore``: run the race explorer, print what it found, exit 1 on any divergence.
 
-Usage: ``finality explore [--code shipped|model] [--permutations N] [--scenario NAME|all] [--seed S]
-[--json] [--ledger PATH] [--rules NAME] [--strategy sample|dfs] [--prune [--max-states N]]
-[--replay SCENARIO@PROTOCOL:CHOICES] [--list]``.
+Usage: ``finality explore [--permutations N] [--scenario NAME|all] [--seed S] [--json] [--ledger PATH]
+[--strategy merge|sample|dfs] [--replay SCENARIO@PROTOCOL:CHOICES[:duckdb]] [--list]``.
 Exit codes: 0 no divergence,
 1 at least one divergent interleaving (the shortest is printed as a trace), 2 usage error.
 Presentation only: the rules live in ``engine.machine`` and the explorer in ``engine.explore``.
@@ -18,11 +17,9 @@ from datetime import datetime
 from typing import TextIO
 
 from engine.clock import SystemClock, monotonic_seconds
-from engine.errors import EngineError, StateLimit
+from engine.errors import EngineError
 from engine.explore.explorer import MAX_STEPS, STRATEGIES, PairResult, explore, selected_pairs
-from engine.explore.prune import MAX_STATES, explore_all_pruned
-from engine.explore.result import CODES, render_trace
-from engine.explore.rules import ENGINE, RULES
+from engine.explore.result import CODES, RULES, render_trace
 from engine.explore.scenario import FINDINGS, SCENARIOS, Scenario, scenario_named
 from engine.model import Protocol
 
@@ -53,8 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--code",
         default="shipped",
         choices=CODES,
-        help="shipped (the default): the real driver and protocol adapters against the reference servers; "
-        "model: the explorer's simulated executor (faster; not counted by the divergence gate)",
+        help="shipped (the default and only one): the real driver and protocol adapters against the "
+        "reference servers",
     )
     parser.add_argument(
         "--replay",
@@ -67,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=DEFAULT_PERMUTATIONS,
         metavar="N",
-        help=f"distinct interleavings to run in total across the selected scenarios (default {DEFAULT_PERMUTATIONS})",
+        help="runs in total across the selected scenarios; with --strategy merge every run also covers "
+        f"the interleavings merged with it, counted as distinct interleavings (default {DEFAULT_PERMUTATIONS})",
     )
     parser.add_argument(
         "--scenario",
@@ -81,29 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     parser.add_argument("--ledger", metavar="PATH", help="record one explorer run per scenario and protocol")
     parser.add_argument(
-        "--rules",
-        default="engine",
-        choices=sorted(RULES),
-        help="the rule set: 'engine', or a deliberately broken variant the explorer must catch",
-    )
-    parser.add_argument(
-        "--strategy", default="sample", choices=STRATEGIES, help="order of unexplored branches"
-    )
-    parser.add_argument(
-        "--prune",
-        action="store_true",
-        help="explore every interleaving of each selected scenario, running each distinct state once "
-        "(equivalent interleavings merged); --permutations is then not used",
-    )
-    parser.add_argument(
-        "--max-states",
-        type=_positive,
-        default=MAX_STATES,
-        metavar="N",
-        help=f"with --prune: distinct states one scenario/protocol may expand (default {MAX_STATES:,})",
+        "--strategy",
+        default="merge",
+        choices=STRATEGIES,
+        help="merge (the default): depth-first with equal states merged, exhaustive where the budget "
+        "allows; sample/dfs: one full run per interleaving, in seeded random or index order",
     )
     parser.add_argument("--max-steps", type=_positive, default=MAX_STEPS, help=argparse.SUPPRESS)
-    parser.add_argument("--list", action="store_true", help="list the scenarios and rule sets, then exit")
+    parser.add_argument("--list", action="store_true", help="list the scenarios, then exit")
     return parser
 
 
@@ -134,15 +117,12 @@ def _listing(out: TextIO) -> None:
     print("open findings (run by name only; they diverge until the engine is fixed):", file=out)
     for s in FINDINGS:
         print(f"  {s.name:<26} {', '.join(s.protocols)}: {s.summary}", file=out)
-    print("rule sets:", file=out)
-    for rules in RULES.values():
-        print(f"  {rules.name:<26} {rules.summary}", file=out)
 
 
 def _row(r: PairResult) -> str:
-    mode = "merged" if r.states else "exhaustive" if r.exhaustive else "sampled"
+    mode = "exhaustive" if r.exhaustive else "sampled"
     return (
-        f"{r.scenario:<26} {r.protocol:<15} {r.explored:>19,} {mode:<10} "
+        f"{r.scenario:<26} {r.protocol:<15} {r.explored:>19,} {r.runs:>7,} {mode:<10} "
         f"{r.receipts:>19,} {r.parked:>17,} {r.divergent:>15,}"
     )
 
@@ -153,7 +133,12 @@ def _shortest(results: Sequence[PairResult]) -> PairResult | None:
 
 
 def _as_json(
-    results: Sequence[PairResult], rules: str, seed: int, requested: int, seconds: float, code: str = "model"
+    results: Sequence[PairResult],
+    rules: str,
+    seed: int,
+    requested: int,
+    seconds: float,
+    code: str = "shipped",
 ) -> str:
     explored = sum(r.explored for r in results)
     shortest = _shortest(results)
@@ -164,15 +149,18 @@ def _as_json(
         "permutations": requested,
         "explored": explored,
         "distinct_interleavings": explored,
+        "runs": sum(r.runs for r in results),
         "divergent": sum(r.divergent for r in results),
         "seconds": round(seconds, 3),
         "interleavings_per_second": round(explored / seconds, 1) if seconds > 0 else None,
+        "runs_per_second": round(sum(r.runs for r in results) / seconds, 1) if seconds > 0 else None,
         "pairs": [
             {
                 "scenario": r.scenario,
                 "protocol": r.protocol.value,
                 "explored": r.explored,
                 "distinct_interleavings": r.explored,
+                "runs": r.runs,
                 "exhaustive": r.exhaustive,
                 "states": r.states,
                 "receipts": r.receipts,
@@ -202,7 +190,7 @@ def _record(path: str, results: Sequence[PairResult], started: datetime, finishe
                     scenario=r.scenario,
                     protocol=r.protocol.value,
                     seed=r.seed,
-                    explored=r.states or r.explored,
+                    explored=r.runs,
                     distinct_interleavings=r.explored,
                     divergent=r.divergent,
                     exhaustive=r.exhaustive,
@@ -229,14 +217,7 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
         _listing(out)
         return EXIT_OK
     if args.replay:
-        return _replay(args.replay, args.code, RULES[args.rules], out, err)
-    if args.code == "shipped" and (args.prune or args.rules != ENGINE.name):
-        print(
-            "finality explore: --prune and --rules run the model only (add --code model); "
-            "break the shipped code with `make mutants` instead",
-            file=err,
-        )
-        return EXIT_USAGE
+        return _replay(args.replay, out, err)
     try:
         scenarios = _select(args.scenario)
     except KeyError as exc:
@@ -249,22 +230,14 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
     started_at = clock.now()
     started = monotonic_seconds()
     pairs = selected_pairs(scenarios)
-    if args.prune:
-        try:
-            results = explore_all_pruned(pairs, rules=RULES[args.rules], max_states=args.max_states)
-        except StateLimit as exc:
-            print(f"finality explore: {exc}; raise --max-states or drop --prune", file=err)
-            return EXIT_USAGE
-    else:
-        results = explore(
-            pairs,
-            permutations=args.permutations,
-            rules=RULES[args.rules],
-            seed=args.seed,
-            strategy=args.strategy,
-            max_steps=args.max_steps,
-            code=args.code,
-        )
+    results = explore(
+        pairs,
+        permutations=args.permutations,
+        seed=args.seed,
+        strategy=args.strategy,
+        max_steps=args.max_steps,
+        code=args.code,
+    )
     seconds = monotonic_seconds() - started
     finished_at = clock.now()
     if args.ledger:
@@ -275,32 +248,31 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
             return EXIT_USAGE
     divergent = sum(r.divergent for r in results)
     if args.json:
-        print(_as_json(results, args.rules, args.seed, args.permutations, seconds, args.code), file=out)
+        print(_as_json(results, RULES, args.seed, args.permutations, seconds, args.code), file=out)
     else:
-        _print_table(results, args.rules, args.seed, seconds, out, args.code)
+        _print_table(results, RULES, args.seed, seconds, out, args.code)
     return EXIT_DIVERGENT if divergent else EXIT_OK
 
 
 def _print_table(
-    results: Sequence[PairResult], rules: str, seed: int, seconds: float, out: TextIO, code: str = "model"
+    results: Sequence[PairResult], rules: str, seed: int, seconds: float, out: TextIO, code: str = "shipped"
 ) -> None:
     explored = sum(r.explored for r in results)
     divergent = sum(r.divergent for r in results)
     print(f"finality explore: {code} code, rules {rules}, seed {seed}", file=out)
     print(
-        f"{'scenario':<26} {'protocol':<15} {'interleavings':>19} {'mode':<10} "
+        f"{'scenario':<26} {'protocol':<15} {'interleavings':>19} {'runs':>7} {'mode':<10} "
         f"{'receipts':>19} {'parked':>17} {'divergent':>15}",
         file=out,
     )
     for r in results:
         print(_row(r), file=out)
     exhausted = sum(r.exhaustive for r in results)
-    states = sum(r.states for r in results)
-    rate = f"{explored / seconds:,.0f} interleavings/s" if seconds > 0 else ""
-    merged = f", {states:,} distinct states run" if states else ""
+    runs = sum(r.runs for r in results)
+    rate = f"{explored / seconds:,.0f} interleavings/s ({runs / seconds:,.0f} runs/s)" if seconds > 0 else ""
     print(
-        f"{divergent:,} divergent of {explored:,} distinct interleavings "
-        f"({exhausted} of {len(results)} scenario/protocol pairs exhaustive{merged}) in {seconds:.1f} s, {rate}",
+        f"{divergent:,} divergent of {explored:,} distinct interleavings, {runs:,} runs "
+        f"({exhausted} of {len(results)} scenario/protocol pairs exhaustive) in {seconds:.1f} s, {rate}",
         file=out,
     )
     for r in results:
@@ -318,17 +290,12 @@ def replay_command(result: PairResult) -> str:
     """The one command that runs a pair's shortest failing interleaving again, with its timeline."""
     assert result.shortest is not None
     choices = ",".join(str(c) for c in result.shortest.choices)
-    rules = "" if result.rules == ENGINE.name else f" --rules {result.rules}"
-    return (
-        f"finality explore --code {result.code}{rules} --replay {result.scenario}@{result.protocol}:{choices}"
-    )
+    ledger = "" if result.shortest.ledger == "memory" else f":{result.shortest.ledger}"
+    return f"finality explore --code {result.code} --replay {result.scenario}@{result.protocol}:{choices}{ledger}"
 
 
-def _replay(spec: str, code: str, rules: object, out: TextIO, err: TextIO) -> int:
+def _replay(spec: str, out: TextIO, err: TextIO) -> int:
     """``--replay SCENARIO@PROTOCOL:CHOICES``: the timeline of one interleaving; exit 1 if it diverges."""
-    from engine.explore.rules import Rules
-
-    assert isinstance(rules, Rules)
     try:
         head, _, tail = spec.partition(":")
         name, _, protocol_name = head.partition("@")
@@ -344,7 +311,7 @@ def _replay(spec: str, code: str, rules: object, out: TextIO, err: TextIO) -> in
         )
         return EXIT_USAGE
     try:
-        trace = render_trace(scenario, protocol, rules, choices, code=code, ledger=ledger)
+        trace = render_trace(scenario, protocol, choices, ledger=ledger)
     except (IndexError, ValueError) as exc:
         print(f"finality explore: those choices do not replay on this code: {exc}", file=err)
         return EXIT_USAGE

@@ -16,10 +16,17 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.clock import monotonic_seconds
-from engine.errors import Nondeterminism, StateLimit
-from engine.explore.prune import explore_pruned
-from engine.explore.result import CODES, DUCKDB_SHARE, Failing, PairResult, new_world, render_trace, replay
-from engine.explore.rules import ENGINE, Rules
+from engine.errors import Nondeterminism
+from engine.explore.result import (
+    CODES,
+    DUCKDB_SHARE,
+    RULES,
+    Failing,
+    PairResult,
+    new_world,
+    render_trace,
+    replay,
+)
 from engine.explore.scenario import Scenario
 from engine.model import Protocol
 
@@ -34,9 +41,10 @@ __all__ = [
     "replay",
 ]
 
-STRATEGIES = ("sample", "dfs")
-SHORTEST_SEARCH_STATES = 5_000
-"""Distinct states the search for the shortest divergent interleaving of a sampled pair may run."""
+STRATEGIES = ("merge", "sample", "dfs")
+"""``merge``: the merging depth-first search (``engine.explore.prune``; exhaustive where the budget
+allows); ``sample``/``dfs``: one full run per interleaving, unexplored branches in seeded random or
+index order."""
 MAX_STEPS = 250
 """Steps after which a run counts as unsettled (no scenario needs more than a few dozen)."""
 
@@ -55,7 +63,7 @@ def pair_seed(seed: int, scenario: str, protocol: Protocol) -> int:
 
 
 class PairExplorer:
-    """The choice tree of one (scenario, protocol) under one rule set, explored a budget at a time.
+    """The choice tree of one (scenario, protocol) on the shipped code, explored a budget at a time.
 
     Calling ``run`` again continues the same tree, so later budgets never repeat a run.
     """
@@ -65,27 +73,28 @@ class PairExplorer:
         scenario: Scenario,
         protocol: Protocol,
         *,
-        rules: Rules = ENGINE,
         seed: int = 0,
         strategy: str = "sample",
         max_steps: int = MAX_STEPS,
-        code: str = "model",
+        code: str = "shipped",
+        ledger: str | None = None,
     ) -> None:
         if code not in CODES:
             raise ValueError(f"unknown code {code!r}; choose one of {', '.join(CODES)}")
-        if strategy not in STRATEGIES:
+        if strategy not in STRATEGIES[1:]:
             raise ValueError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
         self.scenario = scenario
         self.protocol = protocol
-        self.rules = rules
         self.dfs = strategy == "dfs"
         self.max_steps = max_steps
         self.rng = random.Random(pair_seed(seed, scenario.name, protocol))
         self.root = _Node()
         self.code = code
-        self.result = PairResult(scenario.name, protocol, rules.name, seed, code=code)
+        self.result = PairResult(scenario.name, protocol, RULES, seed, code=code)
         self.record: list[tuple[int, ...]] | None = None
         """When a list, every run's choices are appended to it (for tests)."""
+        self.ledger = ledger
+        """``None``: every ``DUCKDB_SHARE``-th run on the DuckDB ledger, the others in memory."""
 
     @property
     def exhausted(self) -> bool:
@@ -109,10 +118,10 @@ class PairExplorer:
 
     def _one(self, result: PairResult) -> None:
         scenario, protocol, rng, dfs = self.scenario, self.protocol, self.rng, self.dfs
-        # A share of the shipped code's runs write through the real DuckDB ledger.
-        share = self.code == "shipped" and result.explored % DUCKDB_SHARE == DUCKDB_SHARE - 1
-        ledger = "duckdb" if share else "memory"
-        world = new_world(scenario, protocol, self.rules, code=self.code, trace=False, ledger=ledger)
+        # A share of the runs write through the real DuckDB ledger.
+        share = result.explored % DUCKDB_SHARE == DUCKDB_SHARE - 1
+        ledger = self.ledger or ("duckdb" if share else "memory")
+        world = new_world(scenario, protocol, trace=False, ledger=ledger)
         node = self.root
         path: list[_Node] = []
         choices: list[int] = []
@@ -147,6 +156,7 @@ class PairExplorer:
                 break
             parent.complete = True
         result.explored += 1
+        result.runs += 1
         if self.record is not None:
             self.record.append(tuple(choices))
         findings = world.finish(unsettled=unsettled)
@@ -162,59 +172,32 @@ class PairExplorer:
             result.receipts += 1
 
     def finish(self) -> PairResult:
-        """The result so far, with the shortest divergent run rendered as a trace.
-
-        When the tree was only sampled, a search that merges equivalent interleavings (bounded by
-        ``SHORTEST_SEARCH_STATES``) looks for the shortest divergent interleaving of all; if the
-        scenario is too large for that, the shortest run found is shown.
-        """
+        """The result so far, with the shortest divergent run rendered as a trace."""
         result = self.result
         if result.shortest is not None and result.trace is None:
             shortest = result.shortest
-            if not result.exhaustive and self.code == "model":
-                # The merging search runs the model only (the shipped code's state cannot be copied).
-                shortest = self._shortest_of_all() or shortest
-                result.shortest = shortest
             result.trace = render_trace(
-                self.scenario,
-                self.protocol,
-                self.rules,
-                shortest.choices,
-                shortest.findings,
-                code=self.code,
-                ledger=shortest.ledger,
+                self.scenario, self.protocol, shortest.choices, shortest.findings, ledger=shortest.ledger
             )
         return result
-
-    def _shortest_of_all(self) -> Failing | None:
-        try:
-            merged = explore_pruned(
-                self.scenario, self.protocol, rules=self.rules, max_states=SHORTEST_SEARCH_STATES, trace=False
-            )
-        except StateLimit:
-            return None
-        return merged.shortest
 
 
 def explore_pair(
     scenario: Scenario,
     protocol: Protocol,
     *,
-    rules: Rules = ENGINE,
     budget: int,
     seed: int = 0,
     strategy: str = "sample",
     max_steps: int = MAX_STEPS,
-    code: str = "model",
+    code: str = "shipped",
 ) -> PairResult:
     """Run up to ``budget`` distinct interleavings of ``scenario`` under ``protocol``.
 
     Raises:
         Nondeterminism: a replayed prefix enabled different steps (a bug in the simulation).
     """
-    explorer = PairExplorer(
-        scenario, protocol, rules=rules, seed=seed, strategy=strategy, max_steps=max_steps, code=code
-    )
+    explorer = PairExplorer(scenario, protocol, seed=seed, strategy=strategy, max_steps=max_steps, code=code)
     explorer.run(budget)
     return explorer.finish()
 
@@ -223,21 +206,25 @@ def explore(
     pairs: Iterable[tuple[Scenario, Protocol]],
     *,
     permutations: int,
-    rules: Rules = ENGINE,
     seed: int = 0,
-    strategy: str = "sample",
+    strategy: str = "merge",
     max_steps: int = MAX_STEPS,
-    code: str = "model",
+    code: str = "shipped",
 ) -> list[PairResult]:
-    """Share ``permutations`` distinct interleavings across the pairs.
+    """Share a budget of ``permutations`` runs across the pairs.
 
-    Each pair first gets an equal share; what small (exhausted) trees leave over is shared again
-    among the pairs that still have unexplored interleavings, until the total is reached or every
-    tree is exhausted.
+    ``merge`` (the default): each pair in turn gets an equal share of what is left for its merging
+    search (``engine.explore.prune``), of which one run in ``DUCKDB_SHARE`` (at least one) is a
+    sampled run on the real DuckDB ledger; what a pair leaves over goes to the pairs after it.
+    ``explored`` is then the interleavings covered, ``runs`` the runs it took. ``sample``/``dfs``:
+    each pair first gets an equal share of runs; what small (exhausted) trees leave over is shared
+    again among the pairs that still have unexplored interleavings.
     """
+    pairs = list(pairs)
+    if strategy == "merge":
+        return _explore_merged(pairs, permutations, seed, max_steps, code)
     explorers = [
-        PairExplorer(s, p, rules=rules, seed=seed, strategy=strategy, max_steps=max_steps, code=code)
-        for s, p in pairs
+        PairExplorer(s, p, seed=seed, strategy=strategy, max_steps=max_steps, code=code) for s, p in pairs
     ]
     remaining = permutations
     while remaining > 0:
@@ -254,6 +241,42 @@ def explore(
         if ran == 0:
             break
     return [e.finish() for e in explorers]
+
+
+def _explore_merged(
+    pairs: list[tuple[Scenario, Protocol]], permutations: int, seed: int, max_steps: int, code: str
+) -> list[PairResult]:
+    from engine.explore.prune import explore_merged  # imported here: prune imports this module's kin
+
+    if code not in CODES:
+        raise ValueError(f"unknown code {code!r}; choose one of {', '.join(CODES)}")
+    results = []
+    remaining = permutations
+    for index, (scenario, protocol) in enumerate(pairs):
+        share = max(2, remaining // (len(pairs) - index))
+        on_duckdb = max(1, share // DUCKDB_SHARE)
+        result = explore_merged(scenario, protocol, max_runs=share - on_duckdb, max_steps=max_steps)
+        result.seed = seed
+        sampler = PairExplorer(scenario, protocol, seed=seed, max_steps=max_steps, ledger="duckdb")
+        sampler.run(on_duckdb)
+        duck = sampler.result
+        result.runs += duck.runs
+        result.seconds += duck.seconds
+        result.divergent += duck.divergent
+        for kind, n in duck.kinds.items():
+            result.kinds[kind] = result.kinds.get(kind, 0) + n
+        if duck.shortest is not None and (
+            result.shortest is None or len(duck.shortest.choices) < len(result.shortest.choices)
+        ):
+            result.shortest = duck.shortest
+        if result.shortest is not None:
+            shortest = result.shortest
+            result.trace = render_trace(
+                scenario, protocol, shortest.choices, shortest.findings, ledger=shortest.ledger
+            )
+        remaining = max(0, remaining - result.runs)
+        results.append(result)
+    return results
 
 
 def selected_pairs(scenarios: Iterable[Scenario]) -> list[tuple[Scenario, Protocol]]:

@@ -1,31 +1,36 @@
-"""Exhaustive exploration with equivalent interleavings merged: depth-first over world states.
+"""Exhaustive exploration of the shipped code with equivalent interleavings merged.
 
-Two interleavings that reach the same state (``World.state_key``: equal ledger, server, network,
-executor memory, budgets and findings so far) have the same futures, so the subtree below a state
-is run once and its summary (how many interleavings lie below, how many diverge and how, the
-shortest divergent continuation) is reused for every other way of reaching it. The counts are
-exact counts of distinct interleavings, though only distinct states are executed. A state that
-repeats on its own path is a cycle: that interleaving never settles and counts as divergent.
-Deterministic; no I/O.
+A depth-first walk over the choice tree of one (scenario, protocol) pair in which a state seen
+before is not explored again: at every quiet point (``WireWorld.state_key``: no coroutine of the
+driver or the server mid-exchange) the run's state is keyed, and two interleavings that reach equal
+keys have the same futures, so the subtree below is run once and its summary (how many
+interleavings lie below, how many diverge and how, how many end parked or with a receipt, the
+shortest divergent continuation) is reused for every other way of reaching it. The counts are exact
+counts of distinct interleavings, though only distinct states are executed; the tests check them
+against running every interleaving one by one.
+
+The shipped code's state cannot be copied (it lives in coroutines), so the walk continues the run
+it has in hand into the first branch and reaches each other branch by running its prefix again from
+the start (``runs`` counts every run started). A state that repeats on its own path is a cycle:
+that interleaving never settles and counts as divergent. When the run budget ends first, the
+result counts the interleavings below the subtrees completed so far (all distinct, all judged) and
+says ``exhaustive=False``. Deterministic; no I/O.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from engine.clock import monotonic_seconds
-from engine.errors import StateLimit
-from engine.explore.result import Failing, PairResult, render_trace
-from engine.explore.rules import ENGINE, Rules
+from engine.errors import Nondeterminism
+from engine.explore.result import RULES, Failing, Finding, PairResult, new_world
 from engine.explore.scenario import Scenario
-from engine.explore.world import Divergence, Finding, World
 from engine.model import Protocol
 
-MAX_STATES = 3_000_000
-"""Distinct states one scenario/protocol pair may expand before the search gives up."""
-MAX_DEPTH = 400
+MAX_STEPS = 250
+"""Steps after which a run counts as unsettled (as in the sampling walk)."""
+UNSETTLED = "unsettled"
 
 
 @dataclass(slots=True)
@@ -57,98 +62,147 @@ class Summary:
 
 def _leaf(findings: list[Finding], parked: bool) -> Summary:
     if findings:
-        kinds: dict[str, int] = {}
-        for kind, _ in findings:
-            kinds[kind] = 1
+        kinds = {kind: 1 for kind, _ in findings}
         return Summary(1, 1, 0, 0, kinds, (), tuple(findings))
     if parked:
         return Summary(1, 0, 1, 0)
     return Summary(1, 0, 0, 1)
 
 
-class _Search:
-    def __init__(self, max_states: int) -> None:
+class OutOfRuns(Exception):
+    """The run budget ended; ``partial`` sums the subtrees completed so far (none of them twice)."""
+
+    def __init__(self) -> None:
+        super().__init__("run budget spent")
+        self.partial = Summary()
+
+    def take(self, prefix: list[int], done: Summary) -> None:
+        """Add the completed children of the state after ``prefix`` (choices from the root)."""
+        partial = self.partial
+        shortest = partial.shortest
+        partial.add(0, Summary(done.paths, done.divergent, done.parked, done.receipts, done.kinds))
+        if done.shortest is not None:
+            path = (*prefix, *done.shortest)
+            if shortest is None or len(path) < len(shortest):
+                partial.shortest, partial.findings = path, done.findings
+
+
+class MergingSearch:
+    """The merging walk of one pair; ``run`` may be called once."""
+
+    def __init__(
+        self, scenario: Scenario, protocol: Protocol, *, max_runs: int, max_steps: int = MAX_STEPS
+    ) -> None:
+        self.scenario = scenario
+        self.protocol = protocol
+        self.max_runs = max_runs
+        self.max_steps = max_steps
         self.memo: dict[tuple[object, ...], Summary] = {}
         self.on_path: set[tuple[object, ...]] = set()
-        self.max_states = max_states
+        self.runs = 0
+        self.merged = 0
+        """Times a state was found in the memo (a subtree not run again)."""
 
-    def visit(self, world: World, depth: int) -> Summary:
+    def _start(self, prefix: list[int]) -> object:
+        if self.runs >= self.max_runs:
+            raise OutOfRuns
+        self.runs += 1
+        world = new_world(self.scenario, self.protocol, trace=False)
+        for i in prefix:
+            enabled = world.enabled()
+            if i >= len(enabled):
+                world.close()
+                raise Nondeterminism(f"{self.scenario.name}/{self.protocol}: {prefix} no longer replays")
+            world.perform(enabled[i])
+        return world
+
+    def visit(self, world: object, prefix: list[int]) -> Summary:
+        """The summary of every interleaving below the state ``world`` is in (after ``prefix``)."""
+        from engine.explore.shipped import WireWorld
+
+        assert isinstance(world, WireWorld)
         key = world.state_key()
-        hit = self.memo.get(key)
-        if hit is not None:
-            return hit
-        if key in self.on_path or depth >= MAX_DEPTH:
-            finding = (Divergence.UNSETTLED, "the run returns to a state it was in: it can cycle for ever")
-            return Summary(1, 1, 0, 0, {Divergence.UNSETTLED: 1}, (), (finding,))
+        if key is not None:
+            hit = self.memo.get(key)
+            if hit is not None:
+                self.merged += 1
+                world.close()
+                return hit
+            if key in self.on_path:
+                world.close()
+                finding = (UNSETTLED, "the run returns to a state it was in: it can cycle for ever")
+                return Summary(1, 1, 0, 0, {UNSETTLED: 1}, (), (finding,))
         enabled = [] if world.aborted else world.enabled()
-        if not enabled:
-            summary = _leaf(world.finish(), world.parked)
+        if not enabled or world.steps >= self.max_steps:
+            parked = world.parked
+            summary = _leaf(world.finish(unsettled=bool(enabled)), parked)
         else:
-            if len(self.memo) >= self.max_states:
-                raise StateLimit(f"more than {self.max_states:,} distinct states")
-            self.on_path.add(key)
+            n = len(enabled)
             summary = Summary()
-            last = len(enabled) - 1
-            for i, action in enumerate(enabled):
-                child = world if i == last else world.clone()
-                child.perform(action)
-                summary.add(i, self.visit(child, depth + 1))
-            self.on_path.discard(key)
-        self.memo[key] = summary
+            if key is not None:
+                self.on_path.add(key)
+            try:
+                for i in range(n):
+                    child = world if i == 0 else self._start(prefix)
+                    if i:
+                        again = child.enabled()  # type: ignore[attr-defined]
+                        if len(again) != n:
+                            raise Nondeterminism(
+                                f"{self.scenario.name}/{self.protocol}: {prefix} enabled {len(again)}, before {n}"
+                            )
+                        child.perform(again[i])  # type: ignore[attr-defined]
+                    else:
+                        child.perform(enabled[0])  # type: ignore[attr-defined]
+                    prefix.append(i)
+                    try:
+                        summary.add(i, self.visit(child, prefix))
+                    finally:
+                        prefix.pop()
+            except OutOfRuns as out:
+                out.take(prefix, summary)
+                raise
+            finally:
+                if key is not None:
+                    self.on_path.discard(key)
+        if key is not None:
+            self.memo[key] = summary
         return summary
 
+    def run(self) -> tuple[Summary, bool]:
+        """(the summary, whether it covers every interleaving)."""
+        limit = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(limit, 20 * self.max_steps + 1000))
+        try:
+            return self.visit(self._start([]), []), True
+        except OutOfRuns as out:
+            return out.partial, False
+        finally:
+            sys.setrecursionlimit(limit)
 
-def explore_pruned(
-    scenario: Scenario,
-    protocol: Protocol,
-    *,
-    rules: Rules = ENGINE,
-    max_states: int = MAX_STATES,
-    trace: bool = True,
+
+def explore_merged(
+    scenario: Scenario, protocol: Protocol, *, max_runs: int, max_steps: int = MAX_STEPS
 ) -> PairResult:
-    """Every interleaving of ``scenario`` under ``protocol``, each distinct state run once.
-
-    ``explored`` (and the distinct count) is the number of interleavings covered; ``states`` the
-    number of distinct states executed.
-
-    Raises:
-        StateLimit: the scenario has more than ``max_states`` distinct states.
+    """Every interleaving of ``scenario`` under ``protocol`` (each distinct state run once), within
+    ``max_runs`` runs; ``explored`` is the interleavings covered, ``runs`` the runs it took,
+    ``states`` the distinct quiet states keyed.
     """
     started = monotonic_seconds()
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 4 * MAX_DEPTH + 200))
-    try:
-        search = _Search(max_states)
-        summary = search.visit(World(scenario, protocol, rules), 0)
-    finally:
-        sys.setrecursionlimit(limit)
-    result = PairResult(scenario.name, protocol, rules.name, 0)
+    search = MergingSearch(scenario, protocol, max_runs=max_runs, max_steps=max_steps)
+    summary, complete = search.run()
+    result = PairResult(scenario.name, protocol, RULES, 0)
     result.explored = summary.paths
+    result.runs = search.runs
     result.states = len(search.memo)
-    result.exhaustive = True
+    result.exhaustive = complete
     result.divergent = summary.divergent
     result.parked = summary.parked
     result.receipts = summary.receipts
     result.kinds = dict(summary.kinds)
     if summary.shortest is not None:
         result.shortest = Failing(summary.shortest, summary.findings)
-        if trace:
-            result.trace = render_trace(scenario, protocol, rules, summary.shortest, summary.findings)
     result.seconds = monotonic_seconds() - started
     return result
 
 
-def explore_all_pruned(
-    pairs: Iterable[tuple[Scenario, Protocol]], *, rules: Rules = ENGINE, max_states: int = MAX_STATES
-) -> list[PairResult]:
-    """``explore_pruned`` for each pair."""
-    return [explore_pruned(s, p, rules=rules, max_states=max_states) for s, p in pairs]
-
-
-__all__ = [
-    "MAX_DEPTH",
-    "MAX_STATES",
-    "Summary",
-    "explore_all_pruned",
-    "explore_pruned",
-]
+__all__ = ["MAX_STEPS", "MergingSearch", "OutOfRuns", "Summary", "explore_merged"]

@@ -2,8 +2,7 @@
 
 Shared by the sampling walk (``engine.explore.explorer``) and the state-merging search
 (``engine.explore.prune``), which both import it and not each other. ``replay`` runs one interleaving
-again by its choices, on the simulated model (``code="model"``) or on the shipped driver and
-adapters (``code="shipped"``); it decides nothing itself.
+of the shipped driver and adapters again by its choices; it decides nothing itself.
 """
 
 from __future__ import annotations
@@ -12,14 +11,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.explore.rules import Rules
 from engine.explore.scenario import Scenario
 from engine.model import Protocol
 
-CODES = ("model", "shipped")
+CODES = ("shipped",)
 """What an explorer run runs: ``shipped`` is ``engine/runtime/driver.py`` with the real adapters
-against the reference servers; ``model`` is the simulated executor and servers (``executor.py``,
-``server.py``), kept until the shipped explorer covers every scenario."""
+against the reference servers (the only code there is: the simulated copy, ``model``, is gone;
+``explorer_runs`` rows of older revisions may still say ``model``)."""
+RULES = "engine"
+"""The rule set a run judges by (recorded in ``explorer_runs.rules``): the engine's own, as shipped.
+Broken variants are ``make mutants``' one-line bugs in the shipped code."""
 
 Finding = tuple[str, str]
 DUCKDB_SHARE = 8
@@ -59,45 +60,22 @@ class PairResult:
     shortest: Failing | None = None
     trace: str | None = None
     seconds: float = 0.0
-    code: str = "model"
+    code: str = "shipped"
     """Which code ran (``CODES``)."""
+    runs: int = 0
+    """Worlds actually run (with state merging, ``explored`` counts the interleavings covered)."""
 
 
-def new_world(
-    scenario: Scenario, protocol: Protocol, rules: Rules, *, code: str, trace: bool, ledger: str = "memory"
-) -> Any:
-    """A fresh run of ``scenario`` under ``protocol`` on the code ``code`` names.
+def new_world(scenario: Scenario, protocol: Protocol, *, trace: bool, ledger: str = "memory") -> Any:
+    """A fresh run of ``scenario`` under ``protocol`` on the shipped code."""
+    from engine.explore.shipped import WireWorld  # imported here: it loads the adapters and refserver
 
-    Raises:
-        ValueError: an unknown code, or a broken rule set asked of the shipped code (its rules are
-            whatever the shipped modules say; break them with ``make mutants`` instead).
-    """
-    if code == "shipped":
-        if rules.name != "engine":
-            raise ValueError(
-                f"rule set {rules.name!r} exists only for the model; the shipped code runs as it is"
-            )
-        from engine.explore.shipped import WireWorld  # imported here: it loads the adapters and refserver
-
-        return WireWorld(scenario, protocol, trace=trace, ledger=ledger)
-    if code == "model":
-        from engine.explore.world import World
-
-        return World(scenario, protocol, rules, trace=trace)
-    raise ValueError(f"unknown code {code!r}; choose one of {', '.join(CODES)}")
+    return WireWorld(scenario, protocol, trace=trace, ledger=ledger)
 
 
-def replay(
-    scenario: Scenario,
-    protocol: Protocol,
-    rules: Rules,
-    choices: Sequence[int],
-    *,
-    code: str = "model",
-    ledger: str = "memory",
-) -> Any:
+def replay(scenario: Scenario, protocol: Protocol, choices: Sequence[int], *, ledger: str = "memory") -> Any:
     """Run one interleaving again, by its choices, with a trace (call ``finish`` on it for the checks)."""
-    world = new_world(scenario, protocol, rules, code=code, trace=True, ledger=ledger)
+    world = new_world(scenario, protocol, trace=True, ledger=ledger)
     for i in choices:
         world.perform(world.enabled()[i])
     return world
@@ -106,20 +84,20 @@ def replay(
 def render_trace(
     scenario: Scenario,
     protocol: Protocol,
-    rules: Rules,
     choices: Sequence[int],
     findings: Sequence[Finding] | None = None,
     *,
-    code: str = "model",
     ledger: str = "memory",
 ) -> str:
     """The interleaving as a timeline, one line per step: actor, action -> local state / server state."""
-    world = replay(scenario, protocol, rules, choices, code=code, ledger=ledger)
+    world = replay(scenario, protocol, choices, ledger=ledger)
     judged = world.finish()
     if findings is None:
         findings = judged
-    what = f"rules: {rules.name}" if code == "model" else f"shipped code, {ledger} ledger"
-    head = f"{scenario.name} on {protocol} ({what}), {len(choices)} steps, choices {list(choices)}"
+    head = (
+        f"{scenario.name} on {protocol} (shipped code, {ledger} ledger), {len(choices)} steps, "
+        f"choices {list(choices)}"
+    )
     body = world.lines or []
     tail = [f"  DIVERGENCE {kind}: {detail}" for kind, detail in findings]
     return "\n".join([head, *body, *tail])
@@ -128,6 +106,7 @@ def render_trace(
 __all__ = [
     "CODES",
     "DUCKDB_SHARE",
+    "RULES",
     "Failing",
     "Finding",
     "PairResult",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from engine.explore.server import Kind
+from engine.explore.wire import Kind
 from engine.model import Protocol
 
 P = Protocol

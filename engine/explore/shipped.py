@@ -47,6 +47,8 @@ from engine.explore.wire import (
     Network,
     Recording,
     Write,
+    canon,
+    message_key,
     ref_server,
     settle,
 )
@@ -304,6 +306,52 @@ class WireWorld:
         )
         net = self.net
         return (op, tasks, self.vt.seconds, len(net.inflight), net.failures, memory)
+
+    def state_key(self) -> tuple[object, ...] | None:
+        """Everything the run's future depends on, at a quiet point; ``None`` elsewhere.
+
+        Quiet: no coroutine of the driver or of the server is running (every exchange in flight has
+        been given up by its sender), so what the next steps do is a function of data alone: the
+        ledger (rows, receipts, held outcomes, answers, open items), the server's task records,
+        keys and seeded generator, the messages still in flight, the virtual time, what the active
+        executor's ``Driver`` keeps in memory (and its adapter's negotiated state and request
+        numbering), the fault budgets left and what was found so far. Two runs with equal keys have
+        the same futures (``engine.explore.prune`` merges them). Mid-exchange a coroutine's place in
+        the code is not data, so those states are never merged. In-memory ledger only.
+        """
+        if self.ledger_kind != "memory":
+            return None
+        if any(inc.busy for inc in self.executors) or (
+            self.answering is not None and not self.answering.done()
+        ):
+            return None
+        net = self.net
+        if net.busy or any(m.waiting for m in net.inflight):
+            return None
+        found = list(self.findings)
+        self._check_writes(found)
+        inc = self.executors[self.active]
+        fingerprint = self.fingerprint()
+        idle = None if inc.idle_at is None else (True if inc.idle_at == fingerprint else inc.idle_at)
+        ledger = self.ledger
+        return (
+            canon(ledger.mem, _LEDGER_HISTORY),
+            canon(ledger.approvals),
+            canon(self.store, _SERVER_HISTORY),
+            self.ref.protocol_state(),
+            tuple(message_key(m) for m in net.inflight),
+            self.vt.seconds,
+            self.active,
+            tuple((i.alive, i.epoch) for i in self.executors),
+            (inc.negotiated, inc.parked, idle),
+            canon(inc.driver._memory),
+            hash(inc.driver.rng.getstate()),
+            canon(inc.backend, _ADAPTER_CONNECTION),
+            (self.drops, self.delays, self.dups, self.throttles, self.corrupts),
+            (self.crashes, self.raises, self.passes, self.cancels, self.max_generation),
+            tuple(found),
+            (self.faulted, self.aborted, self.submitted, self._unknowns()),
+        )
 
     # ----------------------------------------------------------------------------- stepping
 
@@ -812,6 +860,14 @@ class WireWorld:
         return f"{local} / {remote} @{self.vt.seconds:.1f}s"
 
 
+_LEDGER_HISTORY = frozenset({"writes", "rejected"})
+"""MemLedger counters of writes made: history, not state (the row versions say what changed)."""
+_SERVER_HISTORY = frozenset({"_log", "anchor", "clock", "config", "_new_id"})
+"""The task store's request counters and its fixed wiring."""
+_ADAPTER_CONNECTION = frozenset({"session_id", "_client", "_options", "_token", "_ids", "_lock"})
+"""An adapter's connection: the session id is the server's name for a connection (one per process,
+reused by every run), the client and options are the same in every run, and the JSON-RPC request
+numbering is a renaming (``wire.without_rpc_ids``)."""
 _JUDGED: dict[tuple[object, ...], str] = {}
 _DUCK_RUNS = itertools.count(1)
 _DUCK: list[Any] = []

@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import random
+import re
 import selectors
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
+from enum import Enum, StrEnum
 from typing import Any
 
 import httpx
@@ -352,6 +354,11 @@ class Network:
             self.failures += 1
         self._complete(reply, truncate=truncate)
 
+    @property
+    def busy(self) -> bool:
+        """Whether the server is still working on some request (a coroutine is running)."""
+        return bool(self._tasks)
+
     def lose(self, msg: Message, why: str) -> None:
         """The request or its reply is lost: the sender's wait ends in a timeout."""
         self.inflight.remove(msg)
@@ -465,6 +472,18 @@ class RefServer:
         self.in_use = False
         self.cached = False
 
+    def protocol_state(self) -> object:
+        """What the protocol module keeps between requests besides the store (AIP-151: the creates it
+        dropped on purpose); MCP 2025-11-25's session table is left out (see the class docstring)."""
+        owners = {getattr(getattr(route, "endpoint", None), "__self__", None) for route in self.app.routes}
+        return tuple(
+            sorted(
+                repr(canon(owner, frozenset({"ctx", "store", "methods", "sessions"})))
+                for owner in owners
+                if owner is not None and not isinstance(owner, Admin)
+            )
+        )
+
     def release(self) -> None:
         """The run is over (every task on the loop ended): the next run may reuse the server."""
         self.in_use = False
@@ -498,6 +517,75 @@ def ref_server(protocol: ServerProtocol, *, idempotency: bool) -> RefServer:
         server.reset()
     server.in_use = True
     return server
+
+
+# ------------------------------------------------------------------------------ state keys
+
+_OPAQUE_MODULES = ("httpx", "asyncio", "starlette", "refserver.clock", "engine.explore.wire")
+
+
+def canon(value: object, skip: frozenset[str] = frozenset(), depth: int = 0) -> object:
+    """A hashable, comparable rendering of ``value`` for state keys: equal data, equal key.
+
+    Plain values stay as they are; containers, dataclasses and objects become tuples of their
+    contents (attributes named in ``skip`` left out); a random generator becomes the hash of its
+    state. Objects of the I/O plumbing (HTTP client, event loop, clocks) are reduced to their type:
+    they hold no state a run's future depends on. Pure.
+    """
+    if value is None or isinstance(value, str | int | float | bytes | datetime | timedelta | Enum):
+        return value
+    if depth > 8:
+        return type(value).__name__
+    d = depth + 1
+    if isinstance(value, list | tuple):
+        return tuple(canon(v, skip, d) for v in value)
+    if isinstance(value, dict):
+        return tuple((canon(k, skip, d), canon(v, skip, d)) for k, v in value.items())
+    if isinstance(value, set | frozenset):
+        return tuple(sorted(repr(canon(v, skip, d)) for v in value))
+    if isinstance(value, random.Random):
+        return hash(value.getstate())
+    kind = type(value)
+    if kind.__module__.startswith(_OPAQUE_MODULES) or (callable(value) and not hasattr(value, "__dict__")):
+        return kind.__name__
+    if isinstance(value, itertools.count):
+        return repr(value)
+    fields = getattr(value, "__dict__", None)
+    if fields is None:
+        slots = getattr(kind, "__slots__", None)
+        if slots is None:
+            return repr(value)
+        names = (slots,) if isinstance(slots, str) else tuple(slots)
+        fields = {n: getattr(value, n) for n in names if hasattr(value, n)}
+    return (
+        kind.__name__,
+        tuple((k, canon(v, skip, d)) for k, v in fields.items() if k not in skip and not callable(v)),
+    )
+
+
+_RPC_ID = re.compile(rb'"id":\s*\d+')
+
+
+def without_rpc_ids(body: bytes) -> bytes:
+    """``body`` with its numeric JSON-RPC ids blanked: an adapter numbers its requests and only
+    checks that a reply carries the id it sent, so two runs that differ only in how many requests
+    came before behave alike (a renaming, not a different state)."""
+    return _RPC_ID.sub(b'"id":#', body)
+
+
+def message_key(msg: Message) -> tuple[object, ...]:
+    """A message in flight as data: who sent it under which epoch, what it asks, its reply so far."""
+    reply = msg.reply
+    return (
+        msg.kind,
+        msg.owner,
+        msg.epoch,
+        msg.request.method,
+        msg.request.url.path,
+        without_rpc_ids(msg.body),
+        msg.waiting,
+        None if reply is None else (reply.status, without_rpc_ids(reply.body()), reply.ended),
+    )
 
 
 class _BodyStream(httpx.AsyncByteStream):
@@ -725,8 +813,11 @@ __all__ = [
     "VirtualLoop",
     "VirtualTime",
     "Write",
+    "canon",
     "kind_of",
+    "message_key",
     "ref_server",
     "settle",
     "task_id_of",
+    "without_rpc_ids",
 ]

@@ -2,9 +2,8 @@
 
 ``next_step`` reads the operation and the two facts an executor keeps between actions (whether this
 process itself recorded a SUBMITTING it has not sent yet, and which cancel generation it has sent)
-and names the one action due. ``engine.runtime.driver.Driver.advance`` carries it out, and the
-explorer's model (``engine.explore.executor``) asks the same question, so neither holds a copy of
-the table. Pure: no I/O, no clock, no state of its own; it decides no state either (``machine.step``
+and names the one action due. ``engine.runtime.driver.Driver.advance`` carries it out (the race
+explorer runs that very driver, so there is no second copy of the table anywhere). Pure: no I/O, no clock, no state of its own; it decides no state either (``machine.step``
 does, from the events the action's replies become).
 """
 
