@@ -1,8 +1,8 @@
 """``make demo``: a small living Finality on this machine, everything under ``data/demo/``.
 
 Starts three reference servers (MCP 2025-11-25, the MCP tasks extension 2026-07-28, AIP-151) with
-realistic, time-scaled durations and a small rate of every seed fault; records a race-explorer run
-of the model into a fresh ledger; starts ``finality serve`` on that ledger, which meanwhile explores
+realistic, time-scaled durations and a small rate of every seed fault; records a short race-explorer
+run of the shipped code into a fresh ledger; starts ``finality serve`` on that ledger, which meanwhile explores
 the shipped driver and adapters (``--explore``, 10,000 interleavings: some minutes) and records
 that run for the terminal_divergence gate, and, through the rollout API, shadows
 the report tool and then opens a 5 % canary (the service records a gate run every 10 s); runs a
@@ -637,10 +637,13 @@ def start_console(
     )
 
 
+DEMO_EXPLORER_RUNS = 300
+
+
 def explore_into(ledger: Path, permutations: int) -> subprocess.Popen[str]:
-    # The explorer's model (--code model): 10,000 interleavings in seconds, before the service opens
-    # the ledger. The divergence gate counts only runs of the shipped code at this revision, which
-    # take minutes: the service explores those itself while it runs (``finality serve --explore``).
+    # A short run of the shipped code (the merging search: some hundred runs, seconds) before the
+    # service opens the ledger; its rows count for the divergence gate at this revision. The longer
+    # exploration is the service's own while it runs (``finality serve --explore``).
     return subprocess.Popen(
         [
             sys.executable,
@@ -648,7 +651,7 @@ def explore_into(ledger: Path, permutations: int) -> subprocess.Popen[str]:
             "service",
             "explore",
             "--code",
-            "model",
+            "shipped",
             "--permutations",
             str(permutations),
             "--ledger",
@@ -725,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
     exit_code = 0
     try:
         # The explorer writes the fresh ledger while the servers come up; the service opens it after.
-        explorer = explore_into(ledger, 10_000)
+        explorer = explore_into(ledger, DEMO_EXPLORER_RUNS)
         starting = [pool.submit(server.start) for server in servers.values()]
         for future in starting:
             future.result()
@@ -734,7 +737,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = "recorded" if explorer.returncode in (0, 1) else f"failed: {explore_err[-300:]}"
         explorer = None
         print(
-            f"race explorer (10,000 interleavings of the model, not counted by the gate): {summary}",
+            f"race explorer (shipped code, {DEMO_EXPLORER_RUNS} runs): {summary}",
             flush=True,
         )
         tokens = demo_tokens()

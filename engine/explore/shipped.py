@@ -350,7 +350,7 @@ class WireWorld:
             (self.drops, self.delays, self.dups, self.throttles, self.corrupts),
             (self.crashes, self.raises, self.passes, self.cancels, self.max_generation),
             tuple(found),
-            (self.faulted, self.aborted, self.submitted, self._unknowns()),
+            (self.faulted, self.aborted, self.submitted, self._unknowns(), self.recorded_epoch),
         )
 
     # ----------------------------------------------------------------------------- stepping
