@@ -8,7 +8,11 @@ Each page's URL is its file's name (``/rollout_control``), and any page can be o
 Who acts (README: Who may act): when the service has an ``[auth]`` table the console signs people
 in with their token before it shows any page; the console's own reads use its ``FINALITY_TOKEN``
 (an analyst's), every action goes with the signed-in person's token (the service records that
-token's principal), and pages offer only what the person's roles allow (``may``). In local mode (the
+token's principal), and pages offer only what the person's roles allow (``may``). Where Streamlit's
+authentication is configured (an ``[auth]`` table in the console's ``secrets.toml``, with
+``expose_tokens = "id"``), the sign-in page offers the OpenID Connect provider (``st.login``): the
+ID token it issues is what the person's actions go with, and the service maps its identity to a
+principal and roles (``[auth.oidc]`` in the service configuration). Token sign-in stays beside it. In local mode (the
 service has no ``[auth]`` table, or a ledger is read in place) the name typed in the sidebar is the
 actor, as typed.
 
@@ -31,7 +35,7 @@ import streamlit as st
 from console.insights import Insights
 from console.views import GateView
 from engine.errors import ConsoleError
-from service.auth import Permission, allows, would_allow
+from service.auth import LADDER, Permission, allows, would_allow
 
 logger = logging.getLogger("finality.console")
 
@@ -193,6 +197,12 @@ def _sign_in(insights: Insights) -> None:
     if not token:
         st.session_state["app_sign_in_error"] = "Paste your token first."
         return
+    _admit(insights, token, "token")
+
+
+def _admit(insights: Insights, token: str, via: str) -> None:
+    """Sign in whoever the service says ``token`` is (a pasted API token, or the provider's ID token),
+    or say why not (in ``app_sign_in_error``)."""
     try:
         who = insights.whoami(token)
     except ConsoleError as exc:
@@ -201,17 +211,65 @@ def _sign_in(insights: Insights) -> None:
     if not who or not who.get("authenticated"):
         st.session_state["app_sign_in_error"] = "The service does not know this token."
         return
+    refusal = _console_refuses(who)
+    if refusal:
+        st.session_state["app_sign_in_error"] = refusal
+        return
     st.session_state[_SIGNED_IN] = {
         "principal": who["principal"],
         "roles": list(who.get("roles", [])),
         "token_id": who.get("token_id", ""),
         "token": token,
+        "via": via,
     }
     st.session_state.pop("app_sign_in_error", None)
 
 
+def _console_refuses(who: dict[str, object]) -> str:
+    """Why this identity may not use the console ("" if it may): the console reads every operation
+    (with its own token), so a principal that may see only its own (a caller alone) is turned away."""
+    held = who.get("roles")
+    roles = {str(r) for r in held} if isinstance(held, list) else set()
+    if roles & set(LADDER):
+        return ""
+    return (
+        f"Sign-in refused: {who.get('principal')!r} has the roles {', '.join(sorted(roles)) or 'none'}; "
+        "the console shows every operation, so it needs at least the viewer role. A caller submits "
+        "and reads its own operations through the API (`finality` CLI, FINALITY_TOKEN)."
+    )
+
+
 def _sign_out() -> None:
-    st.session_state.pop(_SIGNED_IN, None)
+    person = st.session_state.pop(_SIGNED_IN, None)
+    if isinstance(person, dict) and person.get("via") == "oidc":
+        st.session_state["app_oidc_signed_out"] = True  # st.logout() is called in the next run
+
+
+def _oidc_configured() -> bool:
+    """Whether Streamlit's own authentication has a provider (the console's ``secrets.toml`` ``[auth]``)."""
+    try:
+        return st.secrets.load_if_toml_exists() and "auth" in st.secrets
+    except Exception:  # a secrets file that does not parse: token sign-in only, as without one
+        logger.exception("the console's secrets.toml could not be read; OpenID Connect sign-in is off")
+        return False
+
+
+def _oidc_person(insights: Insights) -> None:
+    """After ``st.login``: the provider's ID token, as the service sees it, becomes the signed-in person."""
+    if st.session_state.pop("app_oidc_signed_out", False):
+        st.logout()
+        return
+    if not st.user.is_logged_in:
+        return
+    try:
+        token = str(st.user.tokens["id"])
+    except (KeyError, AttributeError):
+        st.session_state["app_sign_in_error"] = (
+            'The console\'s secrets.toml [auth] needs expose_tokens = "id": the ID token is what your '
+            "actions are sent with."
+        )
+        return
+    _admit(insights, token, "oidc")
 
 
 def _sign_in_page(insights: Insights) -> None:
@@ -221,6 +279,19 @@ def _sign_in_page(insights: Insights) -> None:
         "The service asks who acts. Paste your API token (from whoever runs the service: "
         "`finality token new`; `make demo` prints one per role). It stays in this browser session only."
     )
+    if _oidc_configured():
+        if st.user.is_logged_in:
+            st.caption(f"Signed in at the provider as {st.user.get('email') or st.user.get('sub')}.")
+            st.button("Sign out of the provider", key="app_oidc_logout", on_click=st.logout)
+        else:
+            st.button(
+                "Sign in with OpenID Connect",
+                key="app_oidc_login",
+                type="primary",
+                on_click=st.login,
+                help="Your organisation's sign-in; the service maps your identity to a principal and roles.",
+            )
+        st.write("Or with a token:")
     with st.form("app_sign_in", clear_on_submit=False):
         st.text_input("Token", type="password", key="app_token_input")
         st.form_submit_button("Sign in", type="primary", on_click=_sign_in, args=(insights,))
@@ -255,6 +326,8 @@ def main() -> None:
         st.stop()
 
     st.session_state["app_insights"] = insights
+    if insights.signs_in and signed_in() is None and _oidc_configured():
+        _oidc_person(insights)
     if insights.signs_in and signed_in() is None:
         _sign_in_page(insights)
         st.stop()

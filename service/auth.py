@@ -14,6 +14,18 @@ text itself::
     roles = ["release-manager"]
     expires_at = 2027-01-01T00:00:00Z        # optional
 
+People who sign in to the console through an OpenID Connect provider (Streamlit's ``st.login``)
+act with the ID token it issued them; ``[auth.oidc]`` says which provider's tokens the service
+accepts and maps each identity (the token's verified ``email``, else its ``sub``) to a principal and
+roles. A verified token of an identity that is not mapped is refused (401, naming the identity)::
+
+    [auth.oidc]
+    issuer = "https://login.example.com"     # the ID token's iss; its discovery document names the JWKS
+    audience = "finality-console"            # the console's client id (the ID token's aud)
+    [auth.oidc.identities."alice@example.com"]
+    principal = "alice"
+    roles = ["release-manager"]
+
 The tokens are read again whenever the file that holds them changes (its size, modification time or
 inode), so a token is added, rotated or revoked without a restart; a file that no longer parses
 keeps the tokens last read (and says so in the log) rather than locking everyone out.
@@ -157,6 +169,19 @@ class AuthConfig:
     tokens_file: Path | None = None
     open_metrics: bool = True
     behind_tls: bool = False
+    oidc: OidcConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OidcConfig:
+    """``[auth.oidc]``: whose ID tokens the service accepts, and who each identity is here."""
+
+    issuer: str
+    audience: str
+    identities: dict[str, tuple[str, frozenset[str]]]
+    """``email`` or ``sub`` -> (principal, roles)."""
+    jwks_uri: str | None = None
+    """Where the provider's signing keys are (None: named by the issuer's discovery document)."""
 
 
 def token_hash(token: str) -> str:
@@ -170,7 +195,9 @@ def new_token() -> str:
 
 
 _TOKEN_KEYS = {"sha256", "principal", "roles", "expires_at"}
-_AUTH_KEYS = {"open_metrics", "behind_tls", "tokens_file", "tokens"}
+_AUTH_KEYS = {"open_metrics", "behind_tls", "tokens_file", "tokens", "oidc"}
+_OIDC_KEYS = {"issuer", "audience", "jwks_uri", "identities"}
+_IDENTITY_KEYS = {"principal", "roles"}
 
 
 def parse_tokens(table: object, where: str) -> dict[str, TokenEntry]:
@@ -207,12 +234,7 @@ def parse_tokens(table: object, where: str) -> dict[str, TokenEntry]:
             principal = check_principal(principal)
         except IdentifierRefused as exc:
             raise ConfigError(f"{at}.principal", str(exc)) from exc
-        roles = raw.get("roles")
-        if not isinstance(roles, list) or not roles or not all(isinstance(r, str) for r in roles):
-            raise ConfigError(f"{at}.roles", f"must be a non-empty list of roles ({', '.join(ROLES)})")
-        for role in roles:
-            if role not in ROLES:
-                raise ConfigError(f"{at}.roles", f"unknown role {role!r} (one of {', '.join(ROLES)})")
+        roles = _roles(raw.get("roles"), f"{at}.roles")
         expires = raw.get("expires_at")
         if expires is not None and not (isinstance(expires, datetime) and expires.tzinfo is not None):
             raise ConfigError(
@@ -220,8 +242,66 @@ def parse_tokens(table: object, where: str) -> dict[str, TokenEntry]:
             )
         if digest in entries:
             raise ConfigError(f"{at}.sha256", f"the same token as {entries[digest].token_id!r}")
-        entries[digest] = TokenEntry(str(token_id), digest, principal, frozenset(roles), expires)
+        entries[digest] = TokenEntry(str(token_id), digest, principal, roles, expires)
     return entries
+
+
+def _roles(raw: object, at: str) -> frozenset[str]:
+    if not isinstance(raw, list) or not raw or not all(isinstance(r, str) for r in raw):
+        raise ConfigError(at, f"must be a non-empty list of roles ({', '.join(ROLES)})")
+    for role in raw:
+        if role not in ROLES:
+            raise ConfigError(at, f"unknown role {role!r} (one of {', '.join(ROLES)})")
+    return frozenset(raw)
+
+
+def parse_oidc(raw: object) -> OidcConfig:
+    """``[auth.oidc]`` as an ``OidcConfig``.
+
+    Raises:
+        ConfigError: naming the offending key.
+    """
+    from engine.errors import IdentifierRefused
+    from engine.limits import check_principal
+
+    if not isinstance(raw, dict):
+        raise ConfigError("auth.oidc", "must be a table")
+    unknown = set(raw) - _OIDC_KEYS
+    if unknown:
+        raise ConfigError(
+            f"auth.oidc.{sorted(unknown)[0]}", f"unknown key (allowed: {', '.join(sorted(_OIDC_KEYS))})"
+        )
+    texts: dict[str, str | None] = {}
+    for key in ("issuer", "audience", "jwks_uri"):
+        value = raw.get(key)
+        if value is None and key == "jwks_uri":
+            texts[key] = None
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"auth.oidc.{key}", "must be a non-empty string")
+        texts[key] = value.strip()
+    table = raw.get("identities", {})
+    if not isinstance(table, dict):
+        raise ConfigError("auth.oidc.identities", "must be a table of identities (email or sub)")
+    identities: dict[str, tuple[str, frozenset[str]]] = {}
+    for name, entry in table.items():
+        at = f"auth.oidc.identities.{name}"
+        if not isinstance(entry, dict):
+            raise ConfigError(at, "must be a table with principal and roles")
+        extra = set(entry) - _IDENTITY_KEYS
+        if extra:
+            raise ConfigError(f"{at}.{sorted(extra)[0]}", "unknown key (allowed: principal, roles)")
+        try:
+            principal = check_principal(entry.get("principal"))
+        except IdentifierRefused as exc:
+            raise ConfigError(f"{at}.principal", str(exc)) from exc
+        identities[str(name)] = (principal, _roles(entry.get("roles"), f"{at}.roles"))
+    return OidcConfig(
+        issuer=str(texts["issuer"]).rstrip("/"),
+        audience=str(texts["audience"]),
+        identities=identities,
+        jwks_uri=texts["jwks_uri"],
+    )
 
 
 def parse_auth(data: dict[str, object], source: Path) -> AuthConfig | None:
@@ -255,6 +335,7 @@ def parse_auth(data: dict[str, object], source: Path) -> AuthConfig | None:
         tokens_file=(source.parent / tokens_file) if tokens_file else None,
         open_metrics=flags["open_metrics"],
         behind_tls=flags["behind_tls"],
+        oidc=parse_oidc(raw["oidc"]) if "oidc" in raw else None,
     )
 
 
@@ -275,6 +356,7 @@ class TokenStore:
         self._lock = threading.Lock()
         self._stamps: tuple[tuple[int, int, int] | None, ...] = ()
         self._entries: dict[str, TokenEntry] = {}
+        self._oidc = None if config.oidc is None else OidcVerifier(config.oidc, now)
         self._reload(initial=True)
 
     def _files(self) -> tuple[Path, ...]:
@@ -320,6 +402,8 @@ class TokenStore:
             raise ServiceError(
                 401, "a token is required: send 'Authorization: Bearer <token>' (README: Who may act)"
             )
+        if self._oidc is not None and token.count(".") == 2:
+            return self._oidc.identify(token)  # a JWT: an ID token of the configured provider
         with self._lock:
             self._reload()
             entries = self._entries
@@ -331,6 +415,93 @@ class TokenStore:
         if entry.expires_at is not None and self._now() >= entry.expires_at:
             raise ServiceError(401, f"token {entry.token_id!r} expired at {entry.expires_at.isoformat()}")
         return Identity(entry.principal, entry.roles, entry.token_id)
+
+
+def _get_json(url: str) -> dict[str, object]:
+    """One bounded GET of the provider's discovery document or keys (stdlib: no tool-server client)."""
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5.0) as answer:
+        data = json.loads(answer.read())
+    if not isinstance(data, dict):
+        raise ValueError(f"{url} did not answer a JSON object")
+    return data
+
+
+class OidcVerifier:
+    """Verifies ID tokens of the ``[auth.oidc]`` provider and maps their identity to a principal.
+
+    The provider's signing keys (its JWKS) are fetched over HTTP on the first token and again when a
+    token names a key not yet seen (key rotation), at most once a minute; a fetch is bounded by 5 s.
+    """
+
+    def __init__(self, config: OidcConfig, now: Callable[[], datetime]) -> None:
+        self.config = config
+        self._now = now
+        self._lock = threading.Lock()
+        self._keys: object | None = None
+        self._fetched_at: datetime | None = None
+
+    def _jwks_uri(self) -> str:
+        if self.config.jwks_uri:
+            return self.config.jwks_uri
+        found = _get_json(f"{self.config.issuer}/.well-known/openid-configuration")
+        return str(found["jwks_uri"])
+
+    def _key_set(self, kid: str | None) -> object:
+        from joserfc.jwk import KeySet
+
+        with self._lock:
+            keys = self._keys
+            known = keys is not None and (kid is None or any(k.kid == kid for k in keys.keys))  # type: ignore[attr-defined]
+            recent = self._fetched_at is not None and (self._now() - self._fetched_at).total_seconds() < 60
+            if keys is None or (not known and not recent):
+                try:
+                    keys = KeySet.import_key_set(_get_json(self._jwks_uri()))  # type: ignore[arg-type]
+                except (OSError, ValueError, KeyError) as exc:
+                    raise ServiceError(
+                        503, f"cannot read the OpenID Connect provider's keys ({self.config.issuer}): {exc}"
+                    ) from exc
+                self._keys, self._fetched_at = keys, self._now()
+            return keys
+
+    def identify(self, token: str) -> Identity:
+        """The identity an ID token maps to.
+
+        Raises:
+            ServiceError: 401 for a token that does not verify (signature, issuer, audience, expiry)
+                or whose identity has no principal in ``[auth.oidc.identities]``.
+        """
+        from joserfc import jws, jwt
+        from joserfc.errors import JoseError
+
+        try:
+            kid = jws.extract_compact(token.encode()).headers().get("kid")
+        except (JoseError, ValueError) as exc:
+            raise ServiceError(401, f"ID token refused: {exc}") from exc
+        keys = self._key_set(str(kid) if kid else None)
+        try:
+            decoded = jwt.decode(token, keys, algorithms=["RS256", "ES256", "PS256", "EdDSA"])  # type: ignore[arg-type]
+            registry = jwt.JWTClaimsRegistry(
+                now=int(self._now().timestamp()),
+                iss={"essential": True, "value": self.config.issuer},
+                aud={"essential": True, "value": self.config.audience},
+                exp={"essential": True},
+            )
+            registry.validate(decoded.claims)
+        except (JoseError, ValueError) as exc:
+            raise ServiceError(401, f"ID token refused: {exc}") from exc
+        claims = decoded.claims
+        email = claims.get("email") if claims.get("email_verified", True) is not False else None
+        for name in (email, claims.get("sub")):
+            if isinstance(name, str) and name in self.config.identities:
+                principal, roles = self.config.identities[name]
+                return Identity(principal, roles, f"oidc:{name}")
+        shown = email or claims.get("sub")
+        raise ServiceError(
+            401, f"OpenID Connect identity {shown!r} has no principal here (add it to [auth.oidc.identities])"
+        )
 
 
 def bearer(header: str | None) -> str | None:
@@ -378,6 +549,8 @@ __all__ = [
     "TOKEN_ENV",
     "AuthConfig",
     "Identity",
+    "OidcConfig",
+    "OidcVerifier",
     "Permission",
     "TokenEntry",
     "TokenStore",
@@ -386,6 +559,7 @@ __all__ = [
     "check_bind",
     "new_token",
     "parse_auth",
+    "parse_oidc",
     "parse_tokens",
     "token_hash",
     "would_allow",

@@ -85,9 +85,12 @@ def service(tmp_path: Path) -> Iterator[ServiceProcess]:
 
 
 @contextmanager
-def streamlit_console(env_extra: dict[str, str], log_path: Path) -> Iterator[str]:
-    """``streamlit run app.py`` on a free port (a new server process); yields its URL."""
-    port = free_port()
+def streamlit_console(
+    env_extra: dict[str, str], log_path: Path, *, port: int | None = None, args: tuple[str, ...] = ()
+) -> Iterator[str]:
+    """``streamlit run app.py`` on ``port`` (a free one if None; a new server process) with more
+    ``args`` for Streamlit; yields its URL."""
+    port = port or free_port()
     env = dict(os.environ)
     env.pop("FINALITY_LEDGER", None)
     env.pop("FINALITY_SERVICE_URL", None)
@@ -115,6 +118,7 @@ def streamlit_console(env_extra: dict[str, str], log_path: Path) -> Iterator[str
             "none",
             "--browser.gatherUsageStats",
             "false",
+            *args,
         ],
         cwd=ROOT,
         env=env,

@@ -301,3 +301,31 @@ def test_the_cli_reads_the_token_from_the_flag_and_the_environment(
     assert json.loads(capsys.readouterr().out)["status"] == "ok"
     monkeypatch.setenv("FINALITY_TOKEN", "viewer-token")
     assert cli_main(["health", "--service", service.url, "--json"]) == 0
+
+
+def test_the_oidc_table_maps_identities_and_names_each_mistake(tmp_path: Path) -> None:
+    """[auth.oidc]: issuer, audience and identities parse into a mapping; a missing audience, an
+    unknown role or key of an identity is refused naming the key."""
+    source = tmp_path / "finality.toml"
+    good = {
+        "issuer": "https://login.example.com/",
+        "audience": "finality-console",
+        "identities": {"alice@example.com": {"principal": "alice", "roles": ["approver"]}},
+    }
+    parsed = parse_auth({"auth": {"oidc": good}}, source)
+    assert parsed is not None
+    assert parsed.oidc is not None
+    assert parsed.oidc.issuer == "https://login.example.com"
+    assert parsed.oidc.identities == {"alice@example.com": ("alice", frozenset({"approver"}))}
+    for change, key in (
+        ({"audience": ""}, "auth.oidc.audience"),
+        ({"colour": "red"}, "auth.oidc.colour"),
+        ({"identities": {"a@b": {"principal": "a", "roles": ["admin"]}}}, "auth.oidc.identities.a@b.roles"),
+        (
+            {"identities": {"a@b": {"principal": "a", "roles": ["viewer"], "x": 1}}},
+            "auth.oidc.identities.a@b.x",
+        ),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            parse_auth({"auth": {"oidc": {**good, **change}}}, source)
+        assert key in str(refused.value)
