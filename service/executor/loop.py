@@ -328,9 +328,11 @@ class Loop(ExecutorState):
             # outcome that came with the status) runs on in this advance: its writes join the same
             # group, where waiting for a group commit before each of them only delayed the receipt
             # (by two commits). A step that sends a request still waits for the commit before it.
-            while (
-                wake.at is not None and wake.at <= self.clock.now() and driver.sends_nothing(wake.operation)
-            ):
+            # Bounded by the two such steps there are, so a step the machine refused (leaving the
+            # operation where it was) can never spin here without yielding the loop.
+            for _ in range(2):
+                if wake.at is None or wake.at > self.clock.now() or not driver.sends_nothing(wake.operation):
+                    break
                 wake = await driver.advance(wake.operation)
             return wake
         except LeaseLost as exc:
