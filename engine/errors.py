@@ -324,6 +324,12 @@ class LeaseLost(StaleWrite):
         super().__init__(operation_id, expected_version, f"lease lost: {detail}")
 
 
+class EpochMoved(LeaseLost):
+    """A fenced write refused because the execution epoch was raised (a rollback), not because the
+    lease was taken over: the writer still holds the operation's lease and must adopt it at the new
+    epoch rather than drop it (a dropped one would stay leased to it, renewed, and driven by nobody)."""
+
+
 class StateLimit(EngineError):
     """A scenario has more distinct states than the search may expand."""
 
@@ -345,6 +351,7 @@ __all__ = [
     "ConsoleError",
     "DuplicateOperation",
     "EngineError",
+    "EpochMoved",
     "IdentifierRefused",
     "InvalidRecord",
     "InvalidTransition",

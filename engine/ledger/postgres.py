@@ -31,6 +31,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import (
+    EpochMoved,
     LeaseLost,
     LedgerCorrupt,
     LedgerError,
@@ -398,7 +399,7 @@ class PgLedger(SqlLedger):
         with self._tx() as cur:
             epoch_refused = self._epoch_refusal(cur)
             if epoch_refused is not None:
-                raise LeaseLost(ordered[0][0].operation_id, 0, epoch_refused)
+                raise EpochMoved(ordered[0][0].operation_id, 0, epoch_refused)
             cur.execute(
                 f"INSERT INTO op_identity SELECT * FROM unnest({arrays}) ON CONFLICT DO NOTHING RETURNING operation_id",
                 [list(col) for col in zip(*identity, strict=True)],
@@ -429,7 +430,7 @@ class PgLedger(SqlLedger):
         with self._tx() as cur:
             epoch_refused = self._epoch_refusal(cur)
             if epoch_refused is not None:
-                return BatchOutcome(None, LeaseLost(before.operation_id, before.row_version, epoch_refused))
+                return BatchOutcome(None, EpochMoved(before.operation_id, before.row_version, epoch_refused))
             if after == before:
                 # Nothing to write but the log line; it must still be about the row as it is.
                 row = cur.execute(_STATE_LEASE + " FOR SHARE", [before.operation_id]).fetchone()
@@ -466,7 +467,7 @@ class PgLedger(SqlLedger):
         keys = sorted(last)
         refused: dict[str, LedgerError] = {}
         if epoch_refused is not None:
-            refused = {k: LeaseLost(k, first[k].before.row_version, epoch_refused) for k in keys}
+            refused = {k: EpochMoved(k, first[k].before.row_version, epoch_refused) for k in keys}
             return outcomes(transitions, chain_errors, refused)
         # Lock the rows in one order (no deadlock between two batches) and check them here; once
         # locked they cannot move before the commit.
@@ -518,7 +519,7 @@ class PgLedger(SqlLedger):
             with self._tx() as cur:
                 epoch_refused = self._epoch_refusal(cur)
                 if epoch_refused is not None:
-                    raise LeaseLost(receipt.operation_id, transition.before.row_version, epoch_refused)
+                    raise EpochMoved(receipt.operation_id, transition.before.row_version, epoch_refused)
                 lock = cur.execute(
                     "SELECT lease_token FROM op_state WHERE operation_id = %s FOR UPDATE",
                     [receipt.operation_id],
@@ -564,7 +565,7 @@ class PgLedger(SqlLedger):
             return [
                 BatchOutcome(
                     None,
-                    errors.get(i) or LeaseLost(t.after.operation_id, t.before.row_version, epoch_refused),
+                    errors.get(i) or EpochMoved(t.after.operation_id, t.before.row_version, epoch_refused),
                 )
                 for i, (t, _) in enumerate(items)
             ]
@@ -672,7 +673,7 @@ class PgLedger(SqlLedger):
             if epoch is not None:
                 row = cur.execute("SELECT epoch FROM rollout_state WHERE id = 1 FOR SHARE").fetchone()
                 if row is not None and int(row[0]) > epoch:
-                    raise LeaseLost(
+                    raise EpochMoved(
                         "*", 0, f"the execution epoch is {int(row[0])}, the claimer is at {epoch}"
                     )
             cur.execute(

@@ -15,7 +15,7 @@ from collections import Counter
 from datetime import timedelta
 from typing import TypeVar
 
-from engine.errors import EngineError, LeaseLost
+from engine.errors import EngineError, EpochMoved, LeaseLost
 from engine.model import (
     RECEIPT_STATES,
     Epoch,
@@ -172,6 +172,8 @@ class RolloutAdoption(ExecutorState):
             for start in range(0, len(pending), 1000):
                 chunk = [adoption(op, self.epoch, actor, now) for op in pending[start : start + 1000]]
                 for t, outcome in zip(chunk, self.ledger.apply_many(chunk), strict=True):
+                    if isinstance(outcome.error, EpochMoved):
+                        continue  # raised again meanwhile: still held here, adopted at the next follow
                     if isinstance(outcome.error, LeaseLost):
                         self._lease_lost(t.before.operation_id, str(outcome.error))
                         continue

@@ -272,6 +272,10 @@ class ExecutorState(abc.ABC):
         """(leases) Stop driving ``op_id``."""
 
     @abc.abstractmethod
+    def _epoch_check(self) -> None:
+        """(leases) Follow a raised execution epoch: restart the drivers at it and adopt what is held."""
+
+    @abc.abstractmethod
     async def _between_ticks(self, action: Callable[[], Awaitable[T]]) -> T:
         """(person actions) Run ``action`` in the loop between ticks."""
 

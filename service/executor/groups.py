@@ -13,7 +13,7 @@ import logging
 from typing import TypeVar
 
 from engine.clock import monotonic_seconds
-from engine.errors import DuplicateOperation, LeaseLost
+from engine.errors import DuplicateOperation, EpochMoved, LeaseLost
 from engine.ledger.port import BatchOutcome
 from engine.machine import step
 from engine.model import (
@@ -68,9 +68,16 @@ class WriteGroups(ExecutorState):
     def _refused(self, refused: list[tuple[Transition, BatchOutcome]], finished: list[Wake]) -> None:
         self._log_fenced([t for t, _ in refused])
         finishing = {wake.operation.operation_id for wake in finished} if refused else set()
+        epoch_moved = False
         for transition, outcome in refused:
             self.stats["refused"] += 1
             op_id = transition.after.operation_id
+            if isinstance(outcome.error, EpochMoved):
+                # A rollback elsewhere raised the epoch: the lease is still this executor's, so
+                # the operation is kept and adopted below (``_after`` then restarts it from the
+                # adopted row, its epoch being older than the executor's).
+                epoch_moved = True
+                continue
             if isinstance(outcome.error, LeaseLost):
                 self._lease_lost(op_id, str(outcome.error))
                 continue
@@ -92,6 +99,8 @@ class WriteGroups(ExecutorState):
             self._ops[op_id] = fresh
             if fresh.state not in RECEIPT_STATES:
                 self._schedule(op_id, self.clock.now())
+        if epoch_moved:
+            self._epoch_check()
 
     def _log_fenced(self, refused: list[Transition]) -> None:
         """Group-committed writes refused because a rollback raised the epoch under them: say so.

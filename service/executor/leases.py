@@ -214,7 +214,12 @@ class Leases(ExecutorState):
             self._adopt_operations(taken_behind, actor="finality (taken over behind the epoch)")
 
     def _lease_lost(self, op_id: str, why: str) -> None:
-        """Another executor owns ``op_id`` now (or the epoch moved on): stop driving it."""
+        """Another executor owns ``op_id`` now: stop driving it.
+
+        Not for a write refused because only the epoch moved on (``EpochMoved``): that operation is
+        still leased here, and dropping it would leave it leased (and renewed) by this executor but
+        driven by nobody, never adopted; ``_epoch_check`` adopts it instead.
+        """
         op = self._ops.pop(op_id, None)
         if op is not None:
             self.stats["lease_lost"] += 1
