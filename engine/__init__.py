@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         StaleWrite,
     )
     from engine.ledger import LeasingLedgerPort, Ledger, LedgerPort, PgLedger, is_postgres, open_ledger
-    from engine.ledger.sandbox import QueryResult, run_query
+    from engine.ledger.sandbox import QueryResult, run_arrow, run_query
     from engine.machine import step
     from engine.model import (
         RECEIPT_STATES,
@@ -84,7 +84,7 @@ _EXPORTS: dict[str, str] = {
         ("Ledger", "LedgerPort", "LeasingLedgerPort", "PgLedger", "is_postgres", "open_ledger"),
         "engine.ledger",
     ),
-    **dict.fromkeys(("QueryResult", "run_query"), "engine.ledger.sandbox"),
+    **dict.fromkeys(("QueryResult", "run_arrow", "run_query"), "engine.ledger.sandbox"),
     "step": "engine.machine",
     **dict.fromkeys(
         (
@@ -162,6 +162,7 @@ __all__ = [
     "plan_call",
     "receipt_of",
     "run_call",
+    "run_arrow",
     "run_query",
     "step",
 ]
