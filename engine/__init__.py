@@ -161,8 +161,8 @@ __all__ = [
     "operation_report",
     "plan_call",
     "receipt_of",
-    "run_call",
     "run_arrow",
+    "run_call",
     "run_query",
     "step",
 ]
