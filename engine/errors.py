@@ -46,6 +46,7 @@ EngineError
 ├── ClusterError             the throwaway PostgreSQL could not be started or reached
 ├── StateLimit               the explorer's pruned search met its state limit
 ├── Nondeterminism           the explorer found the simulation not deterministic
+├── OutOfRuns                [engine.explore.prune] the explorer's run budget ended mid-search
 ├── SeedScriptError          [demo.seed] a seeded history the decision path or the machine refuses
 └── ConsoleError             shown to a console user as a message, never a traceback
     ├── NotConfigured        neither a service URL nor a ledger was given

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 
 from engine.clock import monotonic_seconds
-from engine.errors import Nondeterminism
+from engine.errors import EngineError, Nondeterminism
 from engine.explore.result import RULES, Failing, Finding, PairResult, new_world
 from engine.explore.scenario import Scenario
 from engine.model import Protocol
@@ -69,7 +69,7 @@ def _leaf(findings: list[Finding], parked: bool) -> Summary:
     return Summary(1, 0, 0, 1)
 
 
-class OutOfRuns(Exception):
+class OutOfRuns(EngineError):
     """The run budget ended; ``partial`` sums the subtrees completed so far (none of them twice)."""
 
     def __init__(self) -> None:
