@@ -11,6 +11,7 @@ EngineError
 ├── LedgerError
 │   ├── StaleWrite           compare-and-swap lost: the row moved since it was read
 │   │   └── LeaseLost        a fenced write refused: the lease was taken over or the epoch raised
+│   │       └── EpochMoved   refused only because a rollback raised the epoch: adopt, never drop
 │   ├── ReceiptConflict      acceptTerminal refused: names the mismatching field
 │   ├── DuplicateOperation   a second operation for a call node, key or server task id
 │   ├── AckRefused           an outbox acknowledgement refused (and recorded): unknown or not held
