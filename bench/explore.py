@@ -1,26 +1,34 @@
-"""Race explorer throughput: distinct interleavings per second across every scenario and protocol.
+"""Race explorer throughput over the shipped code: interleavings covered and runs per second.
 
-Each run explores --permutations interleavings of the whole catalogue from a cold start (memoised
-transitions forgotten), exactly what ``finality explore`` does. Reported: the median of --runs runs,
-with min and max, by wall clock and by process CPU time (the latter is steadier on a shared machine).
+Each run is what ``finality explore --permutations N`` does over the whole scenario catalogue: a
+budget of N runs of the real driver and adapters against the reference servers, shared across the
+scenario/protocol pairs, with equal states merged (``--strategy merge``, the default) or one full
+run per interleaving (``--strategy sample``). Reported: the median of --runs runs, with min and
+max, by wall clock and by process CPU time (steadier on a shared machine), and how many pairs
+were explored exhaustively.
 
-    python bench/explore.py [--runs 5] [--permutations 10000] [--seed 0] [--code shipped|model] [--json]
-    python bench/explore.py --prune [--runs 1] [--json]
+    python bench/explore.py [--runs 3] [--permutations 1000] [--strategy merge|sample] [--json]
     python bench/explore.py --compare [--runs 3] [--permutations 1000]
 
-``--code shipped`` runs the real driver and adapters against the reference servers (what ``finality
-explore`` runs by default); ``model`` the explorer's simulated executor and servers. ``--compare``
-measures both in the same run, alternating, and reports the shipped code's rate against the model's.
-
-``--prune`` instead explores every interleaving of the whole catalogue with equivalent
-interleavings merged (each distinct state run once) and reports interleavings covered per second.
+``--compare`` also measures, in the same run and alternating with the current code, two baselines
+checked out of git into a temporary directory (``git archive``) and run by their own
+``bench/explore.py`` in a child process: the shipped-code explorer as it was before the speed work
+(``SHIPPED_BEFORE``, same budget of runs) and the explorer's old model copy (``MODEL_REVISION``,
+the last commit that had it; 10,000 interleavings). Without git history the recorded model figure
+(``MODEL_RECORDED``) is quoted instead, and said so.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
+from io import BytesIO
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,87 +36,179 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.figures import Report
 from engine.explore import SCENARIOS, explore, selected_pairs
 
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_BEFORE = "bb95f3109e5abe9007a268d7810cf23d6085d32c"
+"""The last commit before the shipped explorer's speed work (every run rebuilt the server app)."""
+MODEL_REVISION = "78b312f03df9549954365657f00c790857cb8bfc"
+"""The last commit with the model copy (``--code model``: SimExecutor against engine-value servers)."""
+MODEL_RECORDED = 3_080.0
+"""The model's interleavings/s as issue 15 recorded it (quoted only when git cannot check it out)."""
 
-def one_run(
-    permutations: int, seed: int, prune: bool, code: str = "model"
-) -> tuple[int, int, float, float, int]:
-    """(interleavings, divergent, wall seconds, cpu seconds, states) of one cold exploration."""
+
+def one_run(permutations: int, seed: int, strategy: str) -> dict[str, float]:
+    """One cold exploration of the whole catalogue (a fresh process's caches aside)."""
     pairs = selected_pairs(SCENARIOS)
     wall, cpu = time.perf_counter(), time.process_time()
-    results = explore(pairs, permutations=permutations, seed=seed, code=code)
+    results = explore(pairs, permutations=permutations, seed=seed, strategy=strategy)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    explored = sum(r.explored for r in results)
-    return explored, sum(r.divergent for r in results), wall, cpu, sum(r.states for r in results)
+    return {
+        "interleavings": sum(r.explored for r in results),
+        "runs": sum(r.runs for r in results),
+        "divergent": sum(r.divergent for r in results),
+        "exhaustive": sum(r.exhaustive for r in results),
+        "pairs": len(results),
+        "wall": wall,
+        "cpu": cpu,
+    }
+
+
+def _checkout(revision: str, into: Path) -> bool:
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", revision], capture_output=True, check=True, timeout=120
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    with tarfile.open(fileobj=BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return True
+
+
+def _old_bench(tree: Path, code: str, permutations: int) -> dict[str, float] | None:
+    """One run of an old revision's own bench/explore.py; its wall and CPU interleavings/s."""
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "bench/explore.py",
+                *("--code", code, "--runs", "1", "--permutations", str(permutations), "--json"),
+            ],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            timeout=3600,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    figures = {f["name"]: f["median"] for f in doc["figures"]}
+    return {
+        "wall_rate": figures["interleavings/s (wall clock)"],
+        "cpu_rate": figures["interleavings/s (process CPU)"],
+        "seconds": figures["seconds per exploration"],
+    }
+
+
+def _load() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "unknown"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=5)
-    parser.add_argument("--permutations", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--permutations", type=int, default=1_000, help="runs per exploration")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--strategy", default="merge", choices=("merge", "sample"))
     parser.add_argument("--json", action="store_true")
-    parser.add_argument(
-        "--prune", action="store_true", help="merge equivalent interleavings, explore everything"
-    )
-    parser.add_argument("--code", default="model", choices=("model", "shipped"))
-    parser.add_argument("--compare", action="store_true", help="shipped and model in the same run")
+    parser.add_argument("--compare", action="store_true", help="also the two baselines, same run")
     args = parser.parse_args()
-    if args.compare:
-        return compare(args.runs, args.permutations, args.seed)
-    runs = [one_run(args.permutations, args.seed, args.prune, args.code) for _ in range(args.runs)]
-    explored, states = runs[0][0], runs[0][4]
-    name = "explore --prune" if args.prune else "explore"
-    command = f"python bench/explore.py --runs {args.runs} " + (
-        "--prune" if args.prune else f"--permutations {args.permutations} --seed {args.seed}"
+    baselines: dict[str, list[dict[str, float]]] = {"before": [], "model": []}
+    runs, loads = [], []
+    with tempfile.TemporaryDirectory(prefix="explore-bench-") as folder:
+        trees: dict[str, Path] = {}
+        if args.compare:
+            for name, revision in (("before", SHIPPED_BEFORE), ("model", MODEL_REVISION)):
+                tree = Path(folder) / name
+                tree.mkdir()
+                if _checkout(revision, tree):
+                    trees[name] = tree
+        for _ in range(args.runs):
+            loads.append(_load())
+            runs.append(one_run(args.permutations, args.seed, args.strategy))
+            if "before" in trees and (got := _old_bench(trees["before"], "shipped", args.permutations)):
+                baselines["before"].append(got)
+            if "model" in trees and (got := _old_bench(trees["model"], "model", 10_000)):
+                baselines["model"].append(got)
+    first = runs[0]
+    report = Report(
+        "explore",
+        f"python bench/explore.py --runs {args.runs} --permutations {args.permutations} "
+        f"--strategy {args.strategy}" + (" --compare" if args.compare else ""),
     )
-    report = Report(name.replace(" --", "_"), command)
-    wall = report.add("interleavings/s (wall clock)", "interleavings/s", [r[0] / r[2] for r in runs])
-    cpu = report.add("interleavings/s (process CPU)", "interleavings/s", [r[0] / r[3] for r in runs])
-    secs = report.add("seconds per exploration", "s", [r[2] for r in runs], better="lower")
-    report.add("divergent interleavings", "interleavings", [r[1] for r in runs], better="lower")
-    what = (
-        f"every interleaving, equivalent ones merged ({states:,} distinct states run)"
-        if args.prune
-        else (f"{args.permutations:,} sampled interleavings (seed {args.seed})")
+    report.add(
+        "interleavings covered/s (wall clock)",
+        "interleavings/s",
+        [r["interleavings"] / r["wall"] for r in runs],
     )
+    covered_cpu = report.add(
+        "interleavings covered/s (process CPU)",
+        "interleavings/s",
+        [r["interleavings"] / r["cpu"] for r in runs],
+    )
+    runs_cpu = report.add("runs/s (process CPU)", "runs/s", [r["runs"] / r["cpu"] for r in runs])
+    secs = report.add("seconds per exploration (wall)", "s", [r["wall"] for r in runs], better="lower")
+    report.add("CPU seconds per exploration", "s", [r["cpu"] for r in runs], better="lower")
+    report.add("pairs exhaustive", "pairs", [r["exhaustive"] for r in runs])
+    report.add("divergent interleavings", "interleavings", [r["divergent"] for r in runs], better="lower")
+    lines = []
+    if baselines["before"]:
+        before = report.add(
+            "shipped before the speed work: interleavings/s (process CPU)",
+            "interleavings/s",
+            [b["cpu_rate"] for b in baselines["before"]],
+        )
+        report.add(
+            "shipped before the speed work: interleavings/s (wall clock)",
+            "interleavings/s",
+            [b["wall_rate"] for b in baselines["before"]],
+        )
+        lines.append(
+            f"current vs shipped before the speed work (CPU): {covered_cpu.median / before.median:,.1f}x "
+            f"interleavings covered/s, {runs_cpu.median / before.median:,.1f}x runs/s"
+        )
+    if baselines["model"]:
+        model = report.add(
+            "old model copy: interleavings/s (process CPU)",
+            "interleavings/s",
+            [b["cpu_rate"] for b in baselines["model"]],
+        )
+        report.add(
+            "old model copy: interleavings/s (wall clock)",
+            "interleavings/s",
+            [b["wall_rate"] for b in baselines["model"]],
+        )
+        lines.append(
+            f"old model copy (measured at {MODEL_REVISION[:10]}, same run): {model.median:,.0f} interleavings/s CPU; "
+            f"the shipped code covers {covered_cpu.median / model.median:.2f}x as many per CPU second"
+        )
+    elif args.compare:
+        lines.append(
+            f"old model copy not measured (no git history): its recorded figure was {MODEL_RECORDED:,.0f} "
+            f"interleavings/s; the shipped code covers {covered_cpu.median / MODEL_RECORDED:.2f}x that per CPU second"
+        )
     report.notes.append(
-        f"Each run explores {what} of the whole scenario catalogue from a cold start (memoised "
-        f"transitions forgotten), as `finality explore` does: {explored:,} distinct interleavings per run. "
-        "CPU-time rates are steadier than wall-clock ones on a shared machine."
+        f"Each run: `finality explore --permutations {args.permutations} --strategy {args.strategy}` over the "
+        f"whole catalogue ({first['pairs']} scenario/protocol pairs): {first['runs']:,} runs covering "
+        f"{first['interleavings']:,} distinct interleavings, {first['exhaustive']} pairs exhaustive. "
+        f"1-minute load average at each run's start: {', '.join(loads)} (2 cores, shared)."
     )
+    report.notes.extend(lines)
     if args.json:
         report.emit()
     else:
-        divergent = max(r[1] for r in runs)
-        print(f"{name}: {explored:,} distinct interleavings per run, {args.runs} runs, {divergent} divergent")
-        for figure in (wall, cpu, secs):
+        print(report.notes[0])
+        for figure in report.figures:
             print(
-                f"  {figure.name:32s} median {figure.median:,.2f}  "
-                f"min {min(figure.runs):,.2f}  max {max(figure.runs):,.2f}"
+                f"  {figure.name:58s} median {figure.median:,.2f}  min {min(figure.runs):,.2f}  "
+                f"max {max(figure.runs):,.2f}"
             )
-    return 0
-
-
-def compare(runs: int, permutations: int, seed: int) -> int:
-    """The shipped code's and the model's interleavings/s, alternating runs on the same machine."""
-    rates: dict[str, list[float]] = {"shipped": [], "model": []}
-    seconds: dict[str, list[float]] = {"shipped": [], "model": []}
-    divergent = {"shipped": 0, "model": 0}
-    for _ in range(runs):
-        for code in ("shipped", "model"):
-            explored, bad, wall, _, _ = one_run(permutations, seed, False, code)
-            rates[code].append(explored / wall)
-            seconds[code].append(wall)
-            divergent[code] += bad
-    for code in ("shipped", "model"):
-        ordered = sorted(rates[code])
-        print(
-            f"{code:8s} {permutations:,} interleavings per run, {runs} runs: median "
-            f"{ordered[len(ordered) // 2]:,.1f} interleavings/s (min {ordered[0]:,.1f}, max {ordered[-1]:,.1f}), "
-            f"median {sorted(seconds[code])[len(ordered) // 2]:.1f} s per run, {divergent[code]} divergent"
-        )
-    ratio = sorted(rates["model"])[runs // 2] / sorted(rates["shipped"])[runs // 2]
-    print(f"the model runs {ratio:,.0f}x as many interleavings per second as the shipped code")
+        for line in lines:
+            print(line)
+        print(f"median wall {statistics.median(r['wall'] for r in runs):.1f} s ({secs.name})")
     return 0
 
 
