@@ -161,10 +161,10 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark(
         "explore",
         "bench/explore.py",
-        "Race explorer: interleavings per second",
-        ("--runs", "5"),
-        ("--runs", "2", "--permutations", "2000"),
-        timeout_s=900,
+        "Race explorer over the shipped code: interleavings per second",
+        ("--runs", "3", "--permutations", "1000", "--compare"),
+        ("--runs", "1", "--permutations", "300"),
+        timeout_s=3600,
     ),
     Benchmark(
         "console",

@@ -41,6 +41,9 @@ __all__ = [
     "replay",
 ]
 
+MERGE_DUCKDB_SHARE = 128
+"""With ``merge``: one run in this many of a pair's budget is a sampled run on the DuckDB ledger
+(besides one in every fourth pair)."""
 STRATEGIES = ("merge", "sample", "dfs")
 """``merge``: the merging depth-first search (``engine.explore.prune``; exhaustive where the budget
 allows); ``sample``/``dfs``: one full run per interleaving, unexplored branches in seeded random or
@@ -214,8 +217,8 @@ def explore(
     """Share a budget of ``permutations`` runs across the pairs.
 
     ``merge`` (the default): each pair in turn gets an equal share of what is left for its merging
-    search (``engine.explore.prune``), of which one run in ``DUCKDB_SHARE`` (at least one) is a
-    sampled run on the real DuckDB ledger; what a pair leaves over goes to the pairs after it.
+    search (``engine.explore.prune``), of which a few (one in every fourth pair, plus one in
+    ``MERGE_DUCKDB_SHARE``) are sampled runs on the real DuckDB ledger; what a pair leaves over goes to the pairs after it.
     ``explored`` is then the interleavings covered, ``runs`` the runs it took. ``sample``/``dfs``:
     each pair first gets an equal share of runs; what small (exhausted) trees leave over is shared
     again among the pairs that still have unexplored interleavings.
@@ -254,11 +257,15 @@ def _explore_merged(
     remaining = permutations
     for index, (scenario, protocol) in enumerate(pairs):
         share = max(2, remaining // (len(pairs) - index))
-        on_duckdb = max(1, share // DUCKDB_SHARE)
+        # The real DuckDB ledger costs some 300 ms a run (every write a SQL transaction), about
+        # fifteen in-memory runs: a sampled share of it, one run in every fourth pair plus one in
+        # MERGE_DUCKDB_SHARE of each pair's budget.
+        on_duckdb = min(share - 1, (1 if index % 4 == 0 else 0) + share // MERGE_DUCKDB_SHARE)
         result = explore_merged(scenario, protocol, max_runs=share - on_duckdb, max_steps=max_steps)
         result.seed = seed
         sampler = PairExplorer(scenario, protocol, seed=seed, max_steps=max_steps, ledger="duckdb")
-        sampler.run(on_duckdb)
+        if on_duckdb:
+            sampler.run(on_duckdb)
         duck = sampler.result
         result.runs += duck.runs
         result.seconds += duck.seconds
