@@ -35,7 +35,7 @@ from service.testing import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 DATA_WITHIN_S = 30.0
 STARTUP_WITHIN_S = 180.0
-"""Until the demo's service is up (reference servers, the model explorer, ``finality serve``)."""
+"""Until the demo's service is up (reference servers, a short explorer run, ``finality serve``)."""
 STOP_WITHIN_S = 30.0
 GATES_RUN_S = 30.0
 """How long the short gate check lets the demo's workload run (the real check runs 30 minutes)."""
@@ -208,7 +208,7 @@ def _frames(insights: Insights) -> dict[str, int]:
 def test_every_console_chart_has_data_within_30_seconds_and_sigint_stops_every_process(start_demo):
     """Within 30 s of the demo's service being up every chart's data is non-empty; SIGINT leaves no process behind."""
     demo = start_demo()
-    # The 30 s count from the service's READY: start-up (servers, the model explorer) is bounded on
+    # The 30 s count from the service's READY: start-up (servers, a short explorer run) is bounded on
     # its own, since on this shared machine it alone took more than 30 s and failed the check.
     service_url = demo.wait_for(r"service: (http://\S+)", until=demo.started + STARTUP_WITHIN_S).group(1)
     up_at = time.monotonic()
