@@ -409,6 +409,12 @@ WRAP_ROW_PX = 68
 taller than 4 rem (64 px), so a long verdict, reason or next step reads in full instead of being cut."""
 
 
+def wrapped_height(rows: int) -> int:
+    """The height that shows ``rows`` rows of WRAP_ROW_PX and the header whole (the grid's automatic
+    height counts one-line rows, so it cut the last tall row)."""
+    return 38 + rows * WRAP_ROW_PX + 2
+
+
 def gate_table(gates: GateView, key: str) -> None:
     """The six gates as one table (PASS/FAIL coloured, values and thresholds in their units) across
     the page; the short columns are fixed so that the verdict, the answer, gets the rest of the width."""
@@ -437,12 +443,13 @@ def gate_table(gates: GateView, key: str) -> None:
         key=key,
         width="stretch",
         row_height=WRAP_ROW_PX,
+        height=wrapped_height(len(rows)),
         column_config={
             "result": st.column_config.TextColumn(width=56),
             "gate": st.column_config.TextColumn(width=175),
             "value": st.column_config.TextColumn(width=95),
             "passes when": st.column_config.TextColumn(width=105),
-            "detail": st.column_config.TextColumn(width=None),
+            "detail": st.column_config.TextColumn(width=540),
         },
     )
 
@@ -469,4 +476,5 @@ __all__ = [
     "not_allowed",
     "pages",
     "signed_in",
+    "wrapped_height",
 ]

@@ -6,7 +6,7 @@ import pandas as pd  # type: ignore[import-untyped]
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import WRAP_ROW_PX, console_insights, gate_stamp
+from console.frame import WRAP_ROW_PX, console_insights, gate_stamp, wrapped_height
 from console.insights import Insights
 from console.views import MARK_LEVELS, action_marks, gate_threshold, gate_value
 from rollout.gates import HOW_TO_EXPLORE, Thresholds
@@ -155,7 +155,8 @@ def live() -> None:
                 "gate": st.column_config.TextColumn(width=165),
                 "value": st.column_config.TextColumn(width=90),
                 "passes when": st.column_config.TextColumn(width=100),
-                "verdict": st.column_config.TextColumn(width=None),
+                # Explicit: a width-less last column sizes to its longest text and ran past the page.
+                "verdict": st.column_config.TextColumn(width=380),
             },
         )
 
@@ -207,6 +208,7 @@ st.dataframe(
     key="gates_what_if",
     width="stretch",
     row_height=WRAP_ROW_PX,
+    height=wrapped_height(len(compare)),
     column_config={
         "gate": st.column_config.TextColumn(width=165),
         "value": st.column_config.TextColumn(width=90),
@@ -214,7 +216,7 @@ st.dataframe(
         "passes when (now)": st.column_config.TextColumn(width=120),
         "what if": st.column_config.TextColumn(width=60),
         "passes when (what if)": st.column_config.TextColumn(width=130),
-        "verdict (what if)": st.column_config.TextColumn(width=None),
+        "verdict (what if)": st.column_config.TextColumn(width=360),
     },
 )
 st.write(

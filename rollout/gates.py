@@ -61,9 +61,8 @@ def _num(value: object) -> float | None:
 
 
 HOW_TO_EXPLORE = (
-    "a running service explores the shipped code and records it for this gate when started with "
-    "`finality serve --explore 10000` (`make demo` does; it takes some minutes); with no service "
-    "holding the ledger, `finality explore --ledger LEDGER` records to it"
+    "`finality serve --explore 10000` records one (`make demo` does; some minutes); "
+    "without a service, `finality explore --ledger LEDGER`"
 )
 """What a person does when no explorer run is recorded (the verdict and the console say it)."""
 
@@ -80,11 +79,7 @@ def evaluate(inputs: dict[str, dict[str, object]], thresholds: Thresholds = Thre
     explored = _num(d["interleavings"]) or 0.0
     divergent = _num(d["divergent"]) or 0.0
     if not d["explorer_runs"]:
-        out.append(
-            _no_data(
-                "terminal_divergence", 0, d, f"no explorer run of the shipped code recorded: {HOW_TO_EXPLORE}"
-            )
-        )
+        out.append(_no_data("terminal_divergence", 0, d, f"no shipped-code explorer run; {HOW_TO_EXPLORE}"))
     elif explored < thresholds.min_interleavings:
         out.append(
             GateRecord(
