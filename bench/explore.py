@@ -170,37 +170,30 @@ def main() -> int:
     report.add("pairs exhaustive", "pairs", [r["exhaustive"] for r in runs])
     report.add("divergent interleavings", "interleavings", [r["divergent"] for r in runs], better="lower")
     lines = []
-    if baselines["before"]:
-        before = report.add(
-            before_name,
-            "interleavings/s",
-            [b["cpu_rate"] for b in baselines["before"]],
-        )
-        report.add(
-            "shipped before the speed work: interleavings/s (wall clock)",
-            "interleavings/s",
-            [b["wall_rate"] for b in baselines["before"]],
-        )
+    medians = {}
+    for key, label in (("before", "shipped before the speed work"), ("model", "old model copy")):
+        if baselines[key]:
+            medians[key] = report.add(
+                f"{label}: interleavings/s (process CPU)",
+                "interleavings/s",
+                [b["cpu_rate"] for b in baselines[key]],
+            ).median
+            report.add(
+                f"{label}: interleavings/s (wall clock)",
+                "interleavings/s",
+                [b["wall_rate"] for b in baselines[key]],
+            )
+    if "before" in medians:
         lines.append(
-            f"current vs shipped before the speed work (CPU): {covered_cpu.median / before.median:,.1f}x "
-            f"interleavings covered/s, {runs_cpu.median / before.median:,.1f}x runs/s"
+            f"current vs shipped before the speed work (CPU): {covered_cpu.median / medians['before']:,.1f}x "
+            f"interleavings covered/s, {runs_cpu.median / medians['before']:,.1f}x runs/s"
         )
-    if baselines["model"]:
-        model = report.add(
-            model_name,
-            "interleavings/s",
-            [b["cpu_rate"] for b in baselines["model"]],
-        )
-        report.add(
-            "old model copy: interleavings/s (wall clock)",
-            "interleavings/s",
-            [b["wall_rate"] for b in baselines["model"]],
-        )
+    if "model" in medians:
         lines.append(
-            f"old model copy (measured at {MODEL_REVISION[:10]}, same run): {model.median:,.0f} interleavings/s CPU; "
-            f"the shipped code covers {covered_cpu.median / model.median:.2f}x as many per CPU second"
+            f"old model copy (measured at {MODEL_REVISION[:10]}, same run): {medians['model']:,.0f} interleavings/s "
+            f"CPU; the shipped code covers {covered_cpu.median / medians['model']:.2f}x as many per CPU second"
         )
-    elif args.compare:
+    if "model" not in medians and args.compare:
         lines.append(
             f"old model copy not measured (no git history): its recorded figure was {MODEL_RECORDED:,.0f} "
             f"interleavings/s; the shipped code covers {covered_cpu.median / MODEL_RECORDED:.2f}x that per CPU second"

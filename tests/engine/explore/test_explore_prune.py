@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from engine.adapters.base import CancelResult
-from engine.adapters.mcp_2026_07_28 import Mcp2026Backend
 from engine.explore.explorer import explore_pair
 from engine.explore.prune import explore_merged
 from engine.explore.result import render_trace
 from engine.explore.scenario import scenario_named
-from engine.model import Operation, Protocol
+from engine.model import Protocol
 
 P = Protocol
 
@@ -31,18 +29,6 @@ def test_merged_counts_equal_the_counts_of_running_every_interleaving() -> None:
     assert _counts(merged) == _counts(one_by_one)
     assert merged.runs < one_by_one.explored
     assert merged.states > 0
-
-
-@pytest.fixture
-def ack_taken_as_confirmed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A one-line adapter bug: the 2026-07-28 cancel acknowledgement read as a confirmed cancel."""
-    original = Mcp2026Backend.cancel
-
-    async def cancel(self: Mcp2026Backend, op: Operation) -> CancelResult:
-        await original(self, op)
-        return CancelResult.CONFIRMED
-
-    monkeypatch.setattr(Mcp2026Backend, "cancel", cancel)
 
 
 @pytest.mark.usefixtures("ack_taken_as_confirmed")

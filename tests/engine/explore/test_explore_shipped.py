@@ -7,8 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from engine.adapters.base import CancelResult
-from engine.adapters.mcp_2026_07_28 import Mcp2026Backend
 from engine.explore.cli import EXIT_DIVERGENT, EXIT_OK, main
 from engine.explore.explorer import explore_pair
 from engine.explore.scenario import scenario_named
@@ -50,18 +48,6 @@ def test_the_same_seed_runs_the_same_interleavings() -> None:
         explorer.run(8)
         runs.append(explorer.record)
     assert runs[0] == runs[1]
-
-
-@pytest.fixture
-def ack_taken_as_confirmed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A one-line adapter bug: the 2026-07-28 cancel acknowledgement read as a confirmed cancel."""
-    original = Mcp2026Backend.cancel
-
-    async def cancel(self: Mcp2026Backend, op: Operation) -> CancelResult:
-        await original(self, op)
-        return CancelResult.CONFIRMED
-
-    monkeypatch.setattr(Mcp2026Backend, "cancel", cancel)
 
 
 @pytest.mark.usefixtures("ack_taken_as_confirmed")
