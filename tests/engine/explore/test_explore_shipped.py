@@ -150,3 +150,26 @@ def test_a_reused_reference_server_runs_an_interleaving_exactly_as_a_fresh_one(p
     fresh_lines = _walk(fresh, 3)
     assert cached_lines == fresh_lines
     assert cached.finish() == fresh.finish() == []
+
+
+def test_an_answer_the_server_took_for_another_rounds_question_is_a_wrong_round_divergence() -> None:
+    """The wrong-round check reads the server's own record of the answers and can fail."""
+    from engine.explore.shipped import Kinds, WireWorld
+
+    def answered_world() -> WireWorld:
+        world = WireWorld(scenario_named("crash-restart-input"), P.MCP_2025_11_25)
+        for _ in range(80):
+            actions = [a for a in world.enabled() if a[1] != "crash"]
+            preferred = [a for a in actions if a[1] in ("answer", "work")]
+            world.perform((preferred or actions)[0])
+            task = world._main_task()
+            if task is not None and task.answers:
+                return world
+        raise AssertionError("the run never delivered an answer")
+
+    honest = answered_world()
+    assert Kinds.WRONG_ROUND not in {kind for kind, _ in honest.finish()}
+    tampered = answered_world()
+    for answer in tampered._main_task().answers.values():
+        answer["content"]["note"] = "a question of another round"
+    assert Kinds.WRONG_ROUND in {kind for kind, _ in tampered.finish()}
