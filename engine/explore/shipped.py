@@ -683,6 +683,14 @@ class WireWorld:
                 out.append((Kinds.LOST, f"INPUT_REQUIRED round {op.input_round} without an approval item"))
         else:
             out.append((Kinds.LOST, f"ended in {op.state} with nothing left to do"))
+        if self.recorded_epoch is not None and op.epoch < self.recorded_epoch:
+            out.append(
+                (
+                    Kinds.FENCE,
+                    f"the ledger recorded epoch {self.recorded_epoch} (a rollback), yet the operation is "
+                    f"still driven at epoch {op.epoch}: replies of the older epoch are accepted",
+                )
+            )
         if op.cancel_generation < self.max_generation:
             out.append((Kinds.LOST, f"cancel generation {self.max_generation} was recorded, then lost"))
         return out
