@@ -279,6 +279,8 @@ MUTANTS: tuple[Mutant, ...] = (
         False,
         "happy",
         ("tests/engine/ledger/test_ledger.py", "tests/contract"),
+        why_not="a second line of defence: the driver only asks for a receipt with the status it read "
+        "and verified; the ledger's own check stops a buggy caller",
     ),
     Mutant(
         "acceptance-any-state",
@@ -290,6 +292,8 @@ MUTANTS: tuple[Mutant, ...] = (
         False,
         "happy",
         ("tests/engine/ledger/test_ledger.py", "tests/contract"),
+        why_not="a second line of defence: step only asks for acceptance from FETCHING_RESULT; the "
+        "ledger's own check stops a buggy caller",
     ),
     Mutant(
         "ledger-cas-ignores-version",
