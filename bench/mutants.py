@@ -417,20 +417,17 @@ def apply(tree: Path, mutant: Mutant) -> bool:
 PROBE = """
 import json, logging, sys, time
 logging.disable(logging.CRITICAL)
-from engine.explore import explorer
 from engine.explore.explorer import PairExplorer
 from engine.explore.scenario import SCENARIOS
 hint, per_pair, hint_budget, duckdb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
-share = explorer.DUCKDB_SHARE
 pairs = [(s, p) for s in SCENARIOS for p in s.protocols]
 pairs.sort(key=lambda sp: sp[0].name != hint)
 started, runs = time.monotonic(), 0
 for scenario, protocol in pairs:
     own = scenario.name == hint
     # A bug in the ledger's SQL: the mutant's own scenario writes every run through DuckDB.
-    explorer.DUCKDB_SHARE = 1 if duckdb and own else share
+    pair = PairExplorer(scenario, protocol, code="shipped", ledger="duckdb" if duckdb and own else None)
     budget = hint_budget if own else per_pair
-    pair = PairExplorer(scenario, protocol, code="shipped")
     # One interleaving at a time (the same tree), so the first divergent run ends the probe.
     while budget > 0 and pair.run(1) == 1 and not pair.result.divergent:
         budget -= 1
