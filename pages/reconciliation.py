@@ -131,7 +131,7 @@ def live() -> None:
         column_config={
             "age (min)": st.column_config.NumberColumn(width=70),
             "over 15 min": st.column_config.TextColumn(width=80),
-            "kind": st.column_config.TextColumn(width=70),
+            "kind": st.column_config.TextColumn(width=80),  # "unknown" unbroken
             "reason": st.column_config.TextColumn(width=330),
             "next step": st.column_config.TextColumn(width=400),
             "candidates": st.column_config.TextColumn(width=220),
