@@ -200,7 +200,7 @@ def test_a_person_signs_in_through_the_openid_connect_provider_as_their_mapped_p
         page.context.close()
 
 
-def test_an_approver_answers_and_is_recorded_an_operator_resolves_an_analyst_only_reads(
+def test_an_approver_answers_and_is_recorded_an_operator_is_offered_resolve_an_analyst_only_reads(
     console: str, service: ServiceProcess, browser: Any
 ) -> None:
     """Approver: Approve is offered and the answer records april-approver; no resolve form, no rollout
