@@ -89,7 +89,7 @@ def _check(at: object, page: str) -> None:
 
 
 def ledger_operations(path: Path) -> int:
-    from engine.ledger.sandbox import run_query
+    from engine import run_query
 
     return int(str(run_query(path, "SELECT count(*) FROM op_identity").rows[0][0]))
 

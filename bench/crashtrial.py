@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine import RECEIPT_STATES, Ledger, LocalState
 from engine.errors import ServiceRefused, ServiceUnavailable
-from engine.ledger.duckdb import Ledger
-from engine.model import RECEIPT_STATES, LocalState
 from service.testing import ServiceProcess
 
 

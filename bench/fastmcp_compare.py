@@ -57,7 +57,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
-from engine.ledger.sandbox import run_query
+from engine import run_query
 from refserver.testing import RefServer
 from service.testing import ServiceProcess
 

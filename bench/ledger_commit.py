@@ -19,8 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
-from engine.ledger.duckdb import Ledger
-from engine.machine import step
+from engine import Ledger, step
 from engine.model import Epoch, Operation, ServerStatus, StatusObserved, Submitted, TaskId
 from engine.testing import EPOCH_START, make_operation
 

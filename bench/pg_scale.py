@@ -32,8 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
-from engine.ledger import open_ledger
-from engine.model import RECEIPT_STATES
+from engine import RECEIPT_STATES, open_ledger
 from engine.schedule import busiest_window
 from engine.testing.postgres import TemporaryPostgres
 from refserver.testing import RefServer

@@ -44,9 +44,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
-from engine.adapters import AdapterOptions, open_backend
+from engine import AdapterOptions, open_backend, run_query
 from engine.adapters.base import Backend, Created, SubmitRequest
-from engine.ledger.sandbox import run_query
 from engine.model import (
     RECEIPT_STATES,
     CallNodeId,

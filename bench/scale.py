@@ -29,9 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import contextlib
 
 from bench.figures import Report
-from engine.clock import SystemClock
-from engine.ledger.duckdb import Ledger
-from engine.model import RECEIPT_STATES, LocalState
+from engine import RECEIPT_STATES, Ledger, LocalState, SystemClock
 from engine.schedule import busiest_window
 from refserver.testing import RefServer
 from service.config import parse_config
