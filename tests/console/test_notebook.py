@@ -93,6 +93,9 @@ side_effect_free = true
                 client.submit(
                     call_node=node, tool="generate_report", arguments={"_sim": {"duration_ms": 600_000}}
                 )
+                # A cancel is for a created operation: the reply to a submission comes once SUBMITTING
+                # is durable, before the server has answered the create.
+                wait_until(lambda node=node: client.show(node)["state"] == "WORKING", what=f"{node} working")
                 client.cancel(node, actor="analyst-test", reason="a cancel for the latency chart")
             wait_until(
                 lambda: all_terminal(client, done + cancelled), what="the calls' receipts", timeout=120

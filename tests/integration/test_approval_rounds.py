@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from race_kit import ACCEPT, MARGIN, MCP, spec_for
 
-from engine.errors import StaleRound
+from engine.errors import ConfigError
 from engine.ledger.duckdb import Ledger
 from engine.model import LocalState
 from engine.runtime.call import run_call
@@ -46,7 +46,8 @@ async def test_a_round_answered_after_its_deadline_is_refused_and_recorded_as_ex
 
     clock.advance(op.expires_at - clock.now() + timedelta(seconds=1))
     late = spec_for(server, sim=ASKS, wait_budget=timedelta(hours=1), answer=ACCEPT)
-    with pytest.raises(StaleRound, match="expired"):
+    # `finality call --answer` refuses a closed round as a usage error (exit 2), naming it.
+    with pytest.raises(ConfigError, match="expired"):
         await asyncio.wait_for(run_call(late, ledger, clock), MARGIN.total_seconds())
     assert ledger.approvals() == []
     (expired,) = ledger.approvals(pending_only=False)
