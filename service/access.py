@@ -66,6 +66,13 @@ class Access:
         except ServiceError as exc:
             raise Denied(exc.status, str(exc)) from exc
 
+    async def identify_off_loop(self, request: Request) -> Identity:
+        """``identify``, on a worker thread when the token is an ID token: checking one may first fetch
+        the provider's keys over HTTP (up to 5 s), and the executor shares this loop."""
+        if self.tokens is not None and (bearer(request.headers.get("authorization")) or "").count(".") == 2:
+            return await asyncio.to_thread(self.identify, request)
+        return self.identify(request)
+
     def check(self, identity: Identity, permission: Permission) -> None:
         """Raises ``Denied`` (403, naming the role that would allow it) unless ``identity`` may."""
         if identity.may(permission):
@@ -87,7 +94,7 @@ class Access:
             if permission is None:
                 request.state.identity = LOCAL if self.tokens is None else None
                 return await handler(request)
-            identity = self.identify(request)
+            identity = await self.identify_off_loop(request)
             request.state.identity = identity
             self.check(identity, permission)
             return await handler(request)

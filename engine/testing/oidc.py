@@ -39,6 +39,11 @@ class OidcProvider:
     codes: dict[str, dict[str, str]] = field(default_factory=dict)
     issued: list[str] = field(default_factory=list)
     """The email of every ID token issued at /token, in order."""
+    keys_released: threading.Event = field(default_factory=threading.Event)
+    """``/jwks`` answers once this is set (set from the start; clear it to hold the keys back, as
+    a slow provider would, for at most 30 s)."""
+    keys_asked: threading.Event = field(default_factory=threading.Event)
+    """Set when ``/jwks`` is first asked for."""
 
     def __post_init__(self) -> None:
         from joserfc.jwk import RSAKey
@@ -46,6 +51,7 @@ class OidcProvider:
         self._key = RSAKey.generate_key(2048, parameters={"kid": "test-1", "use": "sig", "alg": "RS256"})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self.keys_released.set()
 
     @property
     def issuer(self) -> str:
@@ -137,6 +143,8 @@ def _handler(provider: OidcProvider) -> type[BaseHTTPRequestHandler]:
             if url.path == "/.well-known/openid-configuration":
                 self._json(200, provider.discovery())
             elif url.path == "/jwks":
+                provider.keys_asked.set()
+                provider.keys_released.wait(timeout=30)
                 self._json(200, provider.jwks())
             elif url.path == "/authorize":
                 if query.get("client_id") != provider.client_id or "redirect_uri" not in query:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import httpx
 import pytest
 
 from engine.errors import ConfigError, ServiceRefused
+from engine.testing.oidc import OidcProvider
 from refserver.testing import RefServer
 from service.auth import LADDER, ROLES, Permission, allows, check_bind, parse_auth, token_hash
 from service.cli import main as cli_main
@@ -329,3 +331,43 @@ def test_the_oidc_table_maps_identities_and_names_each_mistake(tmp_path: Path) -
         with pytest.raises(ConfigError) as refused:
             parse_auth({"auth": {"oidc": {**good, **change}}}, source)
         assert key in str(refused.value)
+
+
+def test_the_service_keeps_answering_while_the_identity_providers_keys_are_slow(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """The first ID token makes the service fetch the provider's keys; while the provider holds them
+    back, health (and the executor, on the same loop) answers at once; the token then verifies."""
+    with OidcProvider(people={"olga@example.com": "sub-olga"}) as provider:
+        oidc = (
+            f'[auth.oidc]\nissuer = "{provider.issuer}"\naudience = "{provider.client_id}"\n'
+            '[auth.oidc.identities."olga@example.com"]\nprincipal = "olga"\nroles = ["viewer"]\n'
+        )
+        config = tmp_path / "finality.toml"
+        config.write_text(config_text(servers, extra=_auth_table({"viewer-token": ("v", ["viewer"])}) + oidc))
+        with ServiceProcess(tmp_path / "ledger.duckdb", config, startup_timeout=120) as svc:
+            provider.keys_released.clear()
+            token = provider.id_token("olga@example.com")
+            answer: dict[str, httpx.Response] = {}
+
+            def ask() -> None:
+                answer["whoami"] = httpx.get(
+                    f"{svc.url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=60
+                )
+
+            asker = threading.Thread(target=ask)
+            asker.start()
+            try:
+                # The service is fetching the keys and the provider holds them: health must still
+                # answer meanwhile.
+                assert provider.keys_asked.wait(timeout=60), "the service never asked for the keys"
+                health = httpx.get(
+                    f"{svc.url}/api/v1/health", headers={"Authorization": "Bearer viewer-token"}, timeout=3
+                )
+                assert health.status_code == 200
+                assert "whoami" not in answer
+            finally:
+                provider.keys_released.set()
+                asker.join(timeout=60)
+            assert answer["whoami"].status_code == 200, answer["whoami"].text
+            assert answer["whoami"].json()["principal"] == "olga"
