@@ -221,3 +221,51 @@ def test_the_duplicate_gates_link_opens_operations_filtered_to_the_duplicated_on
     assert "0 operations match" in texts(at)
     at.checkbox(key="operations_duplicated").uncheck().run()
     assert len(at.dataframe(key="operations_table").value) > 0
+
+
+def test_gate_compliance_counts_merged_interleavings_apart_from_the_runs_that_covered_them(
+    seeded_ledger: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shipped-code exploration that merged equal states covers more interleavings than it ran:
+    the page says so ("19,049 distinct interleavings ... covered by 10,300 runs"), never "19,049 of 10,300"."""
+    import shutil
+    from datetime import UTC, datetime
+
+    from engine import open_ledger
+    from engine.ledger.port import ExplorerRun
+    from engine.revision import running_revision
+
+    ledger_path = tmp_path / "merged.duckdb"
+    shutil.copy(seeded_ledger, ledger_path)
+    at_ = datetime.now(UTC)
+    writer = open_ledger(str(ledger_path))
+    try:
+        writer.record_explorer_run(
+            ExplorerRun(
+                "happy",
+                "mcp-2025-11-25",
+                0,
+                10_300,
+                19_049,
+                0,
+                False,
+                "engine",
+                None,
+                at_,
+                at_,
+                "shipped",
+                running_revision(),
+            )
+        )
+    finally:
+        writer.close()
+    monkeypatch.delenv("FINALITY_SERVICE_URL", raising=False)
+    monkeypatch.setenv("FINALITY_LEDGER", str(ledger_path))
+    monkeypatch.setenv("FINALITY_ACTOR", "tester")
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=30)
+    at.switch_page("pages/gate_compliance.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    (explored,) = [m for m in at.metric if m.label == "Explored"]
+    assert explored.value == "19,049 distinct interleavings, 0 divergent"
+    assert "covered by 10,300 runs of the shipped code" in texts(at)
