@@ -196,6 +196,13 @@ def live() -> None:
         st.error(f"rollout status unavailable: {exc}")
     st.session_state["rollout_available"] = status is not None
     st.session_state["rollout_status"] = status
+    # The actions below the fragment were drawn for the status of the last whole-page run; a refresh
+    # alone would leave them there (Roll back disabled after a shadow started elsewhere, or after one
+    # status read failed). When the stage they were drawn for has moved, redraw the whole page.
+    drawn = st.session_state.get("rollout_actions_drawn_for")
+    seen = (status is not None, status.stage if status is not None else "")
+    if not st.session_state.get("rollout_page_run", False) and drawn is not None and drawn != seen:
+        st.rerun(scope="app")
     if status is None:
         st.info(
             "No rollout status: no rollout action is recorded yet, the service has no rollout API yet, "
@@ -256,7 +263,9 @@ def live() -> None:
             st.dataframe(denials, hide_index=True, key="rollout_denials", width="stretch")
 
 
+st.session_state["rollout_page_run"] = True  # live() below runs inside this whole-page run
 live()
+st.session_state["rollout_page_run"] = False
 
 can_act = insights.info.writable and st.session_state.get("rollout_available", False) and bool(acting_name())
 current: RolloutStatus | None = st.session_state.get("rollout_status")
@@ -271,6 +280,7 @@ if not may(Permission.ROLLOUT):
     not_allowed(Permission.ROLLOUT, "Moving the rollout (shadow, canary, promote, rollback, kill switch)")
     st.stop()
 acting_as("every action below")
+st.session_state["rollout_actions_drawn_for"] = (current is not None, stage)
 a1, a2, a3 = st.columns(3)
 with a1:
     st.markdown("**Promote**")

@@ -159,13 +159,13 @@ def _epoch(page: object) -> int:
 
 
 def test_rollback_from_the_browser_raises_the_epoch(console: str, service: ServiceProcess) -> None:
-    """Rollout control -> Roll back… -> type a reason -> Roll back now: the page shows the epoch raised."""
+    """Rollout control at stage off; a shadow started elsewhere enables Roll back… by the page's own
+    refresh; Roll back… -> type a reason -> Roll back now: the page shows the epoch raised."""
     sync_api = pytest.importorskip("playwright.sync_api")
     status = httpx.get(f"{service.url}/api/v1/rollout/status", timeout=30)
     if status.status_code == 404:
         pytest.skip("this service has no rollout routes yet")
-    with service.client() as client:  # something to roll back: shadow the side-effect-free tool
-        client.rollout("shadow", {"actor": "browser-test", "reason": "start shadowing before the rollback"})
+    assert status.json()["stage"] == "off"
     ARTIFACTS.mkdir(exist_ok=True)
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
@@ -176,6 +176,15 @@ def test_rollback_from_the_browser_raises_the_epoch(console: str, service: Servi
             page.get_by_role("heading", name="Overview").wait_for(timeout=60_000)
             page.get_by_role("link", name="Rollout control").click()
             page.get_by_role("heading", name="Rollout control").wait_for(timeout=60_000)
+            page.get_by_text("Nothing to roll back at stage off").wait_for(timeout=60_000)
+            rollback = page.get_by_role("button", name="Roll back…")
+            sync_api.expect(rollback).to_be_disabled(timeout=30_000)
+            # Something to roll back, started by someone else: the open page follows without a click.
+            with service.client() as client:
+                client.rollout(
+                    "shadow", {"actor": "browser-test", "reason": "start shadowing before the rollback"}
+                )
+            sync_api.expect(rollback).to_be_enabled(timeout=60_000)
             before = _epoch(page)
             dialog = _open_dialog(page, "Roll back…", lambda d: d.get_by_label("Reason (required, typed)"))
             reason = dialog.get_by_label("Reason (required, typed)")
