@@ -54,6 +54,14 @@ class Mutant:
 
 RACE = ("tests/integration/test_race_cancel.py", "tests/integration/test_race_submission.py")
 RESULT = ("tests/integration/test_race_result.py", "tests/integration/test_race_happy_paths.py")
+# The race tests each start reference servers over real HTTP; a mutant of the driver or an adapter
+# runs the race test of its own rule (the whole race files cost minutes a mutant under load).
+CANCEL_RACE = f"{RACE[0]}::test_completion_and_cancel_arriving_together_accept_the_completion_once"
+SUB_KEY = f"{RACE[1]}::test_a_lost_creating_response_is_found_by_its_key_and_makes_one_operation"
+NOT_FOUND = (
+    "tests/integration/test_race_polling.py::"
+    "test_a_404_before_expiry_goes_to_unknown_and_resumes_when_the_server_answers"
+)
 
 MUTANTS: tuple[Mutant, ...] = (
     # ---------------------------------------------------------------------------- the driver
@@ -67,7 +75,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "after a lost create response, send the create again instead of looking it up by key",
         True,
         "create-lost-no-lookup",
-        ("tests/integration/test_race_submission.py", "tests/engine/runtime"),
+        (SUB_KEY,),
     ),
     Mutant(
         "driver-ack-as-confirmed",
@@ -78,7 +86,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a cancel acknowledgement recorded as a confirmed cancel",
         True,
         "complete-vs-cancel",
-        (*RACE, "tests/engine/runtime"),
+        (CANCEL_RACE,),
     ),
     Mutant(
         "driver-payload-dropped",
@@ -89,7 +97,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "the verified result is accepted without its payload",
         True,
         "happy",
-        (*RESULT, "tests/engine/runtime"),
+        (
+            "tests/integration/test_race_result.py::test_a_lost_or_truncated_result_is_read_again_before_completed_is_accepted",
+        ),
     ),
     Mutant(
         "driver-unknown-on-404-skipped",
@@ -100,7 +110,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a 404 on a status read parks the operation without a reconciliation item",
         True,
         "not-found-before-expiry",
-        ("tests/integration/test_race_polling.py", "tests/engine/runtime"),
+        (NOT_FOUND,),
     ),
     Mutant(
         "driver-restart-resends",
@@ -111,7 +121,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "an executor restarted in SUBMITTING sends the create again instead of looking it up",
         True,
         "crash-while-submitting",
-        ("tests/integration/test_race_submission.py",),
+        (
+            "tests/integration/test_race_submission.py::"
+            "test_an_executor_restarted_with_its_operation_in_submitting_never_sends_the_create_again",
+        ),
     ),
     # ------------------------------------------------------------------ MCP 2025-11-25 adapter
     Mutant(
@@ -123,7 +136,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a -32602 answer to tasks/cancel (the task already ended) taken as cancelled",
         True,
         "complete-vs-cancel",
-        (*RACE, "tests/engine/adapters"),
+        (CANCEL_RACE,),
     ),
     Mutant(
         "mcp25-iserror-as-completed",
@@ -134,7 +147,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a tool result with isError read as completed",
         True,
         "tool-error",
-        (*RESULT, "tests/engine/adapters"),
+        ("tests/integration/test_race_result.py",),
     ),
     Mutant(
         "mcp25-cancel-requested-as-cancelled",
@@ -145,7 +158,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "any requested cancel makes the fetched result a cancelled one",
         True,
         "complete-vs-cancel",
-        (*RACE, "tests/engine/adapters"),
+        (CANCEL_RACE,),
     ),
     # ------------------------------------------------------------------ MCP 2026-07-28 adapter
     Mutant(
@@ -157,7 +170,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the cancel acknowledgement taken as the cancelled terminal state",
         True,
         "complete-vs-cancel",
-        (*RACE, "tests/engine/adapters"),
+        (CANCEL_RACE,),
     ),
     Mutant(
         "mcp26-32602-on-cancel-as-cancelled",
@@ -170,7 +183,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a -32602 on tasks/cancel taken as cancelled",
         True,
         "cancel-not-found",
-        (*RACE, "tests/engine/adapters"),
+        ("tests/engine/adapters/test_mcp_2026_07_28.py",),
     ),
     Mutant(
         "mcp26-cancelled-outcome-as-completed",
@@ -182,7 +195,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "an unknown task on tasks/get is asked again (for ever) instead of reported not found",
         True,
         "not-found-before-expiry",
-        ("tests/integration/test_race_polling.py", "tests/engine/adapters"),
+        (NOT_FOUND,),
     ),
     # -------------------------------------------------------------------------- AIP-151 adapter
     Mutant(
@@ -194,7 +207,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the best-effort CancelOperation acknowledgement taken as cancelled",
         True,
         "complete-vs-cancel",
-        (*RACE, "tests/engine/adapters"),
+        (CANCEL_RACE,),
     ),
     Mutant(
         "aip-cancelled-as-failed",
@@ -205,7 +218,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a done operation with error code 1 (CANCELLED) read as failed",
         True,
         "complete-vs-cancel",
-        (*RACE, "tests/engine/adapters"),
+        ("tests/integration/test_race_cancel.py",),
     ),
     Mutant(
         "aip-error-as-completed",
@@ -217,7 +230,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "a done operation carrying an error read as completed",
         True,
         "failure",
-        (*RESULT, "tests/engine/adapters"),
+        (
+            "tests/integration/test_race_happy_paths.py::test_a_failed_call_is_accepted_as_failed_with_the_servers_error",
+        ),
     ),
     # ------------------------------------------------------------------------------- machine.step
     Mutant(
@@ -278,7 +293,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the receipt's terminal status is not matched against the row",
         False,
         "happy",
-        ("tests/engine/ledger/test_ledger.py", "tests/contract"),
+        ("tests/engine/ledger/test_ledger.py::test_accept_terminal_refuses_any_mismatch_naming_the_field",),
         why_not="a second line of defence: the driver only asks for a receipt with the status it read "
         "and verified; the ledger's own check stops a buggy caller",
     ),
@@ -291,9 +306,14 @@ MUTANTS: tuple[Mutant, ...] = (
         "a completed receipt is accepted from any state but SUBMITTING",
         False,
         "happy",
-        ("tests/engine/ledger/test_ledger.py", "tests/contract"),
-        why_not="a second line of defence: step only asks for acceptance from FETCHING_RESULT; the "
-        "ledger's own check stops a buggy caller",
+        (
+            "tests/engine/ledger/test_ledger.py::"
+            "test_a_completed_receipt_for_an_operation_not_fetching_its_result_is_refused_naming_the_state",
+        ),
+        why_not="unreachable through step: acceptance first requires the row version the transition was "
+        "computed from, so the row it checks is the transition's own before-state, and step emits a "
+        "completed or failed receipt only from FETCHING_RESULT (ResultVerified); the check stops a caller "
+        "that builds a receipt by hand",
     ),
     Mutant(
         "ledger-cas-ignores-version",
@@ -303,8 +323,48 @@ MUTANTS: tuple[Mutant, ...] = (
         "WHERE operation_id = ? AND row_version >= 0 * ? AND cancel_generation = ?",
         "the compare-and-swap UPDATE matches any row version",
         True,
-        "complete-vs-cancel",
-        ("tests/contract/test_ledger_contract.py",),
+        # The version clause decides alone only when another writer changed the row without raising
+        # the cancel generation (a cancel click raises both, and the generation clause refuses the
+        # stale write by itself): a rollback's adoption while the old executor's reply is in flight.
+        "stale-epoch",
+        ("tests/engine/ledger/test_ledger.py::test_stale_write_fails_cleanly_and_changes_nothing",),
+        duckdb=True,
+    ),
+    Mutant(
+        "acceptance-payload-unmatched",
+        "ledger acceptance",
+        "engine/acceptance.py",
+        '            ("result_digest", digest_of(payload) if payload is not None else None, receipt.result_digest)',
+        '            ("result_digest", receipt.result_digest, receipt.result_digest)',
+        "the stored payload is not matched against the receipt's verified digest",
+        False,
+        "happy",
+        ("tests/engine/ledger/test_ledger.py::test_result_digest_is_checked_against_the_payload",),
+        why_not="a second line of defence: the driver stores the payload whose digest it verified "
+        "(driver-payload-dropped shows the check firing); it stops a caller that stores another payload",
+    ),
+    Mutant(
+        "ledger-cas-count-unchecked",
+        "ledger CAS SQL",
+        "engine/ledger/duckdb.py",
+        "                if self._affected(tx, sql.STATE_UPDATE, cas_params(row)) != 1:",
+        "                if self._affected(tx, sql.STATE_UPDATE, cas_params(row)) > 1:",
+        "a compare-and-swap that matched no row is reported as written",
+        True,
+        "stale-epoch",
+        ("tests/engine/ledger/test_ledger.py::test_stale_write_fails_cleanly_and_changes_nothing",),
+        duckdb=True,
+    ),
+    Mutant(
+        "ledger-cas-same-state-logged-only",
+        "ledger CAS SQL",
+        "engine/ledger/duckdb.py",
+        "            if after == before:",
+        "            if after.state == before.state:",
+        "a write that keeps the local state (an epoch raise, a new server status) is logged, not written",
+        True,
+        "stale-epoch",
+        ("tests/engine/ledger/test_ledger.py::test_acceptance_under_a_raised_epoch_is_refused",),
         duckdb=True,
     ),
     # ----------------------------------------------- service executor (engine/runtime/epochs.py)
@@ -371,6 +431,23 @@ MUTANTS: tuple[Mutant, ...] = (
         why_not="every rollback's compare-and-swap is refused, so no rollback happens (the rollout "
         "cannot be stopped): a rollout failure before any operation is touched, outside the explored "
         "operation",
+    ),
+    Mutant(
+        "rollout-epoch-unfenced",
+        "rollout fencing",
+        "engine/ledger/sql.py",
+        '    "WHERE id = 1 AND head_seq = ? AND epoch = ?"',
+        '    "WHERE id = 1 AND head_seq = ? AND epoch >= 0 * ?"',
+        "the rollout state's compare-and-swap ignores the epoch the action read",
+        False,
+        "stale-epoch",
+        (
+            "tests/contract/test_ledger_contract.py::"
+            "test_rollout_events_form_a_verified_hash_chain_written_by_compare_and_swap[duckdb]",
+        ),
+        why_not="a race of two rollout actions deciding at once (the controller reads the state again "
+        "before each action), outside the explored operation: two rollbacks could both land from the "
+        "same epoch",
     ),
     Mutant(
         "rollout-taken-over-not-adopted",

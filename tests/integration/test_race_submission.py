@@ -9,9 +9,21 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from race_kit import KEYED, MCP, OPTIONS, PLAIN, QUICK, call, invariants, server_task_id
+from race_kit import KEYED, MCP, OPTIONS, PLAIN, QUICK, call, drive, invariants, server_task_id, spec_for
 
-from engine.model import LocalState, ServerStatus
+from engine.clock import SystemClock
+from engine.model import (
+    CallNodeId,
+    CallRequest,
+    Epoch,
+    LocalState,
+    OperationId,
+    Principal,
+    Protocol,
+    ServerStatus,
+    new_operation,
+)
+from engine.runtime.call import ADAPTER_VERSION
 
 
 @pytest.mark.parametrize("server", KEYED, indirect=True)
@@ -131,3 +143,43 @@ async def test_a_create_that_never_arrived_is_proved_absent_by_key_and_resubmitt
     receipt = ledger.receipt("node-1")
     assert receipt is not None
     assert receipt.status is ServerStatus.COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("server", "first"), [("mcp25", None), ("mcp26", None), ("aip", "lookup")], indirect=["server"]
+)
+async def test_an_executor_restarted_with_its_operation_in_submitting_never_sends_the_create_again(
+    server, ledger, first
+):
+    """A call found in SUBMITTING by a new process (its create may have reached the server) is looked
+    up by key where the server can, else handed to a person; never submitted blindly again."""
+    spec = spec_for(server, sim={"duration_ms": QUICK})
+    request = CallRequest(CallNodeId(spec.call_node), spec.tool, spec.arguments, Principal(spec.principal))
+    # What the crashed process left: the operation recorded in SUBMITTING, nothing of its reply.
+    left = new_operation(
+        request,
+        operation_id=OperationId("op-crashed"),
+        protocol=Protocol(server.protocol),
+        adapter_version=ADAPTER_VERSION,
+        server=spec.server,
+        epoch=Epoch(spec.epoch),
+        now=SystemClock().now(),
+    )
+    ledger.create_operation(left, spec.arguments)
+    op = await drive(spec, ledger)
+    methods = [str(p["method"]) for p in ledger.polls(op.operation_id)]
+    transitions = ledger.transitions(op.operation_id)
+    lost = [t for t in transitions if t["event"] == "SubmissionLost" and t["accepted"]]
+    assert lost
+    assert "restarted while submitting" in str(lost[0]["cause"])
+    if first is None:
+        # Without lookup by key nothing may be sent: a person reconciles by key, digest and window.
+        assert "submit" not in methods
+        assert server.stats()["tasks"] == []
+        assert op.state is LocalState.UNKNOWN
+        (entry,) = [e for e in ledger.reconciliation() if e["kind"] == "unknown"]
+        assert entry["idempotency_key"] == op.idempotency_key
+    else:
+        # The key lookup comes first; only its proof of absence allows the one submission.
+        assert methods[0] == "lookup"
+        assert methods.count("submit") <= 1

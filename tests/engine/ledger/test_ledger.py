@@ -396,6 +396,24 @@ def test_accept_terminal_refuses_any_mismatch_naming_the_field(
     assert ledger.get(op.operation_id) == op
 
 
+def test_a_completed_receipt_for_an_operation_not_fetching_its_result_is_refused_naming_the_state(
+    ledger: Ledger,
+) -> None:
+    """A completed acceptance from TERMINAL_OBSERVED (the fetch never started) is refused: state named, nothing written."""
+    op, _ = ledger.create_operation(make_operation("n1"), {"report": "n1"})
+    op = advance(ledger, op, Submitted(TaskId("task-n1"), E))
+    op = advance(ledger, op, StatusObserved(TaskId("task-n1"), ServerStatus.COMPLETED, E))
+    assert op.state is S.TERMINAL_OBSERVED
+    # Every other field agrees with the row (same row version, status completed, the payload's
+    # digest): only the state the ledger holds tells this receipt was never fetched and verified.
+    forged = verified(replace(op, state=S.FETCHING_RESULT))
+    with pytest.raises(ReceiptConflict, match="state"):
+        ledger.accept_terminal(forged, PAYLOAD)
+    assert ledger.count("receipts") == 0
+    assert ledger.count("outbox") == 0
+    assert ledger.get(op.operation_id) == op
+
+
 def test_result_digest_is_checked_against_the_payload(ledger: Ledger) -> None:
     """A payload that does not hash to the verified digest is refused."""
     op = to_fetching(ledger)
