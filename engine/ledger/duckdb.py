@@ -35,7 +35,8 @@ from engine.errors import (
 )
 from engine.ledger import rows as codec
 from engine.ledger import sql
-from engine.ledger.base import SqlLedger, cas_params, chain, outcomes, repeated_acceptances
+from engine.ledger.base import SqlLedger
+from engine.ledger.core import cas_params
 from engine.ledger.export import BATCH_ROWS
 from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
 from engine.ledger.port import (
@@ -44,6 +45,7 @@ from engine.ledger.port import (
     Json,
     WriteGroup,
 )
+from engine.ledger.receipts import repeated_acceptances
 from engine.ledger.schema import (
     _EXPECT_SCHEMA,
     _IDENTITY_SCHEMA,
@@ -56,6 +58,7 @@ from engine.ledger.schema import (
     SUPPORTED_SCHEMA,
 )
 from engine.ledger.schema import _TABLES as _TABLES  # the table names, for the contract suite
+from engine.ledger.writes import chain, outcomes
 from engine.model import (
     Operation,
     Receipt,

@@ -18,9 +18,9 @@ from datetime import datetime
 
 from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import DuplicateOperation, InvalidRecord, LedgerError, ReceiptConflict, StaleWrite
-from engine.ledger.base import chain
 from engine.ledger.port import BatchOutcome, GroupOutcome, HeldOutcome, PollRecord, WriteGroup
 from engine.ledger.rows import _refuse_receipt_state, require_resolution
+from engine.ledger.writes import chain
 from engine.model import (
     RECEIPT_STATES,
     AcceptTerminal,
@@ -349,7 +349,7 @@ class MemoryPort:
 
     def apply_many(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
         """Each transition compare-and-swapped on its own, in order; transitions of one operation
-        must chain (``engine.ledger.base.chain``, the SQL ledgers' rule); a refused one writes nothing."""
+        must chain (``engine.ledger.writes.chain``, the SQL ledgers' rule); a refused one writes nothing."""
         for t in transitions:
             _refuse_receipt_state(t)
         _, _, chain_errors = chain(transitions)

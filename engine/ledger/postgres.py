@@ -43,7 +43,8 @@ from engine.errors import (
 from engine.ledger import rows as codec
 from engine.ledger import sql
 from engine.ledger.analyst import run_query
-from engine.ledger.base import SqlLedger, cas_params, chain, outcomes, repeated_acceptances
+from engine.ledger.base import SqlLedger
+from engine.ledger.core import cas_params
 from engine.ledger.export import BATCH_ROWS
 from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
 from engine.ledger.port import (
@@ -55,6 +56,7 @@ from engine.ledger.port import (
     PollRecord,
     WriteGroup,
 )
+from engine.ledger.receipts import repeated_acceptances
 from engine.ledger.sandbox import QueryResult
 from engine.ledger.schema import (
     _STATE_COLUMNS,
@@ -65,6 +67,7 @@ from engine.ledger.schema import (
 )
 from engine.ledger.schema import PG_MIGRATIONS as MIGRATIONS
 from engine.ledger.schema import PG_SUPPORTED_SCHEMA as SUPPORTED_SCHEMA
+from engine.ledger.writes import chain, outcomes
 from engine.model import (
     RECEIPT_STATES,
     Operation,

@@ -1,0 +1,277 @@
+"""The shared SQL ledger's group-committed writes: new operations, compare-and-swap, write groups.
+
+``create_many``, ``apply_many`` and ``commit_group`` run the driver's one-transaction batch and,
+where the database refuses it on a uniqueness conflict, retry item by item so that only the
+offender is refused and named. ``chain`` and ``outcomes`` are the rule for how transitions of one
+operation chain within a batch (the memory ledger uses the same rule).
+
+It must not import a database driver, and it decides nothing about states (``engine.machine`` does).
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from engine.acceptance import receipt_of
+from engine.errors import DuplicateOperation, LeaseLost, LedgerError, StaleWrite
+from engine.ledger import sql
+from engine.ledger.port import BatchOutcome, GroupOutcome, HeldOutcome, Json, PollRecord, WriteGroup
+from engine.ledger.reads import EngineReads
+from engine.ledger.receipts import Receipts
+from engine.ledger.rows import _refuse_receipt_state, _transition_row, held_rows, require_new
+from engine.model import Operation, Transition
+
+__all__ = ["GroupWrites", "chain", "outcomes"]
+
+
+def chain(
+    transitions: Sequence[Transition],
+) -> tuple[dict[str, Transition], dict[str, Transition], dict[int, LedgerError]]:
+    """Collapse chains: per operation, the first transition (whose ``before`` the ledger must hold) and
+    the last (whose ``after`` it will hold); and the transitions that do not chain, by index."""
+    first: dict[str, Transition] = {}
+    last: dict[str, Transition] = {}
+    chain_errors: dict[int, LedgerError] = {}
+    for i, t in enumerate(transitions):
+        key = t.after.operation_id
+        if t.before.operation_id != key:
+            chain_errors[i] = LedgerError("transition changes operation id")
+            continue
+        if key in last:
+            prev = last[key].after
+            if t.before.row_version != prev.row_version:
+                chain_errors[i] = StaleWrite(key, t.before.row_version, "does not chain within the batch")
+                continue
+        else:
+            first[key] = t
+        last[key] = t
+    return first, last, chain_errors
+
+
+def outcomes(
+    transitions: Sequence[Transition],
+    chain_errors: Mapping[int, LedgerError],
+    refused: Mapping[str, LedgerError],
+) -> list[BatchOutcome]:
+    """Each transition's outcome: its chain error, its operation's refusal (a plain stale write is
+    named by the transition's own row version), or written."""
+    out: list[BatchOutcome] = []
+    for i, t in enumerate(transitions):
+        if i in chain_errors:
+            out.append(BatchOutcome(None, chain_errors[i]))
+        elif t.after.operation_id in refused:
+            error = refused[t.after.operation_id]
+            if isinstance(error, StaleWrite) and not isinstance(error, LeaseLost):
+                error = StaleWrite(t.after.operation_id, t.before.row_version)
+            out.append(BatchOutcome(None, error))
+        else:
+            out.append(BatchOutcome(t.after, None))
+    return out
+
+
+class GroupWrites(Receipts, EngineReads):
+    """Creating operations, compare-and-swapping transitions and committing write groups."""
+
+    @abstractmethod
+    def _insert_fresh(self, fresh: Sequence[tuple[Operation, Json]]) -> set[str] | None:
+        """Insert new operations in one transaction; the ids inserted (another creator's call node
+        or key skipped), or None if the backend refused the whole batch."""
+
+    @abstractmethod
+    def _created_by_another(self, op: Operation) -> Operation | None:
+        """The operation that holds ``op``'s call node or key, once its creator has committed."""
+
+    @abstractmethod
+    def _apply_one(self, t: Transition) -> BatchOutcome:
+        """Compare-and-swap one transition in its own transaction."""
+
+    @abstractmethod
+    def _apply_batch(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
+        """Many transitions in one transaction, each compare-and-swapped on its own."""
+
+    @abstractmethod
+    def _commit_group_once(self, group: WriteGroup) -> GroupOutcome:
+        """A whole write group in one transaction (a uniqueness conflict aborts it all)."""
+
+    def create_operation(self, op: Operation, arguments: Json) -> tuple[Operation, bool]:
+        """Record a new operation in SUBMITTING, or return the call node's existing one.
+
+        Returns:
+            ``(operation, created)``; ``created`` is False when the call node already had one.
+
+        Raises:
+            DuplicateOperation: the call node (or key) exists for a different request.
+        """
+        require_new(op)
+        inserted = self._insert_fresh([(op, arguments)])
+        if inserted is not None and op.operation_id in inserted:
+            return op, True
+        existing = self._created_by_another(op)
+        if existing is None:
+            raise DuplicateOperation("submission key", op.idempotency_key)
+        if existing.request_digest != op.request_digest:
+            raise DuplicateOperation(
+                "call node (for a different request)", f"{op.call_node_id} ({existing.request_digest})"
+            )
+        return existing, False
+
+    def create_many(self, items: Sequence[tuple[Operation, Json]]) -> list[tuple[Operation, bool]]:
+        """Group-committed ``create_operation``: one transaction for many new operations.
+
+        Call nodes that already have an operation get it back (``created`` False). An item that
+        conflicts otherwise (another creator won the race since the lookup) is resolved on its own,
+        as ``create_operation`` would, so that the offender is named.
+        """
+        if not items:
+            return []
+        nodes = [op.call_node_id for op, _ in items]
+        if len(set(nodes)) != len(nodes):
+            return [self.create_operation(op, args) for op, args in items]
+        existing = self.by_call_nodes(nodes)
+        fresh = [(op, args) for op, args in items if op.call_node_id not in existing]
+        for op, _ in fresh:
+            require_new(op)
+        inserted = self._insert_fresh(fresh) if fresh else set()
+        if inserted is None:
+            return [self.create_operation(op, args) for op, args in items]
+        out: list[tuple[Operation, bool]] = []
+        for op, args in items:
+            have = existing.get(op.call_node_id)
+            if have is None:
+                out.append((op, True) if op.operation_id in inserted else self.create_operation(op, args))
+            elif have.request_digest != op.request_digest:
+                out.append(self.create_operation(op, args))
+            else:
+                out.append((have, False))
+        return out
+
+    def apply(self, transition: Transition) -> Operation:
+        """Compare-and-swap one transition into the ledger.
+
+        Raises:
+            StaleWrite: the row moved since ``transition.before`` was read (``LeaseLost`` when a
+                fenced handle no longer holds the operation's lease).
+            DuplicateOperation: the new server task id is already bound to another operation.
+        """
+        outcome = self.apply_many([transition])[0]
+        if outcome.error is not None:
+            raise outcome.error
+        assert outcome.operation is not None
+        return outcome.operation
+
+    def apply_many(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
+        """Group commit: many transitions, one transaction, each compare-and-swapped on its own.
+
+        Transitions of the same operation must chain (each ``before`` is the previous ``after``).
+        A stale one is refused (``StaleWrite``) without touching the others. Rejected transitions
+        (``accepted=False``) are only appended to the log.
+        """
+        for t in transitions:
+            _refuse_receipt_state(t)
+        if not transitions:
+            return []
+        try:
+            if len(transitions) == 1:
+                return [self._retrying(lambda: self._apply_one(transitions[0]))]
+            return self._retrying(lambda: self._apply_batch(transitions))
+        except Exception as exc:
+            if not self._conflict(exc):
+                raise
+            if len(transitions) == 1:
+                t = transitions[0]
+                return [
+                    BatchOutcome(
+                        None, DuplicateOperation("server task id", f"{t.after.server} {t.after.task_id}")
+                    )
+                ]
+        # One transition broke a constraint: one transaction each, so the others still commit and
+        # the offender is named.
+        out: list[BatchOutcome] = []
+        for t in transitions:
+            out.extend(self.apply_many([t]))
+        return out
+
+    def commit_group(self, group: WriteGroup) -> GroupOutcome:
+        """Everything a service tick buffered, in ONE transaction (one durable commit).
+
+        In order: held outcomes, transitions (each compare-and-swapped, as ``apply_many``),
+        acceptances (each matched, as ``accept_many``, against the rows the transitions leave
+        behind), then the protocol requests. A refused item is reported and writes nothing; the
+        rest commit. If a uniqueness constraint fires, the group is retried piece by piece so
+        that only the offender is refused.
+        """
+        for t in group.transitions:
+            _refuse_receipt_state(t)
+        for t, _ in group.acceptances:
+            receipt_of(t)
+        if group.empty:
+            return GroupOutcome([], [])
+        try:
+            return self._retrying(lambda: self._commit_group_once(group))
+        except Exception as exc:
+            if not self._conflict(exc):
+                raise
+        self.hold_many(group.held)
+        applied = self.apply_many(group.transitions)
+        accepted = self.accept_many(group.acceptances)
+        self.record_polls(group.polls)
+        return GroupOutcome(applied, accepted)
+
+    def _append_batch(
+        self,
+        tx: Any,
+        transitions: Sequence[Transition],
+        first: Mapping[str, Transition],
+        last: Mapping[str, Transition],
+        chain_errors: Mapping[int, LedgerError],
+        refused: set[str],
+    ) -> None:
+        """A batch's new task bindings and log rows, for every operation not ``refused``."""
+        bound = sorted(
+            k
+            for k, t in last.items()
+            if t.after.task_id is not None and t.after.task_id != first[k].before.task_id and k not in refused
+        )
+        bindings = [[last[k].after.server, last[k].after.task_id, k, last[k].at] for k in bound]
+        if bindings:
+            self._insert_many(tx, "task_bindings", bindings)
+        logged = (
+            [
+                t
+                for i, t in enumerate(transitions)
+                if i not in chain_errors and t.after.operation_id not in refused
+            ]
+            if chain_errors or refused
+            else transitions
+        )
+        if logged:
+            self._append_log(tx, logged)
+
+    def _append_log(self, tx: Any, transitions: Sequence[Transition]) -> None:
+        """Append the transitions' log rows (a driver may build them by column)."""
+        self._insert_many(tx, "transitions", [_transition_row(t) for t in transitions])
+
+    def record_polls(self, rows: Sequence[PollRecord]) -> None:
+        """Append protocol requests to the polls table (group-committed by the caller)."""
+        if not rows:
+            return
+        with self._tx() as tx:
+            self._insert_polls(tx, rows)
+
+    def _insert_polls(self, tx: Any, rows: Sequence[PollRecord]) -> None:
+        self._insert_many(tx, "polls", [list(r) for r in rows])
+
+    def hold_outcome(self, operation_id: str, held: HeldOutcome) -> None:
+        """Keep a terminal outcome that arrived inline, so it survives a restart or the server's expiry."""
+        self.hold_many([(operation_id, held)])
+
+    def hold_many(self, items: Sequence[tuple[str, HeldOutcome]]) -> None:
+        if not items:
+            return
+        with self._tx() as tx:
+            self._insert_held(tx, items)
+
+    def _insert_held(self, tx: Any, items: Sequence[tuple[str, HeldOutcome]]) -> None:
+        self._insert_many(tx, "held_outcomes", held_rows(items), sql.HELD_REPLACE)
