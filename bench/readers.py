@@ -1,26 +1,31 @@
-"""The executor while analysts read (issue 22 point 3): the same run with and without 4 analyst clients.
+"""The executor while analysts read (issue 22 points 3-4): windows with and without 4 analyst clients.
 
 Each run starts one MCP 2025-11-25 reference server (real time) and ``finality serve`` (shipped
-defaults for ``[analyst]``: 2 reader workers, a queue of 8, 10-s queries), submits ``--ops`` calls
-that poll for longer than the run (server-advised interval ``--interval-s``), lets them settle for
-``--warmup-s``, then measures for ``--window-s``:
+defaults for ``[analyst]``: 2 reader workers, a queue of 8, 10-s queries, readers at nice 19),
+submits ``--ops`` calls that poll for longer than the run (server-advised interval ``--interval-s``),
+lets them settle for ``--warmup-s``, then measures windows of ``--window-s`` each, the modes in the
+order A B B A ... (``--rounds`` passes): both modes are measured on the same service, the same
+ledger and the same minutes of the machine's load, so the machine's drift (this machine is shared;
+its load moves by a factor of two within minutes) falls on both alike. In each window:
 
 * poll lateness: for every poll sent in the window, ``sent_at`` minus the instant it was due (the
   previous answer's ``received_at`` plus the advised interval), from the ledger's polls table
-  (p99; it includes the executor's up-to-10 % jitter in both runs alike);
+  (p99; it includes the executor's up-to-10 % jitter in both modes alike);
 * health latency: ``GET /api/v1/health`` every 100 ms from a client thread, round trip (p99);
 * cancel confirmation: ``--cancels`` operations cancelled at the window's start; from
-  ``cancel_requested_at`` to the receipt's ``accepted_at`` (p99), from the ledger.
+  ``cancel_requested_at`` to the receipt's ``accepted_at`` (p99), from the ledger;
+* CPU: the service's threads from ``/proc/PID/task/*/schedstat`` (its own at nice 0, the niced
+  readers, the loop thread's run time and its wait for a CPU) and, on PostgreSQL, the cluster's
+  backends (the analysts' are the niced ones).
 
-In the ``readers`` runs, 4 client threads run a 10-s analyst query (``POST /api/v1/sql``, stopped
-by the service's time limit) back to back for the whole window; a 503 (queue full) is retried after
-its Retry-After. ``baseline`` runs are identical without them. Runs alternate baseline / readers so
-that the machine's drift falls on both. The readers/baseline ratio of each p99 is the figure the
-issue bounds at 1.2.
+In ``readers`` windows 4 client threads run a 10-s analyst query (``POST /api/v1/sql``, stopped
+by the service's time limit) back to back, starting ``--lead-s`` before the window; a 503 (queue
+full) is retried after its Retry-After. ``baseline`` windows are the same without them. Each p99
+pools the samples of a mode's windows in one run; the figures are medians over runs, and the
+readers/baseline ratio of each p99 is the figure the issue bounds at 1.2.
 
-``--modes baseline,readers,readers-nice0`` adds a third run per round: the same readers with
-``[analyst] nice = 0`` (reader threads, and a local PostgreSQL analyst backend, at normal CPU
-priority), so one run shows what the readers' low priority buys.
+``--modes baseline,readers-nice0`` measures the readers at ``[analyst] nice = 0`` instead (reader
+threads, and a local PostgreSQL analyst backend, at normal CPU priority): what the low priority buys.
 
     python bench/readers.py [--runs 3] [--ops 1000] [--ledger duckdb|postgres] [--modes ...] [--json]
 """
@@ -35,7 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -71,7 +76,7 @@ WHERE prev_answer IS NOT NULL AND sent_at >= ? AND sent_at < ?
 CANCEL_SQL = """
 SELECT extract(epoch FROM (r.accepted_at - o.cancel_requested_at))
 FROM operations o JOIN receipts r ON r.operation_id = o.operation_id
-WHERE o.cancel_requested_at IS NOT NULL
+WHERE o.cancel_requested_at >= ? AND o.cancel_requested_at < ?
 """
 
 
@@ -176,12 +181,99 @@ def ledger_target(kind: str, folder: Path, cluster: TemporaryPostgres | None) ->
         yield str(folder / "ledger.duckdb")
 
 
-def one_run(args: argparse.Namespace, mode: str, ledger: str, folder: Path) -> dict[str, float]:
-    clients, nice = MODES[mode]
+class ThreadClock:
+    """CPU of one process's threads (``/proc/PID/task/*/schedstat``): time run and time waited on a run queue."""
+
+    def __init__(self, pids: Callable[[], list[int]]) -> None:
+        self.pids = pids
+
+    def sample(self) -> dict[tuple[int, int], tuple[int, float, float]]:
+        """(pid, tid) -> (niceness, seconds run, seconds waited for a CPU), since the thread started."""
+        out: dict[tuple[int, int], tuple[int, float, float]] = {}
+        for pid in self.pids():
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                        stat = f.read()
+                    with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                        run, wait = f.read().split()[:2]
+                except OSError:
+                    continue
+                nice = int(stat[stat.rfind(")") + 2 :].split()[16])
+                out[(pid, int(tid))] = (nice, int(run) / 1e9, int(wait) / 1e9)
+        return out
+
+
+def cpu_between(
+    before: dict[tuple[int, int], tuple[int, float, float]],
+    after: dict[tuple[int, int], tuple[int, float, float]],
+    main_tid: int | None = None,
+) -> dict[str, float]:
+    """CPU-seconds run between two samples, by niceness (0: the executor's; > 0: the niced readers)."""
+    own = niced = main_run = main_wait = 0.0
+    for key, (nice, run, wait) in after.items():
+        _, run0, wait0 = before.get(key, (nice, 0.0, 0.0))
+        if nice > 0:
+            niced += run - run0
+        else:
+            own += run - run0
+        if key[1] == main_tid:
+            main_run, main_wait = run - run0, wait - wait0
+    return {"cpu_nice0": own, "cpu_niced": niced, "loop_ran": main_run, "loop_waited": main_wait}
+
+
+def postgres_pids(data: Path | None) -> Callable[[], list[int]]:
+    """The cluster's postmaster and its children (the backends), for their CPU."""
+
+    def pids() -> list[int]:
+        if data is None:
+            return []
+        try:
+            postmaster = int((data / "postmaster.pid").read_text().split()[0])
+            with open(f"/proc/{postmaster}/task/{postmaster}/children") as f:
+                return [postmaster, *(int(c) for c in f.read().split())]
+        except (OSError, ValueError, IndexError):
+            return []
+
+    return pids
+
+
+def window_order(modes: list[str], rounds: int) -> list[str]:
+    """Modes in the windows of one run: forwards, then backwards (A B B A ...), so a drift over the
+    run (the ledger grows, the machine's load changes) falls on every mode alike."""
+    order: list[str] = []
+    for r in range(rounds):
+        order += modes if r % 2 == 0 else modes[::-1]
+    return order
+
+
+def one_run(
+    args: argparse.Namespace, modes: list[str], ledger: str, folder: Path, pg_data: Path | None
+) -> dict[str, dict[str, float]]:
+    """One service, its calls submitted once, then windows of every mode in ``window_order``."""
+    order = window_order(modes, args.rounds)
+    windows: list[tuple[str, float, float]] = []
+    health: dict[str, list[float]] = {m: [] for m in modes}
+    ran: dict[str, list[str]] = {m: [] for m in modes}
+    cpu: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
+    pg_cpu: dict[str, list[dict[str, float]]] = {m: [] for m in modes}
     with RefServer("mcp-2025-11-25", time_scale=1.0, idempotency=True) as server:
-        cfg = folder / f"finality-{uuid.uuid4().hex[:6]}.toml"
-        cfg.write_text(config(server, args.qps, nice))
-        svc = ServiceProcess(ledger, cfg, startup_timeout=120).start()
+        cfgs = {}
+        for nice in {MODES[m][1] for m in modes}:
+            cfg = folder / f"finality-{uuid.uuid4().hex[:6]}.toml"
+            cfg.write_text(config(server, args.qps, nice))
+            cfgs[nice] = cfg
+        if len(cfgs) > 1:
+            raise SystemExit("one run has one service: modes of one run must share the [analyst] nice")
+        svc = ServiceProcess(ledger, next(iter(cfgs.values())), startup_timeout=120).start()
+        assert svc.pid is not None
+        service_pid = svc.pid
+        service_clock = ThreadClock(lambda: [service_pid])
+        pg_clock = ThreadClock(postgres_pids(pg_data))
         try:
             sim = {
                 "duration_ms": int(args.duration_s * 1000),
@@ -199,53 +291,83 @@ def one_run(args: argparse.Namespace, mode: str, ledger: str, folder: Path) -> d
             with ThreadPoolExecutor(args.submitters) as pool:
                 list(pool.map(submit, [nodes[i :: args.submitters] for i in range(args.submitters)]))
             time.sleep(args.warmup_s)
-            prober = Prober(svc.url)
-            stop = threading.Event()
-            ran: list[str] = []
-            workers = [
-                threading.Thread(target=analyst, args=(svc.url, SLOW[args.ledger], stop, ran), daemon=True)
-                for _ in range(clients)
-            ]
-            window_start = time.time()
-            prober.thread.start()
-            for w in workers:
-                w.start()
-            with ServiceClient(svc.url, timeout=60.0) as client:
-                for node in nodes[: args.cancels]:
-                    client.cancel(node, actor="bench", reason="cancel-confirmation probe")
-            time.sleep(args.window_s)
-            window_end = time.time()
-            prober.stop.set()
-            stop.set()
-            prober.thread.join(timeout=60)
-            for w in workers:
-                w.join(timeout=60)
+            for k, mode in enumerate(order):
+                clients, _ = MODES[mode]
+                prober = Prober(svc.url)
+                stop = threading.Event()
+                workers = [
+                    threading.Thread(
+                        target=analyst, args=(svc.url, SLOW[args.ledger], stop, ran[mode]), daemon=True
+                    )
+                    for _ in range(clients)
+                ]
+                for w in workers:
+                    w.start()
+                # The analysts' first queries are under way before the window opens.
+                time.sleep(args.lead_s if clients else 0.0)
+                window_start = time.time()
+                s0, p0 = service_clock.sample(), pg_clock.sample()
+                prober.thread.start()
+                with ServiceClient(svc.url, timeout=60.0) as client:
+                    for node in nodes[k * args.cancels : (k + 1) * args.cancels]:
+                        client.cancel(node, actor="bench", reason="cancel-confirmation probe")
+                time.sleep(max(0.0, window_start + args.window_s - time.time()))
+                window_end = time.time()
+                s1, p1 = service_clock.sample(), pg_clock.sample()
+                cpu[mode].append(cpu_between(s0, s1, service_pid))
+                pg_cpu[mode].append(cpu_between(p0, p1))
+                prober.stop.set()
+                stop.set()
+                prober.thread.join(timeout=60)
+                health[mode] += prober.samples
+                # A query under way runs into its 10-s limit: the next window starts after it.
+                for w in workers:
+                    w.join(timeout=120)
+                windows.append((mode, window_start, window_end))
+                time.sleep(args.gap_s)
             # Let the cancels confirm (bounded), then read the figures from the ledger.
-            deadline = time.monotonic() + 120
+            deadline = time.monotonic() + 180
+            cancelled = nodes[: len(order) * args.cancels]
             with ServiceClient(svc.url, timeout=60.0) as client:
-                while time.monotonic() < deadline and not all(
-                    client.show(n)["terminal"] for n in nodes[: args.cancels]
-                ):
+                while time.monotonic() < deadline and not all(client.show(n)["terminal"] for n in cancelled):
                     time.sleep(1)
         finally:
             svc.stop(timeout=60)
-    lo = datetime.fromtimestamp(window_start, UTC)
-    hi = datetime.fromtimestamp(window_end, UTC)
-    gaps = query(ledger, LATENESS_SQL, [lo, hi])
-    lateness = [g - args.interval_s for g in gaps]
-    cancels = query(ledger, CANCEL_SQL, [])
-    return {
-        "poll_lateness_p99_s": p99(lateness),
-        "polls_in_window": float(len(lateness)),
-        "health_p99_s": p99(prober.samples),
-        "health_samples": float(len(prober.samples)),
-        "cancel_p99_s": p99(cancels),
-        "cancels_confirmed": float(len(cancels)),
-        "analyst_queries_done": float(ran.count("done")),
-        "analyst_503": float(ran.count("503")),
-        "analyst_stopped_at_time_limit": float(ran.count("400")),
-        "analyst_other": float(len([r for r in ran if r not in ("done", "400", "503")])),
-    }
+    out: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        lateness: list[float] = []
+        cancels: list[float] = []
+        seconds = 0.0
+        for m, lo, hi in windows:
+            if m != mode:
+                continue
+            span: list[object] = [datetime.fromtimestamp(lo, UTC), datetime.fromtimestamp(hi, UTC)]
+            lateness += [g - args.interval_s for g in query(ledger, LATENESS_SQL, span)]
+            cancels += query(ledger, CANCEL_SQL, span)
+            seconds += hi - lo
+        total = {k: sum(c[k] for c in cpu[mode]) for k in cpu[mode][0]}
+        backends = {k: sum(c[k] for c in pg_cpu[mode]) for k in pg_cpu[mode][0]}
+        out[mode] = {
+            "poll_lateness_p99_s": p99(lateness),
+            "polls_in_window": float(len(lateness)),
+            "health_p99_s": p99(health[mode]),
+            "health_samples": float(len(health[mode])),
+            "cancel_p99_s": p99(cancels),
+            "cancels_confirmed": float(len(cancels)),
+            "analyst_queries_done": float(ran[mode].count("done")),
+            "analyst_503": float(ran[mode].count("503")),
+            "analyst_stopped_at_time_limit": float(ran[mode].count("400")),
+            "analyst_other": float(len([r for r in ran[mode] if r not in ("done", "400", "503")])),
+            # CPU per second of window: the service's own threads, its niced reader threads, the
+            # loop thread's share and its wait for a CPU; PostgreSQL's backends (niced = analysts').
+            "service_cpu_per_s": total["cpu_nice0"] / seconds,
+            "readers_cpu_per_s": total["cpu_niced"] / seconds,
+            "loop_ran_per_s": total["loop_ran"] / seconds,
+            "loop_waited_per_s": total["loop_waited"] / seconds,
+            "pg_backends_cpu_per_s": backends["cpu_nice0"] / seconds,
+            "pg_analyst_cpu_per_s": backends["cpu_niced"] / seconds,
+        }
+    return out
 
 
 def main() -> int:
@@ -254,12 +376,15 @@ def main() -> int:
     )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--ops", type=int, default=1000)
-    parser.add_argument("--cancels", type=int, default=100)
+    parser.add_argument("--cancels", type=int, default=50, help="operations cancelled per window")
     parser.add_argument("--submitters", type=int, default=32)
     parser.add_argument("--interval-s", type=float, default=5.0)
-    parser.add_argument("--duration-s", type=float, default=600.0)
+    parser.add_argument("--duration-s", type=float, default=3600.0)
     parser.add_argument("--warmup-s", type=float, default=10.0)
     parser.add_argument("--window-s", type=float, default=30.0)
+    parser.add_argument("--rounds", type=int, default=2, help="passes over the modes per run (A B, B A, ...)")
+    parser.add_argument("--lead-s", type=float, default=1.0, help="analysts start this long before a window")
+    parser.add_argument("--gap-s", type=float, default=3.0, help="pause between windows")
     parser.add_argument("--qps", type=float, default=2000)
     parser.add_argument("--ledger", choices=["duckdb", "postgres"], default="duckdb")
     parser.add_argument(
@@ -270,16 +395,18 @@ def main() -> int:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if modes[:1] != ["baseline"] or not set(modes) <= set(MODES):
         parser.error(f"--modes must start with baseline and name only {', '.join(MODES)}")
+    if args.ops < args.cancels * args.rounds * len(modes):
+        parser.error("--ops must cover --cancels operations for every window")
     results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
     with tempfile.TemporaryDirectory() as tmp, contextlib_cluster(args.ledger) as cluster:
         for i in range(args.runs):
+            folder = Path(tmp) / f"run-{i}"
+            folder.mkdir()
+            with ledger_target(args.ledger, folder, cluster) as ledger:
+                run = one_run(args, modes, ledger, folder, cluster.data if cluster else None)
             for mode in modes:
-                folder = Path(tmp) / f"{mode}-{i}"
-                folder.mkdir()
-                with ledger_target(args.ledger, folder, cluster) as ledger:
-                    run = one_run(args, mode, ledger, folder)
-                results[mode].append(run)
-                print(f"run {i + 1} {mode}: {run} (uptime: {load()})", file=sys.stderr, flush=True)
+                results[mode].append(run[mode])
+                print(f"run {i + 1} {mode}: {run[mode]} (uptime: {load()})", file=sys.stderr, flush=True)
     report = Report("readers", "python bench/readers.py " + " ".join(sys.argv[1:]))
     suffix = f" ({args.ledger})"
     for key, label in (
@@ -303,15 +430,29 @@ def main() -> int:
                 if statistics.median(base)
                 else float("inf")
             )
-            report.notes.append(f"{label}{suffix}: {mode}/baseline median ratio {ratio:.2f} (bound: 1.2)")
+            per_run = [w / b if b else float("inf") for w, b in zip(with_readers, base, strict=True)]
+            report.notes.append(
+                f"{label}{suffix}: {mode}/baseline median ratio {ratio:.2f} (bound: 1.2); "
+                f"per run (same service, interleaved windows): {', '.join(f'{r:.2f}' for r in per_run)}"
+            )
     for key in (
         "polls_in_window",
         "health_samples",
         "cancels_confirmed",
         "analyst_queries_done",
+        "analyst_stopped_at_time_limit",
         "analyst_503",
+        "analyst_other",
+        "service_cpu_per_s",
+        "readers_cpu_per_s",
+        "loop_ran_per_s",
+        "loop_waited_per_s",
+        "pg_backends_cpu_per_s",
+        "pg_analyst_cpu_per_s",
     ):
-        report.notes.append(f"{key}: " + ", ".join(f"{m} {[r[key] for r in results[m]]}" for m in modes))
+        report.notes.append(
+            f"{key}: " + ", ".join(f"{m} {[round(r[key], 3) for r in results[m]]}" for m in modes)
+        )
     report.notes.append(f"uptime at the end: {load()}")
     if args.json:
         report.emit()
