@@ -3,7 +3,10 @@
 Two implementations of one shape, chosen by the ledger:
 
 * ``DuckDbReads``: the service owns the ledger file (one writing process), so analyst SQL runs in
-  the sandbox (``engine.ledger.sandbox``) over a private snapshot no older than ``max_age``, and
+  the sandbox (``engine.ledger.sandbox``) over a private snapshot no older than ``max_age`` or
+  ``SNAPSHOT_DUTY`` times as long as the last one took to make, whichever is longer (a copy of the
+  whole ledger costs CPU that grows with the ledger: so readers spend at most about a tenth of
+  their time making snapshots however large it grows; each answer says its snapshot's age), and
   ``publish`` writes a snapshot an analyst can open with plain ``duckdb.connect(FILE, read_only=True)``:
   copied in one read transaction, its as-of instant recorded inside (table ``snapshot_info``),
   made under a temporary name and renamed into place, the last ``keep`` kept.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -35,6 +39,8 @@ from engine.ledger.sandbox import QueryResult, SandboxLimits, run_arrow, run_que
 from service.config import AnalystConfig
 
 SNAPSHOT_MAX_AGE = timedelta(seconds=5)
+SNAPSHOT_DUTY = 10
+"""A private snapshot is kept at least this many times as long as it took to make."""
 SNAPSHOT_PREFIX = "finality-snapshot-"
 
 
@@ -68,7 +74,9 @@ class DuckDbReads:
     published: Path | None = None
     max_age: timedelta = SNAPSHOT_MAX_AGE
     snapshotting: bool = True
+    monotonic: Callable[[], float] = monotonic_seconds
     _made_at: float | None = None
+    _making_s: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _publish_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -77,13 +85,16 @@ class DuckDbReads:
         return SandboxLimits(memory_limit_mb=self.config.memory_limit_mb, threads=self.config.threads)
 
     def _fresh(self) -> Path:
-        """The private SQL snapshot, remade when older than ``max_age`` (one maker at a time)."""
+        """The private SQL snapshot, remade when older than ``max_age`` and than ``SNAPSHOT_DUTY``
+        times its own making (one maker at a time)."""
         path = self.folder / "analyst-snapshot.duckdb"
         with self._lock:
-            now = monotonic_seconds()
-            if self._made_at is None or now - self._made_at > self.max_age.total_seconds():
+            now = self.monotonic()
+            keep = max(self.max_age.total_seconds(), SNAPSHOT_DUTY * self._making_s)
+            if self._made_at is None or now - self._made_at > keep:
                 self.ledger.snapshot(path)
-                self._made_at = monotonic_seconds()
+                self._made_at = self.monotonic()
+                self._making_s = self._made_at - now
         return path
 
     def query(self, query: str, max_rows: int) -> dict[str, object]:
@@ -97,7 +108,8 @@ class DuckDbReads:
             keep_open=True,
             limits=self.limits,
         ).as_json()
-        result["snapshot_age_s"] = round(monotonic_seconds() - (self._made_at or monotonic_seconds()), 3)
+        now = self.monotonic()
+        result["snapshot_age_s"] = round(now - (self._made_at or now), 3)
         return result
 
     def arrow(self, query: str, max_rows: int) -> pa.Table:
@@ -200,6 +212,7 @@ class PgReads:
 
 
 __all__ = [
+    "SNAPSHOT_DUTY",
     "SNAPSHOT_MAX_AGE",
     "SNAPSHOT_PREFIX",
     "AnalystReads",

@@ -53,7 +53,7 @@ async def serve(
     explorer over the shipped code for that many interleavings meanwhile and record its runs
     (``record_shipped_explorer``).
     """
-    ledger = open_ledger(ledger_target)
+    ledger = open_service_ledger(ledger_target)
     shared = ledger.leasing is not None
     executor = Executor(
         ledger=ledger,
@@ -111,6 +111,18 @@ async def serve(
     if reader_ledger is not None:
         reader_ledger.close()
     ledger.close()
+
+
+def open_service_ledger(target: str) -> Ledger | PgLedger:
+    """The ledger as ``finality serve`` opens it: a DuckDB one with a single DuckDB thread.
+
+    DuckDB's worker threads are the process's own, started at the executor's priority; with more
+    than one, a snapshot made for the readers on a niced reader thread hands most of its CPU (a
+    second or more per snapshot on a ledger of 100,000 polls) to them, and it competes with the
+    executor at the executor's priority. With one, each statement runs on its caller's thread: the
+    executor's small writes lose nothing, and the readers' snapshots stay at the readers' priority.
+    """
+    return open_ledger(target, duckdb_threads=1)
 
 
 async def publish_snapshots(
@@ -222,6 +234,7 @@ def _instant(value: object) -> datetime:
 
 
 __all__ = [
+    "open_service_ledger",
     "publish_snapshots",
     "record_gates",
     "record_shipped_explorer",

@@ -35,8 +35,13 @@ def is_postgres(target: str) -> bool:
     return target.strip().lower().startswith(POSTGRES_SCHEMES)
 
 
-def open_ledger(target: str, *, read_only: bool = False) -> Ledger | PgLedger:
+def open_ledger(
+    target: str, *, read_only: bool = False, duckdb_threads: int | None = None
+) -> Ledger | PgLedger:
     """Open (and migrate) the ledger ``target`` names: a DuckDB file path, or a PostgreSQL URL.
+
+    ``duckdb_threads``: a DuckDB ledger's worker threads (``Ledger.open``'s ``threads``); unused on
+    PostgreSQL, whose backends are processes of their own.
 
     Raises:
         LedgerUnavailable: the file or server cannot be reached, read or written.
@@ -45,7 +50,7 @@ def open_ledger(target: str, *, read_only: bool = False) -> Ledger | PgLedger:
     """
     if is_postgres(target):
         return PgLedger.open(target.strip(), read_only=read_only)
-    return Ledger.open(target, read_only=read_only)
+    return Ledger.open(target, read_only=read_only, threads=duckdb_threads)
 
 
 def _duckdb_satisfies_the_port(ledger: Ledger) -> LedgerPort:

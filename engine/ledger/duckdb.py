@@ -99,8 +99,13 @@ class Ledger(SqlLedger):
     # ---------------------------------------------------------------------------- open / close
 
     @classmethod
-    def open(cls, path: str | Path, *, read_only: bool = False) -> Ledger:
+    def open(cls, path: str | Path, *, read_only: bool = False, threads: int | None = None) -> Ledger:
         """Open (and migrate) a ledger.
+
+        ``threads``: DuckDB's worker threads for everything this process runs on the ledger (None:
+        DuckDB's default, one per core). With 1, every statement runs on the thread that issued it
+        alone, so the CPU of a statement counts at its caller's priority: a snapshot made on a niced
+        reader thread then takes no CPU at the executor's priority (``finality serve`` opens it so).
 
         Raises:
             LedgerUnavailable: the file or its folder cannot be read or written.
@@ -111,7 +116,9 @@ class Ledger(SqlLedger):
         if spath != ":memory:":
             _check_file(Path(spath), read_only)
         try:
-            con = duckdb.connect(spath, read_only=read_only)
+            con = duckdb.connect(
+                spath, read_only=read_only, config={} if threads is None else {"threads": threads}
+            )
         except duckdb.IOException as exc:
             if "lock" in str(exc).lower():
                 # Another process (a running finality serve) holds the file: it is fine, only busy.
