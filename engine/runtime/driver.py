@@ -744,13 +744,29 @@ class Driver:
         current = self.ledger.get(op.operation_id) or op
         if current.state is not S.INPUT_REQUIRED or current.input_round != input_round:
             raise StaleRound(f"round {input_round} of {op.operation_id} is not open")
-        self.check_answer(current, input_round, answer)
-        if not self.ledger.record_answer(op.operation_id, input_round, answer, actor, self.clock.now()):
-            raise StaleRound(f"round {input_round} of {op.operation_id} is not pending")
+        if not self._answer_recorded(current, input_round, answer, actor):
+            self.check_answer(current, input_round, answer)
+            if not self.ledger.record_answer(op.operation_id, input_round, answer, actor, self.clock.now()):
+                raise StaleRound(f"round {input_round} of {op.operation_id} is not pending")
         after = self.commit(current, InputAnswered(input_round, actor))
         if after.state is not S.WORKING:
             raise StaleRound(f"round {input_round} of {op.operation_id} could not be answered")
         return after
+
+    def _answer_recorded(self, op: Operation, input_round: int, answer: Json, actor: str) -> bool:
+        """Whether this very answer is already stored for the round while ``op`` still waits at it.
+
+        The answer's row and the operation's transition are two writes: when the transition is
+        refused (a fenced write refused for an epoch a rollback raised), the holder adopts the
+        operation and takes the same answer again, and only the transition remains to record.
+        """
+        row = self.ledger.approval(op.operation_id, input_round)
+        return (
+            row is not None
+            and row.get("status") == "answered"
+            and row.get("actor") == actor
+            and self.ledger.answer_of(op.operation_id, input_round) == answer
+        )
 
     def answered_elsewhere(self, op: Operation) -> None:
         """Another process recorded the answer of ``op``'s round: send it before the next poll."""

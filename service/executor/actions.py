@@ -418,15 +418,9 @@ class PersonActions(ExecutorState):
             if driver is None:
                 raise ServiceError(409, f"operation's server {op.server} is not configured")
             try:
-                if self._holds(op.operation_id):
-                    try:
-                        with self._store.immediate():
-                            after = driver.resubmit(op, actor=actor, reason=reason)
-                    except LeaseLost:
-                        self._lease_lost(op.operation_id, "taken over before the resubmission was recorded")
-                    else:
-                        self._touched(after)
-                        return after
+                after = self._as_holder(op, lambda d, o: d.resubmit(o, actor=actor, reason=reason))
+                if after is not None:
+                    return after
                 return self._recorder(op).resubmit(op, actor=actor, reason=reason)
             except EngineError as exc:
                 raise ServiceError(409, str(exc)) from exc
@@ -444,17 +438,15 @@ class PersonActions(ExecutorState):
             if driver is None:
                 raise ServiceError(409, f"operation's server {op.server} is not configured")
             try:
-                if self._holds(op.operation_id):
-                    try:
-                        with self._store.immediate():
-                            after = await driver.answer(
-                                op, input_round=input_round, answer=answer, actor=actor
-                            )
-                    except LeaseLost:
-                        self._lease_lost(op.operation_id, "taken over before the answer was recorded")
-                    else:
-                        self._touched(after)
-                        return after
+                after = self._as_holder(
+                    op, lambda d, o: d.record_answer(o, input_round=input_round, answer=answer, actor=actor)
+                )
+                if after is not None:
+                    # Durable before it is sent, by the driver of the epoch it was recorded at.
+                    sender = self._driver_for(after)
+                    if sender is not None:
+                        await sender.send_answer(after)
+                    return after
                 # Recorded here, sent by the holder (``_follow_person_actions``) or the next claimer.
                 return self._recorder(op).record_answer(
                     op, input_round=input_round, answer=answer, actor=actor
@@ -502,24 +494,15 @@ class PersonActions(ExecutorState):
                         f"operation {op.operation_id} is bound to task {op.task_id}; "
                         f"{task_id!r} names another task",
                     )
-                held = self._holds(op.operation_id)
                 try:
-                    if held:
-                        try:
-                            with self._store.immediate():
-                                after = driver.commit(op, Reconciled(actor, reason, bound))
-                        except LeaseLost:
-                            self._lease_lost(op.operation_id, "taken over before the resolution was recorded")
-                            held = False
-                    if not held:
-                        # Recorded here; its holder (or the next claimer) resumes it from the ledger.
-                        after = self._recorder(op).commit(op, Reconciled(actor, reason, bound))
+                    held = self._as_holder(op, lambda d, o: d.commit(o, Reconciled(actor, reason, bound)))
+                    # Recorded here when not held; its holder (or the next claimer) resumes it
+                    # from the ledger.
+                    after = held or self._recorder(op).commit(op, Reconciled(actor, reason, bound))
                 except DuplicateOperation as exc:
                     raise ServiceError(409, f"task {bound} belongs to another operation: {exc}") from exc
                 if after.state is S.UNKNOWN:
                     raise ServiceError(409, "the operation could not be reconciled that way")
-                if held:
-                    self._touched(after)
             return self.ledger.resolve_reconciliation(
                 entry_id, actor=actor, resolution=reason, at=self.clock.now()
             )

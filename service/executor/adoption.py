@@ -15,7 +15,7 @@ from collections import Counter
 from datetime import timedelta
 from typing import TypeVar
 
-from engine.errors import EngineError, EpochMoved, LeaseLost
+from engine.errors import EngineError, LeaseLost
 from engine.model import (
     RECEIPT_STATES,
     Epoch,
@@ -23,7 +23,7 @@ from engine.model import (
     Operation,
     Protocol,
 )
-from engine.runtime.epochs import adoption, is_behind
+from engine.runtime.epochs import Refusal, adoption, is_behind, refusal
 from rollout.assign import Arm
 from rollout.plan import Action, Request
 from service.executor.base import (
@@ -172,10 +172,10 @@ class RolloutAdoption(ExecutorState):
             for start in range(0, len(pending), 1000):
                 chunk = [adoption(op, self.epoch, actor, now) for op in pending[start : start + 1000]]
                 for t, outcome in zip(chunk, self.ledger.apply_many(chunk), strict=True):
-                    if isinstance(outcome.error, EpochMoved):
-                        continue  # raised again meanwhile: still held here, adopted at the next follow
                     if isinstance(outcome.error, LeaseLost):
-                        self._lease_lost(t.before.operation_id, str(outcome.error))
+                        if refusal(outcome.error) is Refusal.DROP:
+                            self._lease_lost(t.before.operation_id, str(outcome.error))
+                        # Else raised again meanwhile: still held here, adopted at the next follow.
                         continue
                     if outcome.error is not None or outcome.operation is None:
                         fresh = self.ledger.get(t.before.operation_id)

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 from engine.adapters import HttpClient
 from engine.adapters.base import Backend, Capabilities, Json
 from engine.clock import Clock
+from engine.errors import LeaseLost
 from engine.ledger.port import BatchOutcome, LedgerPort
 from engine.model import Epoch, LocalState, Operation, Protocol, Role, Transition
 from engine.runtime.driver import Driver, Wake
@@ -272,6 +273,11 @@ class ExecutorState(abc.ABC):
         """(leases) Stop driving ``op_id``."""
 
     @abc.abstractmethod
+    def _write_refused(self, op_id: str, error: LeaseLost) -> Operation | None:
+        """(leases) A fenced write refused: adopt at the raised epoch (returns the adopted operation)
+        or drop a taken-over one (returns None)."""
+
+    @abc.abstractmethod
     def _epoch_check(self) -> None:
         """(leases) Follow a raised execution epoch: restart the drivers at it and adopt what is held."""
 
@@ -302,6 +308,11 @@ class ExecutorState(abc.ABC):
     @abc.abstractmethod
     def _cancel_now(self, op: Operation, *, actor: str, reason: str) -> Operation:
         """(forwarding) Record the cancel of an operation this executor holds."""
+
+    @abc.abstractmethod
+    def _as_holder(self, op: Operation, act: Callable[[Driver, Operation], Operation]) -> Operation | None:
+        """(forwarding) Record a person's action as the holder (adopting after an epoch refusal);
+        None when this executor does not hold ``op``."""
 
     @abc.abstractmethod
     def _cancel_elsewhere(self, op: Operation, *, actor: str, reason: str) -> Operation:

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from engine.errors import EngineError, LeaseLost, ServiceError
 from engine.model import LocalState, Operation, Role
 from engine.runtime.driver import Driver
+from engine.runtime.epochs import Refusal, refusal
 from rollout.shadow import shadow_call_node
 from service.executor.base import ExecutorState
 
@@ -27,6 +29,9 @@ S = LocalState
 
 WAITING_ON_A_PERSON = frozenset({S.INPUT_REQUIRED, S.UNKNOWN, S.NOT_FOUND_SAFE})
 """States an operation leaves only through a person's action (which any executor may record)."""
+HOLDER_ATTEMPTS = 3
+"""Times a holder takes a person's action again after its write was refused for a raised epoch
+(each time adopted first); beyond that the rollout is moving faster than anyone can act on it."""
 
 
 class ForwardedActions(ExecutorState):
@@ -46,8 +51,10 @@ class ForwardedActions(ExecutorState):
                     done.append((future, self._cancel_now(op, actor=actor, reason=reason)))
                 except Exception as exc:  # handed to the waiting API request, which reports it
                     done.append((future, exc))
-        lease_lost = {t.after.operation_id for t, o in refused if isinstance(o.error, LeaseLost)}
-        lost = {t.after.operation_id for t, _ in refused} - lease_lost
+        fenced = {t.after.operation_id: o.error for t, o in refused if isinstance(o.error, LeaseLost)}
+        lost = {t.after.operation_id for t, _ in refused} - set(fenced)
+        # A refusal for the epoch adopts the operation here (it is still this executor's) and a
+        # takeover drops it: the same decision as for every other refused write.
         self._refused(refused, [])
         by_id = {call_node: (a, r) for call_node, a, r, _ in queued}
         for future, result in done:
@@ -55,10 +62,20 @@ class ForwardedActions(ExecutorState):
                 continue
             if isinstance(result, Exception):
                 future.set_exception(result)
-            elif result.operation_id in lease_lost:
-                # Another executor took it over meanwhile: record it for that one to send.
+            elif (error := fenced.get(result.operation_id)) is not None:
                 actor, reason = by_id[result.call_node_id]
-                elsewhere.append((result.call_node_id, actor, reason, future))
+                if refusal(error) is Refusal.ADOPT:
+                    # Adopted at the new epoch and still held: cancelled again here, on the adopted
+                    # row, by the new epoch's driver.
+                    try:
+                        future.set_result(
+                            self._cancel_now(self._current(result.call_node_id), actor=actor, reason=reason)
+                        )
+                    except Exception as exc:  # handed to the waiting API request, which reports it
+                        future.set_exception(exc)
+                else:
+                    # Another executor took it over meanwhile: record it for that one to send.
+                    elsewhere.append((result.call_node_id, actor, reason, future))
             elif result.operation_id in lost:
                 future.set_exception(
                     ServiceError(409, "the operation moved while the cancel was recorded; ask again")
@@ -76,20 +93,47 @@ class ForwardedActions(ExecutorState):
                 future.set_result(after)
 
     def _cancel_now(self, op: Operation, *, actor: str, reason: str) -> Operation:
-        driver = self._driver_for(op)
-        if driver is None:
-            raise ServiceError(409, f"operation's server {op.server} is not configured")
         try:
-            with self._store.immediate():
-                after = driver.request_cancel(op, actor=actor, reason=reason)
-        except LeaseLost:
-            self._lease_lost(op.operation_id, "taken over before the cancel was recorded")
-            return self._cancel_elsewhere(op, actor=actor, reason=reason)
+            after = self._as_holder(op, lambda d, o: d.request_cancel(o, actor=actor, reason=reason))
         except EngineError as exc:
             raise ServiceError(409, str(exc)) from exc
-        self._touched(after)
+        if after is None:
+            return self._cancel_elsewhere(op, actor=actor, reason=reason)
         self._cancel_shadow(after, actor=actor, reason=reason)
         return after
+
+    def _as_holder(self, op: Operation, act: Callable[[Driver, Operation], Operation]) -> Operation | None:
+        """Record a person's action on ``op`` as its holder: ``act`` with the operation's driver,
+        written at once (or into the group of cancels that arrived together). Returns None when
+        this executor does not hold ``op`` (any more): the caller records it for whoever does.
+
+        A write refused because a rollback (through any executor) raised the epoch is not a
+        takeover (``engine.runtime.epochs.refusal``): the operation is adopted at the new epoch,
+        still held here, and the action is taken again on the adopted row by the new epoch's
+        driver. A refusal for a takeover drops it, and the action is recorded for the taker.
+
+        Raises:
+            ServiceError: 409 the server is not configured; 503 the epoch kept moving.
+            EngineError: the action itself was refused (as ``act`` raises it).
+        """
+        for _ in range(HOLDER_ATTEMPTS):
+            if not self._holds(op.operation_id):
+                return None
+            driver = self._driver_for(op)
+            if driver is None:
+                raise ServiceError(409, f"operation's server {op.server} is not configured")
+            try:
+                with self._store.immediate():
+                    after = act(driver, op)
+            except LeaseLost as exc:
+                held = self._write_refused(op.operation_id, exc)
+                if held is None:
+                    return None
+                op = held
+                continue
+            self._touched(after)
+            return after
+        raise ServiceError(503, "the rollout kept moving while this action was recorded; ask again")
 
     def _holds(self, op_id: str) -> bool:
         """Whether this executor drives ``op_id`` (always when alone; when shared, what it leases)."""

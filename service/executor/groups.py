@@ -13,7 +13,7 @@ import logging
 from typing import TypeVar
 
 from engine.clock import monotonic_seconds
-from engine.errors import DuplicateOperation, EpochMoved, LeaseLost
+from engine.errors import DuplicateOperation, LeaseLost
 from engine.ledger.port import BatchOutcome
 from engine.machine import step
 from engine.model import (
@@ -23,6 +23,7 @@ from engine.model import (
     Transition,
 )
 from engine.runtime.driver import Wake
+from engine.runtime.epochs import Refusal, refusal
 from service.executor.base import (
     ExecutorState,
 )
@@ -72,14 +73,14 @@ class WriteGroups(ExecutorState):
         for transition, outcome in refused:
             self.stats["refused"] += 1
             op_id = transition.after.operation_id
-            if isinstance(outcome.error, EpochMoved):
-                # A rollback elsewhere raised the epoch: the lease is still this executor's, so
-                # the operation is kept and adopted below (``_after`` then restarts it from the
-                # adopted row, its epoch being older than the executor's).
-                epoch_moved = True
-                continue
             if isinstance(outcome.error, LeaseLost):
-                self._lease_lost(op_id, str(outcome.error))
+                if refusal(outcome.error) is Refusal.ADOPT:
+                    # A rollback elsewhere raised the epoch: the lease is still this executor's,
+                    # so the operation is kept and adopted below, once for the whole group
+                    # (``_after`` then restarts it from the adopted row).
+                    epoch_moved = True
+                else:
+                    self._lease_lost(op_id, str(outcome.error))
                 continue
             if op_id in self._running:
                 self._dirty.add(op_id)

@@ -20,7 +20,7 @@ from engine.clock import Clock
 from engine.errors import EngineError, LeaseLost
 from engine.ledger.port import Fence, LeasingLedgerPort, LedgerPort
 from engine.model import RECEIPT_STATES, Epoch, LocalState, Operation
-from engine.runtime.epochs import behind, is_behind
+from engine.runtime.epochs import Refusal, behind, is_behind, refusal
 from engine.runtime.limiter import Limiter, SharedLimiter
 from service.executor.base import (
     CLAIM_BATCH,
@@ -230,8 +230,19 @@ class Leases(ExecutorState):
         self._due_at.pop(op_id, None)
         if op_id in self._running:
             self._lost.add(op_id)
-        if "epoch" in why:
+
+    def _write_refused(self, op_id: str, error: LeaseLost) -> Operation | None:
+        """A fenced write of ``op_id`` was refused: what ``refusal`` decides, carried out.
+
+        An epoch refusal follows the ledger's epoch and adopts what this executor holds, ``op_id``
+        included; a takeover drops ``op_id``. Returns the operation as this executor now holds it
+        (adopted at the new epoch), or None when it no longer holds it.
+        """
+        if refusal(error) is Refusal.ADOPT:
             self._epoch_check()
+            return self._ops.get(op_id)
+        self._lease_lost(op_id, str(error))
+        return None
 
     def _epoch_check(self) -> None:
         """If another executor raised the execution epoch, restart the drivers at it and adopt."""

@@ -21,7 +21,7 @@ from typing import TypeVar
 
 from engine.adapters import AdapterOptions, discover, open_backend, open_client
 from engine.adapters.base import Backend, Capabilities
-from engine.errors import EngineError, EpochMoved, LeaseLost
+from engine.errors import EngineError, LeaseLost
 from engine.ledger.port import LedgerPort
 from engine.model import (
     RECEIPT_STATES,
@@ -335,12 +335,10 @@ class Loop(ExecutorState):
                     break
                 wake = await driver.advance(wake.operation)
             return wake
-        except EpochMoved:
-            # Still leased here: adopted at the new epoch, then ``_after`` restarts it from the row.
-            self._epoch_check()
-            return Wake(op, None)
         except LeaseLost as exc:
-            self._lease_lost(op.operation_id, str(exc))
+            # An epoch refusal adopts it (still leased here; ``_after`` restarts it from the adopted
+            # row), a takeover drops it.
+            self._write_refused(op.operation_id, exc)
             return Wake(op, None)
         except Exception:
             # One operation's unexpected failure must not stop the others; it is retried later.
