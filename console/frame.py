@@ -27,14 +27,16 @@ server and draws the page as usual, widget events included) and stops its own co
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+from collections.abc import Callable
 
 import streamlit as st
 
 from console.insights import Insights
-from console.views import GateView
-from engine.errors import ConsoleError
+from console.views import GateView, unanswered
+from engine.errors import ConsoleError, SourceUnavailable
 from service.auth import LADDER, Permission, allows, would_allow
 
 logger = logging.getLogger("finality.console")
@@ -92,7 +94,12 @@ def _insights(service_url: str, ledger: str) -> Insights:
 
 
 def _tuning() -> dict[str, str]:
-    keys = ("FINALITY_CONSOLE_CACHE_S", "FINALITY_CONSOLE_GATE_CACHE_S", "FINALITY_CONSOLE_GATE_INTERVAL_S")
+    keys = (
+        "FINALITY_CONSOLE_CACHE_S",
+        "FINALITY_CONSOLE_GATE_CACHE_S",
+        "FINALITY_CONSOLE_GATE_INTERVAL_S",
+        "FINALITY_CONSOLE_TIMEOUT_S",
+    )
     return {k: os.environ[k] for k in keys if k in os.environ}
 
 
@@ -104,6 +111,27 @@ def console_insights() -> Insights:
         st.stop()  # ...so the copy of the page Streamlit started alone stops here
     insights: Insights = st.session_state["app_insights"]
     return insights
+
+
+def live_section(body: Callable[[], None]) -> Callable[[], None]:
+    """A page's live section: a fragment that reads again every ``app_refresh_s`` seconds.
+
+    A read it does not get (the service timed out, cannot be reached, its readers are busy, or a
+    query failed: every ``ConsoleError``) ends the section with one line saying so and when it reads
+    again; the rest of the page stays as drawn. Without this, a fragment's own refresh showed the
+    exception's traceback in the page, and a whole-page run lost everything below the section.
+    """
+    refresh_s = float(st.session_state["app_refresh_s"])
+
+    @st.fragment(run_every=refresh_s)
+    @functools.wraps(body)
+    def run() -> None:
+        try:
+            body()
+        except ConsoleError as exc:
+            st.warning(unanswered(exc, refresh_s), icon=":material/cloud_off:")
+
+    return run
 
 
 def gate_stamp(insights: Insights, gates: GateView, key: str) -> None:
@@ -376,7 +404,8 @@ def main() -> None:
     try:
         navigation.run()
     except ConsoleError as exc:
-        st.error(str(exc))
+        # A read the service did not answer says so in one line; any other refusal in its own words.
+        st.error(unanswered(exc, None) if isinstance(exc, SourceUnavailable) else str(exc))
     except Exception:
         logger.exception("console page %s failed", navigation.title)
         st.error("This page failed; the error is in the console's log.")
@@ -471,6 +500,7 @@ __all__ = [
     "gate_stamp",
     "gate_table",
     "link",
+    "live_section",
     "main",
     "may",
     "not_allowed",

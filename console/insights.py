@@ -75,6 +75,7 @@ from console.sources import (
     ENV_GATE_INTERVAL_S,
     ENV_LEDGER,
     ENV_SERVICE_URL,
+    ENV_TIMEOUT_S,
     SERVICE_GATE_INTERVAL_S,
     SERVICE_RUN_SLACK_S,
     FileSource,
@@ -177,11 +178,12 @@ class Insights:
         cache_s = float(env.get(ENV_CACHE_S, "2") or 0)
         gate_cache_s = float(env.get(ENV_GATE_CACHE_S, "15") or 0)
         interval_s = float(env.get(ENV_GATE_INTERVAL_S, str(SERVICE_GATE_INTERVAL_S)) or 0)
+        timeout_s = float(env.get(ENV_TIMEOUT_S, "30") or 30)
         note = ""
         if url:
             # The console's own token (its reads: dashboards run SQL, so an analyst's); each person's
             # actions go with the token they signed in with.
-            client = ServiceClient(url, timeout=30.0, token=env.get(TOKEN_ENV) or None)
+            client = ServiceClient(url, timeout=timeout_s, token=env.get(TOKEN_ENV) or None)
             try:
                 health = client.health()
             except (ServiceUnavailable, ServiceRefused) as exc:

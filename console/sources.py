@@ -19,6 +19,7 @@ from engine.errors import (
     ReadOnlyConsole,
     ServiceRefused,
     ServiceUnavailable,
+    SourceUnavailable,
 )
 from engine.ledger.sandbox import run_query
 from service.client import ServiceClient
@@ -36,6 +37,10 @@ ENV_GATE_CACHE_S: Final = "FINALITY_CONSOLE_GATE_CACHE_S"
 
 
 ENV_GATE_INTERVAL_S: Final = "FINALITY_CONSOLE_GATE_INTERVAL_S"
+
+
+ENV_TIMEOUT_S: Final = "FINALITY_CONSOLE_TIMEOUT_S"
+"""How long the console waits for the service to answer one request (seconds; default 30)."""
 
 
 SERVICE_GATE_INTERVAL_S: Final = 10.0
@@ -108,9 +113,11 @@ class ServiceSource:
         try:
             body = self.client.sql(sql, max_rows=max_rows)
         except ServiceRefused as exc:
+            if exc.status == 503:
+                raise not_answering(exc) from exc
             raise QueryFailed(exc.message) from exc
         except ServiceUnavailable as exc:
-            raise QueryFailed(str(exc)) from exc
+            raise not_answering(exc) from exc
         return (
             list(body["columns"]),
             [list(r) for r in body["rows"]],
@@ -124,9 +131,11 @@ class ServiceSource:
         except ServiceRefused as exc:
             if exc.status in (404, 405, 501):
                 return None
+            if exc.status == 503:
+                raise not_answering(exc) from exc
             raise ActionRefused(exc.status, exc.message) from exc
         except ServiceUnavailable as exc:
-            raise ActionRefused(503, str(exc)) from exc
+            raise not_answering(exc) from exc
 
     def _do(self, call: Callable[[ServiceClient], Json], token: str | None = None) -> Json:
         """``call`` on the console's client, or on one presenting the signed-in person's ``token``."""
@@ -276,6 +285,16 @@ class PostgresSource(_ReadOnlyActions):
     )
 
 
+def not_answering(exc: ServiceUnavailable | ServiceRefused) -> SourceUnavailable:
+    """A read the service did not answer, said in words a person reads at a glance (the one place that
+    says it): it timed out, cannot be reached, or its readers are all busy (503 with Retry-After)."""
+    if isinstance(exc, ServiceRefused):
+        return SourceUnavailable(f"the service is too busy to answer ({exc.message})")
+    if exc.timeout_s is not None:
+        return SourceUnavailable(f"the service did not answer in {exc.timeout_s:g} s")
+    return SourceUnavailable(str(exc))
+
+
 def _dialect_of_health(health: Mapping[str, object]) -> str | None:
     """The ledger's dialect if the service's health answer names it (``dialect``, or a ``ledger``
     backend name or URL); None when it does not say."""
@@ -300,10 +319,12 @@ __all__ = [
     "ENV_GATE_INTERVAL_S",
     "ENV_LEDGER",
     "ENV_SERVICE_URL",
+    "ENV_TIMEOUT_S",
     "SERVICE_GATE_INTERVAL_S",
     "SERVICE_RUN_SLACK_S",
     "FileSource",
     "PostgresSource",
     "ServiceSource",
     "Source",
+    "not_answering",
 ]

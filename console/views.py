@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd  # type: ignore[import-untyped]
 
-from engine.errors import ActionRefused
+from engine.errors import ActionRefused, ConsoleError, SourceUnavailable
 from engine.model import GateRecord
 from rollout.gates import gate_threshold, gate_value
 
@@ -283,6 +283,20 @@ def next_step(kind: str, task_id: object, candidates: object) -> str:
         "Find the call on the server by its submission key or arguments: bind the task found, or declare it "
         "absent when the server proves it never ran."
     )
+
+
+def unanswered(exc: ConsoleError, refresh_s: float | None) -> str:
+    """The one line a page shows instead of what it could not read (never a traceback): what went
+    wrong, and when it is read again (a live section's next refresh; None: when the page is opened again)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if not isinstance(exc, SourceUnavailable):
+        text = f"this section could not be read: {text}"
+    then = (
+        f"retrying at the next refresh (every {refresh_s:g} s)"
+        if refresh_s is not None
+        else "open the page again to retry"
+    )
+    return f"{text[:1].upper()}{text[1:]}; {then}."
 
 
 def fitting_window(first_at: datetime | None, now: datetime, windows: dict[str, Any]) -> str:

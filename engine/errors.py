@@ -54,6 +54,7 @@ EngineError
     ├── ReadOnlyConsole      an action asked of a console that reads a ledger read-only
     ├── ActionRefused        the service refused an action
     └── QueryFailed          a query refused or failed
+        └── SourceUnavailable  the service timed out, is unreachable or busy: retried at the next refresh
 """
 
 from __future__ import annotations
@@ -236,7 +237,12 @@ class RolloutRefused(EngineError):
 
 
 class ServiceUnavailable(EngineError):
-    """The service cannot be reached (connection refused, timed out)."""
+    """The service cannot be reached (connection refused, timed out); ``timeout_s`` is set when it
+    was reached but did not answer within that many seconds."""
+
+    def __init__(self, message: str, *, timeout_s: float | None = None) -> None:
+        super().__init__(message)
+        self.timeout_s = timeout_s
 
 
 class ServiceRefused(EngineError):
@@ -309,6 +315,12 @@ class ActionRefused(ConsoleError):
 
 class QueryFailed(ConsoleError):
     """A query was refused or failed (analyst SQL, or a source that went away)."""
+
+
+class SourceUnavailable(QueryFailed):
+    """The console's source did not answer a read: the service timed out, cannot be reached, or its
+    readers are all busy (503). Transient: a live section says so in one line and reads again at its
+    next refresh. The message is that line's first half ("the service did not answer in 30 s")."""
 
 
 class ClusterError(EngineError):

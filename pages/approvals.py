@@ -13,7 +13,16 @@ from datetime import datetime
 import pandas as pd  # type: ignore[import-untyped]
 import streamlit as st
 
-from console.frame import Permission, acting_as, acting_name, acting_token, console_insights, may, not_allowed
+from console.frame import (
+    Permission,
+    acting_as,
+    acting_name,
+    acting_token,
+    console_insights,
+    live_section,
+    may,
+    not_allowed,
+)
 from console.insights import Insights
 from console.views import AnswerField, answer_fields, build_answer, decision_field
 from engine.errors import ConsoleError
@@ -124,7 +133,7 @@ def round_card(row: dict[str, object], now: datetime) -> None:
                 st.rerun()
 
 
-@st.fragment(run_every=st.session_state["app_refresh_s"])
+@live_section
 def live() -> None:
     message = st.session_state.pop("approvals_message", None)
     if message:

@@ -8,7 +8,7 @@ from datetime import timedelta
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import console_insights
+from console.frame import console_insights, live_section
 from console.insights import Insights
 from console.queries import ARMS, CANCEL_SLO_S, PROTOCOLS
 from console.views import fitting_bucket, fitting_window
@@ -71,7 +71,7 @@ def _label(text: str, *, y: float) -> dict[str, object]:
     }
 
 
-@st.fragment(run_every=st.session_state["app_refresh_s"])
+@live_section
 def live() -> None:
     state = st.session_state
     until = insights.now() + timedelta(seconds=1)

@@ -6,7 +6,7 @@ import pandas as pd  # type: ignore[import-untyped]
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import WRAP_ROW_PX, console_insights, gate_stamp, wrapped_height
+from console.frame import WRAP_ROW_PX, console_insights, gate_stamp, live_section, wrapped_height
 from console.insights import Insights
 from console.views import MARK_LEVELS, action_marks, gate_threshold, gate_value
 from rollout.gates import HOW_TO_EXPLORE, Thresholds
@@ -25,7 +25,7 @@ st.title("Gate compliance")
 gates_soon = insights.soon(insights.gates)
 
 
-@st.fragment(run_every=st.session_state["app_refresh_s"])
+@live_section
 def live() -> None:
     st.subheader("Race explorer coverage")
     coverage = insights.explorer_coverage()

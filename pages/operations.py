@@ -7,7 +7,7 @@ from datetime import UTC, datetime, time, timedelta
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import console_insights, facts
+from console.frame import console_insights, facts, live_section
 from console.insights import Insights
 from console.queries import ARMS, STATES
 
@@ -65,7 +65,7 @@ def _window() -> tuple[datetime | None, datetime | None]:
     return (insights.now() - span, None) if span is not None else (None, None)
 
 
-@st.fragment(run_every=st.session_state["app_refresh_s"])
+@live_section
 def live() -> None:
     state = st.session_state
     since, until = _window()

@@ -8,7 +8,7 @@ import pandas as pd  # type: ignore[import-untyped]
 import plotly.graph_objects as go
 import streamlit as st
 
-from console.frame import GATE_LINKS, console_insights, facts, gate_stamp, gate_table, link
+from console.frame import GATE_LINKS, console_insights, facts, gate_stamp, gate_table, link, live_section
 from console.insights import Insights
 from console.queries import (
     APPROVAL_EXPIRED_RECENT_S,
@@ -24,7 +24,7 @@ insights: Insights = console_insights()  # also makes the page work when its URL
 st.title("Overview")
 
 
-@st.fragment(run_every=st.session_state["app_refresh_s"])
+@live_section
 def live() -> None:
     # The gates come from the latest recorded run when it is current (else a whole-ledger scan):
     # start them (and the other independent reads) first, draw what is ready, and wait for each

@@ -13,6 +13,7 @@ from console.frame import (
     acting_name,
     acting_token,
     console_insights,
+    live_section,
     may,
     not_allowed,
 )
@@ -34,7 +35,7 @@ st.caption(
 st.multiselect("Kinds", ["unknown", "effects"], default=["unknown", "effects"], key="reconciliation_kinds")
 
 
-@st.fragment(run_every=st.session_state["app_refresh_s"])
+@live_section
 def live() -> None:
     kinds = st.session_state["reconciliation_kinds"] or ["unknown"]
     hist = insights.unknown_age_histogram(kinds=kinds, bin_min=BIN_MIN, cap_min=CAP_MIN)

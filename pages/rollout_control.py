@@ -13,6 +13,7 @@ from console.frame import (
     gate_stamp,
     gate_table,
     link,
+    live_section,
     may,
     not_allowed,
 )
@@ -183,7 +184,7 @@ if message is not None:
     (st.success if kind == "success" else st.error)(text)
 
 
-@st.fragment(run_every=st.session_state["app_refresh_s"])
+@live_section
 def live() -> None:
     # The latest recorded run when current (else a whole-ledger scan): overlap it with the rest.
     # Display only: on promote, the service evaluates the gates afresh itself and decides.

@@ -77,7 +77,7 @@ class ServiceClient:
         try:
             response = self._http.request(method, path, json=json, params=params, timeout=timeout)
         except httpx.HTTPError as exc:
-            raise ServiceUnavailable(f"cannot reach the Finality service at {self.base_url}: {exc}") from exc
+            raise self._unreachable(exc, wait_s) from exc
         try:
             body = response.json()
         except ValueError:
@@ -93,6 +93,17 @@ class ServiceClient:
                 response.status_code, "the service answered with something other than a JSON object"
             )
         return body
+
+    def _unreachable(self, exc: httpx.HTTPError, wait_s: float = 0.0) -> ServiceUnavailable:
+        """What a failed request means to a caller: unreachable, or reached but silent past the timeout."""
+        timeout_s = None
+        if isinstance(exc, httpx.TimeoutException):
+            read = self._http.timeout.read
+            timeout_s = (read if read is not None else 0.0) + wait_s
+        return ServiceUnavailable(
+            f"cannot reach the Finality service at {self.base_url}: {exc or type(exc).__name__}",
+            timeout_s=timeout_s,
+        )
 
     def health(self) -> Json:
         return self._call("GET", "/api/v1/health")
@@ -206,7 +217,7 @@ class ServiceClient:
         try:
             response = self._http.post("/api/v1/sql/arrow", json={"query": query, "max_rows": max_rows})
         except httpx.HTTPError as exc:
-            raise ServiceUnavailable(f"cannot reach the Finality service at {self.base_url}: {exc}") from exc
+            raise self._unreachable(exc) from exc
         if response.status_code >= 400:
             try:
                 message = str(response.json().get("error", response.reason_phrase))
@@ -234,7 +245,7 @@ class ServiceClient:
                         out.write(chunk)
         except httpx.HTTPError as exc:
             partial.unlink(missing_ok=True)
-            raise ServiceUnavailable(f"cannot reach the Finality service at {self.base_url}: {exc}") from exc
+            raise self._unreachable(exc) from exc
         partial.replace(target)
         return target
 
@@ -273,7 +284,7 @@ class ServiceClient:
         try:
             return self._http.get("/metrics").text
         except httpx.HTTPError as exc:
-            raise ServiceUnavailable(f"cannot reach the Finality service at {self.base_url}: {exc}") from exc
+            raise self._unreachable(exc) from exc
 
 
 __all__ = [
