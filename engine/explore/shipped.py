@@ -24,7 +24,6 @@ same choices give the same run. Used by the explorer only.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import itertools
 import random
 from collections.abc import Callable
@@ -39,10 +38,8 @@ from engine.adapters.config import Timeouts
 from engine.errors import BackendError, EngineError, LedgerError, NegotiationError, ReceiptConflict
 from engine.explore.scenario import Scenario
 from engine.explore.wire import (
-    DuckPort,
     EngineClock,
     Kind,
-    MemPort,
     Message,
     Network,
     Recording,
@@ -52,6 +49,7 @@ from engine.explore.wire import (
     ref_server,
     settle,
 )
+from engine.ledger.memory import MemoryPort
 from engine.model import (
     RECEIPT_STATES,
     CallNodeId,
@@ -195,7 +193,7 @@ class WireWorld:
         self.net = Network(
             self.loop, self.app, passthrough=frozenset({Kind.HANDSHAKE}), handshakes=self.ref.handshakes
         )
-        self.ledger: Any = MemPort(self.server) if ledger == "memory" else DuckPort(_duck_ledger())
+        self.ledger: Any = MemoryPort(self.server) if ledger == "memory" else _duck_ledger()
         self.writes: list[Write] = []
         self.recorded_epoch: int | None = None
         """The execution epoch the ledger records (set by a rollback; what a restart runs at)."""
@@ -288,7 +286,7 @@ class WireWorld:
 
         inc.task = self.loop.create_task(guarded())
 
-    def fingerprint(self) -> object:
+    def fingerprint(self) -> tuple[object, ...]:
         op = self.ledger.get(self.op_id)
         tasks = tuple(
             (t.task_id, t.status, t.rounds_answered, t.deleted_at is not None, t.cancel_at)
@@ -298,12 +296,7 @@ class WireWorld:
         # re-send) decides its next action as much as the ledger does. Not the server's advised poll
         # interval: it only says when to wake, and the explorer decides that (a 2026-07-28 server
         # jitters it on every read, which made every poll look new and a run poll for ever).
-        memory = repr(
-            {
-                k: dataclasses.replace(m, advised=None)
-                for k, m in self.executors[self.active].driver._memory.items()
-            }
-        )
+        memory = canon(self.executors[self.active].driver._memory, _WAKE_ONLY)
         net = self.net
         return (op, tasks, self.vt.seconds, len(net.inflight), net.failures, memory)
 
@@ -332,11 +325,17 @@ class WireWorld:
         self._check_writes(found)
         inc = self.executors[self.active]
         fingerprint = self.fingerprint()
+        memory = fingerprint[-1]
         idle = None if inc.idle_at is None else (True if inc.idle_at == fingerprint else inc.idle_at)
         ledger = self.ledger
         return (
             canon(ledger.mem, _LEDGER_HISTORY),
-            canon(ledger.approvals),
+            canon(
+                [
+                    {k: v for k, v in a.items() if k not in _ROUND_HISTORY}
+                    for a in ledger.approvals(pending_only=False)
+                ]
+            ),
             canon(self.store, _SERVER_HISTORY),
             self.ref.protocol_state(),
             tuple(message_key(m) for m in net.inflight),
@@ -344,8 +343,7 @@ class WireWorld:
             self.active,
             tuple((i.alive, i.epoch) for i in self.executors),
             (inc.negotiated, inc.parked, idle),
-            canon(inc.driver._memory),
-            hash(inc.driver.rng.getstate()),
+            memory,
             canon(inc.backend, _ADAPTER_CONNECTION),
             (self.drops, self.delays, self.dups, self.throttles, self.corrupts),
             (self.crashes, self.raises, self.passes, self.cancels, self.max_generation),
@@ -407,7 +405,7 @@ class WireWorld:
         if (
             state is S.INPUT_REQUIRED
             and self.ledger.answer_of(self.op_id, op.input_round) is None
-            and self.ledger.approval_message(self.op_id, op.input_round) is not None
+            and self._round_message(op.input_round) is not None
             and (self.answering is None or self.answering.done())
         ):
             out.append(("caller", "answer", op.input_round))
@@ -418,6 +416,11 @@ class WireWorld:
             if self.crashes and (crash_in is None or state.value in crash_in):
                 out.append(("executor", "crash", self.active))
         return out
+
+    def _round_message(self, input_round: int) -> str | None:
+        """The question a person was asked for the round (its approval row), if one was opened."""
+        row = self.ledger.approval(self.op_id, input_round)
+        return None if row is None else str(row["message"])
 
     def _main_task(self) -> Any:
         for task in self.store._tasks.values():
@@ -554,7 +557,7 @@ class WireWorld:
             self.max_generation = max(self.max_generation, after.cancel_generation)
             return
         if verb == "answer":
-            message = self.ledger.approval_message(self.op_id, op.input_round) or ""
+            message = self._round_message(op.input_round) or ""
             round_ = op.input_round
 
             async def work() -> None:
@@ -648,7 +651,7 @@ class WireWorld:
             task.advance(self.store.now())
         self._check_writes(out)
         self._check_rounds(ours, out)
-        receipt = self.ledger.receipt_of(self.node)
+        receipt = self.ledger.receipt(self.node)
         if self.aborted:
             pass
         elif op.state in RECEIPT_STATES:
@@ -674,12 +677,15 @@ class WireWorld:
         elif op.state is S.UNKNOWN:
             if not self.faulted:
                 out.append((Kinds.STUCK, "parked in UNKNOWN though nothing went wrong in the run"))
-            if not self.ledger.has_open(self.op_id, "unknown"):
+            if not any(
+                r["operation_id"] == self.op_id and r["kind"] == "unknown"
+                for r in self.ledger.reconciliation(open_only=True)
+            ):
                 out.append((Kinds.LOST, "UNKNOWN without a reconciliation item"))
             if op.task_id is None and not op.idempotency_key:
                 out.append((Kinds.LOST, "UNKNOWN with neither task id nor key to find it by"))
         elif op.state is S.INPUT_REQUIRED:
-            if self.ledger.approval_message(self.op_id, op.input_round) is None:
+            if self._round_message(op.input_round) is None:
                 out.append((Kinds.LOST, f"INPUT_REQUIRED round {op.input_round} without an approval item"))
         else:
             out.append((Kinds.LOST, f"ended in {op.state} with nothing left to do"))
@@ -869,9 +875,18 @@ class WireWorld:
 
 
 _LEDGER_HISTORY = frozenset({"writes", "rejected"})
-"""MemLedger counters of writes made: history, not state (the row versions say what changed)."""
+"""MemLedger counters of writes made: history, not state (the row versions say what changed). The
+port's transition log, poll records and the instants its entries were opened at are history too:
+the key reads the operations and entries from ``MemoryPort.mem``, the approval rounds without
+``_ROUND_HISTORY``."""
+_ROUND_HISTORY = frozenset({"opened_at", "answered_at", "closed_at"})
+"""When an approval round was opened, answered or closed: recorded, never read by the driver."""
 _SERVER_HISTORY = frozenset({"_log", "anchor", "clock", "config", "_new_id"})
 """The task store's request counters and its fixed wiring."""
+_WAKE_ONLY = frozenset({"advised"})
+"""What a ``Driver`` keeps only to say when to wake (the server's advised poll interval): the explorer
+decides when an executor advances, so it changes no outcome (its generator, which only jitters the
+wake time, is left out of the key for the same reason)."""
 _ADAPTER_CONNECTION = frozenset({"session_id", "_client", "_options", "_token", "_ids", "_lock"})
 """An adapter's connection: the session id is the server's name for a connection (one per process,
 reused by every run), the client and options are the same in every run, and the JSON-RPC request

@@ -7,9 +7,9 @@ it: deliver it to the reference server (``refserver``'s own Starlette app, calle
 process, under the same virtual clock), lose the request or only its reply, deliver it late or
 twice, answer 503 in the server's place, or cut the reply short. ``VirtualLoop`` is an asyncio loop
 whose time is the virtual clock, so the adapters' own timeouts and the servers' waits run on it and
-``settle`` can tell when every coroutine is blocked on the explorer. ``MemPort`` is the in-memory
-ledger (``MemLedger``) behind the port the driver uses. Must not be used outside simulations: it
-reads no wall clock and does no real I/O.
+``settle`` can tell when every coroutine is blocked on the explorer. ``Recording`` logs every write
+the driver makes through its ledger (``engine.ledger.memory.MemoryPort`` or the real DuckDB one).
+Must not be used outside simulations: it reads no wall clock and does no real I/O.
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ from typing import Any
 
 import httpx
 
-from engine.ledger.memory import Held, MemLedger
-from engine.ledger.port import HeldOutcome, PollRecord
-from engine.model import Digest, Operation, Receipt, TaskId, Transition
+from engine.model import Operation, Receipt, TaskId, Transition
 from refserver.app import Admin, build_app
 from refserver.context import Options
 from refserver.context import Protocol as ServerProtocol
@@ -523,6 +521,45 @@ def ref_server(protocol: ServerProtocol, *, idempotency: bool) -> RefServer:
 
 _OPAQUE_MODULES = ("httpx", "asyncio", "starlette", "refserver.clock", "engine.explore.wire")
 
+# What ``canon`` does with a value, decided once per type (the walk runs over every object of the
+# ledger, the server and the driver at each quiet point; asking ``isinstance`` down a list of kinds
+# per value was most of a state key's cost).
+_PLAIN, _SEQ, _MAP, _SET, _RNG, _OPAQUE, _REPR, _DICT, _SLOTS = range(9)
+_KINDS: dict[type, tuple[int, tuple[str, ...]]] = {}
+_FROZEN: dict[tuple[int, frozenset[str], int], tuple[object, object]] = {}
+"""Renderings of frozen dataclass instances, by identity (the instance is kept so its id is not
+reused); a frozen instance's fields never change, so it is rendered once (cleared past a bound)."""
+_FROZEN_BOUND = 50_000
+
+
+def _kind(kind: type, value: object) -> tuple[int, tuple[str, ...]]:
+    if issubclass(kind, str | int | float | bytes | datetime | timedelta | Enum) or value is None:
+        found: tuple[int, tuple[str, ...]] = (_PLAIN, ())
+    elif issubclass(kind, list | tuple):
+        found = (_SEQ, ())
+    elif issubclass(kind, dict):
+        found = (_MAP, ())
+    elif issubclass(kind, set | frozenset):
+        found = (_SET, ())
+    elif issubclass(kind, random.Random):
+        found = (_RNG, ())
+    elif kind.__module__.startswith(_OPAQUE_MODULES) or (callable(value) and not hasattr(value, "__dict__")):
+        found = (_OPAQUE, ())
+    elif issubclass(kind, itertools.count):
+        found = (_REPR, ())
+    elif hasattr(value, "__dict__"):
+        found = (_DICT, ())
+    else:
+        slots = getattr(kind, "__slots__", None)
+        if slots is None:
+            found = (_REPR, ())
+        else:
+            names = (slots,) if isinstance(slots, str) else tuple(slots)
+            frozen = getattr(getattr(kind, "__dataclass_params__", None), "frozen", False)
+            found = (-_SLOTS if frozen else _SLOTS, names)
+    _KINDS[kind] = found
+    return found
+
 
 def canon(value: object, skip: frozenset[str] = frozenset(), depth: int = 0) -> object:
     """A hashable, comparable rendering of ``value`` for state keys: equal data, equal key.
@@ -530,37 +567,58 @@ def canon(value: object, skip: frozenset[str] = frozenset(), depth: int = 0) -> 
     Plain values stay as they are; containers, dataclasses and objects become tuples of their
     contents (attributes named in ``skip`` left out); a random generator becomes the hash of its
     state. Objects of the I/O plumbing (HTTP client, event loop, clocks) are reduced to their type:
-    they hold no state a run's future depends on. Pure.
+    they hold no state a run's future depends on. Pure (its caches only remember what a type is and
+    how a frozen instance, which cannot change, was rendered).
     """
-    if value is None or isinstance(value, str | int | float | bytes | datetime | timedelta | Enum):
+    kind = type(value)
+    found = _KINDS.get(kind)
+    if found is None:
+        found = _kind(kind, value)
+    how = found[0]
+    if how == _PLAIN:
         return value
     if depth > 8:
-        return type(value).__name__
-    d = depth + 1
-    if isinstance(value, list | tuple):
-        return tuple(canon(v, skip, d) for v in value)
-    if isinstance(value, dict):
-        return tuple((canon(k, skip, d), canon(v, skip, d)) for k, v in value.items())
-    if isinstance(value, set | frozenset):
-        return tuple(sorted(repr(canon(v, skip, d)) for v in value))
-    if isinstance(value, random.Random):
-        return hash(value.getstate())
-    kind = type(value)
-    if kind.__module__.startswith(_OPAQUE_MODULES) or (callable(value) and not hasattr(value, "__dict__")):
         return kind.__name__
-    if isinstance(value, itertools.count):
+    d = depth + 1
+    if how == _SEQ:
+        return tuple([canon(v, skip, d) for v in value])  # type: ignore[attr-defined]
+    if how == _MAP:
+        return tuple([(canon(k, skip, d), canon(v, skip, d)) for k, v in value.items()])  # type: ignore[attr-defined]
+    if how == _SET:
+        return tuple(sorted(repr(canon(v, skip, d)) for v in value))  # type: ignore[attr-defined]
+    if how == _RNG:
+        return hash(value.getstate())  # type: ignore[attr-defined]
+    if how == _OPAQUE:
+        return kind.__name__
+    if how == _REPR:
         return repr(value)
-    fields = getattr(value, "__dict__", None)
-    if fields is None:
-        slots = getattr(kind, "__slots__", None)
-        if slots is None:
-            return repr(value)
-        names = (slots,) if isinstance(slots, str) else tuple(slots)
-        fields = {n: getattr(value, n) for n in names if hasattr(value, n)}
-    return (
+    if how == _DICT:
+        fields = value.__dict__
+        return (
+            kind.__name__,
+            tuple([(k, canon(v, skip, d)) for k, v in fields.items() if k not in skip and not callable(v)]),
+        )
+    frozen = how < 0
+    if frozen:
+        memo = (id(value), skip, depth)
+        hit = _FROZEN.get(memo)
+        if hit is not None and hit[0] is value:
+            return hit[1]
+    out = (
         kind.__name__,
-        tuple((k, canon(v, skip, d)) for k, v in fields.items() if k not in skip and not callable(v)),
+        tuple(
+            [
+                (n, canon(v, skip, d))
+                for n in found[1]
+                if n not in skip and hasattr(value, n) and not callable(v := getattr(value, n))
+            ]
+        ),
     )
+    if frozen:
+        if len(_FROZEN) > _FROZEN_BOUND:
+            _FROZEN.clear()
+        _FROZEN[memo] = (value, out)
+    return out
 
 
 _RPC_ID = re.compile(rb'"id":\s*\d+')
@@ -638,135 +696,6 @@ class Write:
     receipt: bool
 
 
-@dataclass
-class Approval:
-    operation_id: str
-    input_round: int
-    message: str
-    open: bool = True
-
-
-class MemPort:
-    """``MemLedger`` behind the methods of ``LedgerPort`` the driver calls (in memory, for the explorer)."""
-
-    def __init__(self, server: str) -> None:
-        self.mem = MemLedger(server)
-        self.polls: list[PollRecord] = []
-        self.approvals: list[Approval] = []
-        self.unknown_open: dict[str, list[str]] = {}
-
-    # writes
-    def create_operation(self, op: Operation, arguments: Json) -> tuple[Operation, bool]:
-        return self.mem.create_operation(op, arguments)
-
-    def apply(self, transition: Transition) -> Operation:
-        return self.mem.apply(transition)
-
-    def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt:
-        return self.mem.accept_terminal(transition, payload)
-
-    def record_polls(self, polls: list[PollRecord]) -> None:
-        self.polls.extend(polls)
-
-    def hold_outcome(self, operation_id: str, held: HeldOutcome) -> None:
-        self.mem.hold_outcome(
-            operation_id,
-            Held(held.status, Digest(held.digest), held.payload, task_id_of(held.task_id), held.epoch_echo),
-        )
-
-    def held_outcome(self, operation_id: str) -> HeldOutcome | None:
-        held = self.mem.held_outcome(operation_id)
-        if held is None:
-            return None
-        return HeldOutcome(
-            status=held.status,
-            digest=held.digest,
-            payload=held.payload,
-            task_id=held.task_id,
-            epoch_echo=held.epoch_echo,
-            held_at=START,
-        )
-
-    def attach_audit_result(self, op: Operation, kind: str, payload: Json | None, at: datetime) -> None:
-        self.mem.attach_audit_result(op, payload)
-
-    def record_answer(
-        self, operation_id: str, input_round: int, answer: Json, actor: str, at: datetime
-    ) -> bool:
-        return self.mem.record_answer(operation_id, input_round, answer)
-
-    def answer_of(self, operation_id: str, input_round: int) -> Json | None:
-        return self.mem.answer_of(operation_id, input_round)
-
-    def open_reconciliation(self, op: Operation, *, kind: str, reason: str, **_: object) -> None:
-        self.mem.open_entry(op, kind, reason)
-
-    def open_approval(self, op: Operation, *, message: str, **_: object) -> None:
-        self.mem.open_entry(op, "approval", message)
-        self.approvals.append(Approval(op.operation_id, op.input_round, message))
-
-    def approval(self, operation_id: str, input_round: int) -> dict[str, object] | None:
-        # The explorer's rounds ask for nothing in particular and have no deadline.
-        for a in reversed(self.approvals):
-            if a.operation_id == operation_id and a.input_round == input_round:
-                return {
-                    "status": "pending" if a.open else "closed",
-                    "requested_schema": "{}",
-                    "deadline": None,
-                }
-        return None
-
-    def resolve_open(self, operation_id: str, *, kind: str, **_: object) -> int:
-        return self.mem.resolve_open(operation_id, kind)
-
-    # reads
-    def get(self, operation_id: str) -> Operation | None:
-        return self.mem.get(operation_id)
-
-    def by_call_node(self, call_node_id: str) -> Operation | None:
-        return self.mem.by_call_node(call_node_id)
-
-    def arguments(self, operation_id: str) -> Json:
-        return self.mem.arguments(operation_id)
-
-    def receipt_of(self, call_node_id: str) -> Receipt | None:
-        return self.mem.receipts.get(call_node_id)
-
-    def has_open(self, operation_id: str, kind: str) -> bool:
-        return self.mem.has_entry(operation_id, kind)
-
-    def approval_message(self, operation_id: str, input_round: int) -> str | None:
-        for a in reversed(self.approvals):
-            if a.operation_id == operation_id and a.input_round == input_round:
-                return a.message
-        return None
-
-
-class DuckPort:
-    """The real DuckDB ledger (``engine.ledger.Ledger``) with the few reads the explorer's checks use."""
-
-    def __init__(self, ledger: Any) -> None:
-        self._ledger = ledger
-
-    def receipt_of(self, call_node_id: str) -> Receipt | None:
-        return self._ledger.receipt(call_node_id)  # type: ignore[no-any-return]
-
-    def has_open(self, operation_id: str, kind: str) -> bool:
-        return any(
-            r["operation_id"] == operation_id and r["kind"] == kind
-            for r in self._ledger.reconciliation(open_only=True)
-        )
-
-    def approval_message(self, operation_id: str, input_round: int) -> str | None:
-        for r in reversed(self._ledger.approvals(pending_only=False)):
-            if r["operation_id"] == operation_id and r["input_round"] == input_round:
-                return str(r["message"])
-        return None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._ledger, name)
-
-
 class Recording:
     """The ledger as one executor incarnation sees it: every write is also logged for the checks."""
 
@@ -796,14 +725,11 @@ def task_id_of(value: str | None) -> TaskId | None:
 
 __all__ = [
     "START",
-    "Approval",
     "Canned",
-    "DuckPort",
     "EngineClock",
     "Gate",
     "Json",
     "Kind",
-    "MemPort",
     "Message",
     "Network",
     "Recording",

@@ -32,6 +32,7 @@ from engine.model import (
     Role,
     TaskId,
     Transition,
+    canonical_json,
 )
 
 Json = dict[str, object]
@@ -305,9 +306,10 @@ class MemoryPort:
 
     This is what the ledger contract suite (``tests/contract``) runs beside DuckDB and PostgreSQL:
     operations and their compare-and-swap, group commits, the acceptance point with its receipt
-    and outbox entry, held outcomes, answers and reconciliation entries. The service's own records
-    (polls, approvals with deadlines, gate and explorer runs, rollout, leases, SQL) are not here:
-    the contract tests of those say so in their skip reason.
+    and outbox entry, held outcomes, approval rounds (their answers, deadlines and closing) and
+    reconciliation entries. It is also the race explorer's ledger (``engine.explore``). The
+    service's own records (gate and explorer runs, rollout, leases, SQL) are not here: the contract
+    tests of those say so in their skip reason.
     """
 
     def __init__(self, server: str = "sim") -> None:
@@ -316,6 +318,8 @@ class MemoryPort:
         self._entries: list[dict[str, object]] = []
         self._log: list[dict[str, object]] = []
         self._polls: list[PollRecord] = []
+        self._approvals: dict[tuple[str, int], dict[str, object]] = {}
+        """One row per (operation, input round), with the columns of the SQL ledgers' ``approvals``."""
 
     def close(self) -> None:
         """Nothing to release: the memory goes with the object."""
@@ -425,13 +429,90 @@ class MemoryPort:
     def attach_audit_result(self, op: Operation, kind: str, payload: Json | None, at: datetime) -> None:
         self.mem.attach_audit_result(op, payload)
 
+    def open_approval(
+        self,
+        op: Operation,
+        *,
+        message: str,
+        requested_schema: Json,
+        schema_digest: str,
+        deadline: datetime | None,
+        at: datetime,
+    ) -> bool:
+        """Open the approval for the operation's current input round. False if it was already open."""
+        key = (op.operation_id, op.input_round)
+        if key in self._approvals:
+            return False
+        self._approvals[key] = {
+            "operation_id": op.operation_id,
+            "input_round": op.input_round,
+            "request_key": op.input_request_key,
+            "message": message,
+            "requested_schema": canonical_json(requested_schema),
+            "schema_digest": schema_digest,
+            "deadline": deadline,
+            "status": "pending",
+            "answer": None,
+            "actor": None,
+            "opened_at": at,
+            "answered_at": None,
+            "closed_at": None,
+            "closed_reason": None,
+        }
+        return True
+
     def record_answer(
         self, operation_id: str, input_round: int, answer: Json, actor: str, at: datetime
     ) -> bool:
-        return self.mem.record_answer(operation_id, input_round, answer)
+        """Store the answer of a pending round. False if that round is not pending (stale or answered)."""
+        row = self._approvals.get((operation_id, input_round))
+        if row is None or row["status"] != "pending":
+            return False
+        if not self.mem.record_answer(operation_id, input_round, answer):
+            return False
+        row.update(status="answered", answer=canonical_json(answer), actor=actor, answered_at=at)
+        return True
+
+    def close_rounds(self, at: datetime) -> int:
+        """Close every pending round that is no longer answerable at ``at`` (the SQL ledgers' rule,
+        ``sql.ROUNDS_MOVED_PAST`` then ``sql.ROUNDS_EXPIRE``): its operation moved past it
+        (``closed``) or its deadline passed (``expired``). Returns how many were closed."""
+        closed = 0
+        for row in self._approvals.values():
+            op = self.mem.get(str(row["operation_id"]))
+            if row["status"] != "pending" or op is None:
+                continue
+            round_ = int(str(row["input_round"]))
+            if op.input_round > round_:
+                reason = f"the server moved on to round {op.input_round}"
+            elif op.input_round == round_ and op.state not in (LocalState.INPUT_REQUIRED, LocalState.UNKNOWN):
+                reason = f"the operation moved on to {op.state.value}"
+            else:
+                continue
+            row.update(status="closed", closed_at=at, closed_reason=reason)
+            closed += 1
+        for row in self._approvals.values():
+            deadline = row["deadline"]
+            if row["status"] == "pending" and isinstance(deadline, datetime) and deadline <= at:
+                row.update(status="expired", closed_at=at, closed_reason="its deadline passed")
+                closed += 1
+        return closed
 
     def answer_of(self, operation_id: str, input_round: int) -> Json | None:
+        row = self._approvals.get((operation_id, input_round))
+        if row is None or row["status"] != "answered":
+            return None
         return self.mem.answer_of(operation_id, input_round)
+
+    def approval(self, operation_id: str, input_round: int) -> dict[str, object] | None:
+        """One round's approval row (any status), or None if that round never asked a person."""
+        row = self._approvals.get((operation_id, input_round))
+        return dict(row) if row is not None else None
+
+    def approvals(self, *, pending_only: bool = True) -> list[dict[str, object]]:
+        rows = [r for r in self._approvals.values() if not pending_only or r["status"] == "pending"]
+        rows.sort(key=lambda r: (r["opened_at"], r["operation_id"]))
+        return [dict(r) for r in rows]
 
     def open_reconciliation(
         self,

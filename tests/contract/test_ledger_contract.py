@@ -735,9 +735,6 @@ def test_polls_are_recorded_and_counted(ledger: LedgerPort) -> None:
     assert len(ledger.polls()) == 4
 
 
-@pytest.mark.not_in_memory(
-    "approval rounds with their schema and deadline are not kept (the explorer's rounds are MemLedger entries without a deadline)"
-)
 def test_approvals_bind_an_answer_to_its_round(ledger: LedgerPort) -> None:
     """An approval opens once per round; a stale round's answer is refused; an answered round takes no second answer."""
     op = created(ledger, "ap")
@@ -790,9 +787,6 @@ def _open(ledger: LedgerPort, op: Operation, deadline: timedelta) -> None:
     assert opened
 
 
-@pytest.mark.not_in_memory(
-    "approval rounds with their schema and deadline are not kept (the explorer's rounds are MemLedger entries without a deadline)"
-)
 def test_rounds_close_when_their_operation_moves_past_them_or_their_deadline_passes(
     ledger: LedgerPort,
 ) -> None:

@@ -54,3 +54,16 @@ def test_a_run_budget_too_small_is_reported_as_sampled_with_what_it_covered() ->
     assert result.runs == 6
     assert not result.exhaustive
     assert 0 < result.explored == result.receipts + result.parked + result.divergent
+
+
+def test_states_that_differ_only_in_when_the_driver_would_wake_merge_and_count_exactly() -> None:
+    """The driver's wake jitter (its generator) and the server's advised poll interval are not in the
+    state key, so runs that polled a different number of times merge; the merged counts still equal
+    running every interleaving one by one."""
+    scenario = scenario_named("failure")
+    merged = explore_merged(scenario, P.MCP_2025_11_25, max_runs=1_000)
+    one_by_one = explore_pair(scenario, P.MCP_2025_11_25, budget=1_000, strategy="dfs")
+    assert merged.exhaustive
+    assert one_by_one.exhaustive
+    assert _counts(merged) == _counts(one_by_one)
+    assert merged.runs < one_by_one.explored

@@ -96,9 +96,9 @@ def test_a_share_of_runs_write_through_the_real_duckdb_ledger_and_pass_the_same_
     while (enabled := world.enabled()) and world.steps < 100:
         world.perform(enabled[choices % len(enabled)])
         choices += 1
-    assert type(world.ledger).__name__ == "DuckPort"
+    assert type(world.ledger).__name__ == "Ledger"
     assert world.finish() == []
-    assert world.ledger.receipt_of(world.node) is not None
+    assert world.ledger.receipt(world.node) is not None
 
 
 def test_a_fault_free_run_that_parks_in_unknown_is_a_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
