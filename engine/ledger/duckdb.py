@@ -9,13 +9,17 @@ outbox entry per call node, one operation per server task id) is enforced by the
 An operation is stored in two tables: ``op_identity`` (written once) and ``op_state`` (the narrow,
 mutable part, so that group-committed updates stay cheap in a column store); the ``operations``
 view joins them for analysts.
+
+``Ledger`` is the shared SQL ledger (``engine.ledger.base``) over this driver's primitives and
+write paths; its whole-ledger paths (snapshot copies, the gate-inputs read, the export's batches,
+the seeding's import) are ``engine.ledger.duckdb_bulk``'s.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,8 +41,7 @@ from engine.ledger import rows as codec
 from engine.ledger import sql
 from engine.ledger.base import SqlLedger
 from engine.ledger.core import cas_params
-from engine.ledger.export import BATCH_ROWS
-from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
+from engine.ledger.duckdb_bulk import DuckBulk
 from engine.ledger.port import (
     BatchOutcome,
     GroupOutcome,
@@ -81,7 +84,7 @@ _columns: Final = codec.arrow_rows
 # ------------------------------------------------------------------------------------- the ledger
 
 
-class Ledger(SqlLedger):
+class Ledger(SqlLedger, DuckBulk):
     """A ledger file (or ``:memory:``). One process writes a file; readers may open it read-only.
 
     Thread-safe: each thread gets its own cursor on the shared database, so concurrent writers
@@ -537,66 +540,6 @@ class Ledger(SqlLedger):
             if group.polls:
                 self._insert_polls(tx, group.polls)
         return GroupOutcome(applied, accepted)
-
-    # ------------------------------------------------------------ bulk import (seeding only)
-
-    def _next_ids(self, tx: Any, sequence: str, n: int) -> list[int]:
-        # fetchall: a half-read result would block registering the rows afterwards
-        (row,) = tx.execute(
-            f"SELECT min(v), max(v) FROM (SELECT nextval('{sequence}') AS v FROM range(?))", [n]
-        ).fetchall()
-        first = int(row[0])
-        if int(row[1]) - first + 1 != n:
-            raise LedgerError(f"{sequence} moved during the import; another writer is active")
-        return list(range(first, first + n))
-
-    def _import_table(self, tx: Any, table: str, rows: pa.Table) -> None:
-        tx.register("imported_rows", rows)
-        try:
-            tx.execute(f"INSERT INTO {table} BY NAME SELECT * FROM imported_rows")
-        finally:
-            tx.unregister("imported_rows")
-
-    @contextmanager
-    def _read_batches(self) -> Iterator[Callable[[str], pa.RecordBatchReader]]:
-        con = self._con
-        con.execute("BEGIN TRANSACTION")
-        try:
-            yield lambda query: con.sql(query).to_arrow_reader(BATCH_ROWS)
-        finally:
-            con.execute("ROLLBACK")
-
-    def snapshot(self, dest: str | Path) -> Path:
-        """Write a consistent copy of the whole ledger to ``dest`` (replaced if present), for readers.
-
-        The copy is made inside one read transaction, so it is a single point in time.
-        """
-        target = Path(dest)
-        partial = target.with_name(target.name + ".partial")
-        for stale in (partial, Path(str(partial) + ".wal")):
-            stale.unlink(missing_ok=True)
-        con = self._con
-        row = con.execute("SELECT current_database()").fetchone()
-        source = str(row[0]) if row else "memory"
-        escaped = str(partial).replace("'", "''")
-        con.execute(f"ATTACH '{escaped}' AS finality_snapshot")
-        try:
-            con.execute(f'COPY FROM DATABASE "{source}" TO finality_snapshot')
-        finally:
-            con.execute("DETACH finality_snapshot")
-        partial.replace(target)
-        return target
-
-    def gate_inputs(self, now: datetime) -> dict[str, dict[str, object]]:
-        """The raw inputs of the six gates, read from the ledger only (no thresholds applied here).
-
-        One statement, defined once in ``engine.ledger.gate_sql`` and shared with the console.
-        """
-        cur = self._con.execute(gate_inputs_sql(now))
-        row = cur.fetchone()
-        if row is None:
-            raise LedgerError("the gate-inputs statement returned no row")
-        return gate_inputs_from_values([d[0] for d in cur.description or ()], row)
 
 
 class _Moved(Exception):

@@ -11,6 +11,11 @@ What only PostgreSQL has: several processes may share one ledger. Work is leased
 free or expired), ``renew`` and ``release``; a handle returned by ``fenced`` refuses (``LeaseLost``)
 every operation write of an executor whose lease was taken over or whose execution epoch was
 raised. See docs/postgres.md.
+
+``PgLedger`` is composed of the shared SQL ledger (``engine.ledger.base``) and three parts of its
+own, each in its module: leases (``pg_leases``), fencing (``pg_fencing``) and the shared QPS send
+slots (``pg_slots``). This module keeps the connection pool, the migrations and the row-locking
+write paths, and it is the only one of them that imports psycopg.
 """
 
 from __future__ import annotations
@@ -47,12 +52,14 @@ from engine.ledger.base import SqlLedger
 from engine.ledger.core import cas_params
 from engine.ledger.export import BATCH_ROWS
 from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
+from engine.ledger.pg_fencing import PgFencing
+from engine.ledger.pg_leases import PgLeases
+from engine.ledger.pg_slots import PgSendSlots
 from engine.ledger.port import (
     BatchOutcome,
     Fence,
     GroupOutcome,
     Json,
-    Lease,
     PollRecord,
     WriteGroup,
 )
@@ -69,20 +76,10 @@ from engine.ledger.schema import PG_MIGRATIONS as MIGRATIONS
 from engine.ledger.schema import PG_SUPPORTED_SCHEMA as SUPPORTED_SCHEMA
 from engine.ledger.writes import chain, outcomes
 from engine.model import (
-    RECEIPT_STATES,
     Operation,
     Receipt,
     Transition,
 )
-
-
-def _only(params: list[object], operation_ids: Sequence[str] | None) -> str:
-    """The condition that narrows a lease statement to ``operation_ids`` (appending its parameter)."""
-    if operation_ids is None:
-        return ""
-    params.append(list(operation_ids))
-    return " AND operation_id = ANY(%s)"
-
 
 __all__ = [
     "ANALYST_ROLE",
@@ -106,7 +103,6 @@ ANALYST_ROLE: Final = "finality_analyst"
 """The NOLOGIN role analyst SQL runs under (``SET LOCAL ROLE``): SELECT on the ledger's tables, nothing else."""
 
 _MIGRATION_LOCK: Final = 0x46494E414C495459  # "FINALITY": one migrating process at a time
-_RECEIPT_STATE_VALUES: Final = sorted(s.value for s in RECEIPT_STATES)
 _STATE_INSERT: Final = (
     f"INSERT INTO op_state ({', '.join(_STATE_COLUMNS + LEASE_COLUMNS)}) "
     f"VALUES ({', '.join(['%s'] * (len(_STATE_COLUMNS) + len(LEASE_COLUMNS)))})"
@@ -123,9 +119,6 @@ _IDENTITY_TYPES: Final = tuple(
 )
 """``op_identity``'s columns with the PostgreSQL type of each (the arrays ``_insert_new`` unnests)."""
 _RETRIES: Final = 3
-
-
-# ------------------------------------------------------------------------------------ leases
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -151,20 +144,10 @@ def _is_connection_error(exc: psycopg.Error) -> bool:
     )
 
 
-def _lease_of(row: Sequence[Any]) -> Lease:
-    return Lease(
-        operation_id=str(row[0]),
-        owner=row[1],
-        token=row[2],
-        epoch=int(row[3]) if row[3] is not None else None,
-        expires_at=codec._as_dt(row[4], "lease_expires_at"),
-    )
-
-
 # ------------------------------------------------------------------------------------- the ledger
 
 
-class PgLedger(SqlLedger):
+class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
     """A ledger in a PostgreSQL database, shared by any number of processes.
 
     Thread-safe: every call borrows a connection from a pool, so threads (and processes) race only
@@ -350,36 +333,6 @@ class PgLedger(SqlLedger):
         with tx.copy("COPY polls FROM STDIN") as copy:
             for r in rows:
                 copy.write_row(r)
-
-    # ---------------------------------------------------------------------------------- fencing
-
-    def _epoch_refusal(self, cur: Cursor) -> str | None:
-        """Why the fence's epoch is too old, or None. Share-locks the epoch row until commit,
-        so a rollback raising the epoch waits for this write (and fences every later one)."""
-        if self.fence is None:
-            return None
-        row = cur.execute("SELECT epoch FROM rollout_state WHERE id = 1 FOR SHARE").fetchone()
-        if row is not None and int(row[0]) > self.fence.epoch:
-            return f"the execution epoch is {int(row[0])}, this executor writes at {self.fence.epoch}"
-        return None
-
-    def _lease_refusal(self, token: object) -> str | None:
-        if self.fence is None or token == self.fence.token:
-            return None
-        if token is None:
-            return f"the operation is not leased to {self.fence.owner}"
-        return f"the lease of {self.fence.owner} was taken over"
-
-    def _fence_clause(self) -> tuple[str, list[object]]:
-        if self.fence is None:
-            return "", []
-        return " AND lease_token = %s", [self.fence.token]
-
-    def _new_lease(self, op: Operation) -> list[object]:
-        if self.fence is None:
-            return [None, None, None, None]
-        f = self.fence
-        return [f.owner, f.token, f.epoch, op.created_at + timedelta(seconds=f.lease_s)]
 
     # ---------------------------------------------------------------------------------- writes
 
@@ -621,170 +574,6 @@ class PgLedger(SqlLedger):
             if group.polls:
                 self._insert_polls(cur, group.polls)
         return GroupOutcome(applied, accepted)
-
-    # ------------------------------------------------------------------------------------ leases
-
-    def claim(
-        self,
-        owner: str,
-        lease_token: str,
-        limit: int,
-        lease_s: float,
-        now: datetime,
-        *,
-        epoch: int | None = None,
-        servers: Sequence[str] | None = None,
-    ) -> list[Operation]:
-        """Lease up to ``limit`` operations without a receipt whose lease is free or expired.
-
-        ``FOR UPDATE SKIP LOCKED``: concurrent claimers never wait for each other and never get the
-        same operation. A claimed operation's lease carries ``owner``, ``lease_token`` and
-        ``epoch`` and expires ``lease_s`` seconds after ``now``; an expired lease is taken over
-        (the previous holder's fenced writes are refused from then on).
-
-        Args:
-            epoch: the claimer's execution epoch: operations of a newer epoch are left alone, and
-                the claim is refused if the ledger's epoch is newer than this.
-            servers: only operations sent to these server URLs.
-
-        Raises:
-            LeaseLost: the ledger's execution epoch is newer than ``epoch``.
-        """
-        if limit <= 0:
-            return []
-        where = [
-            "s.state <> ALL(%(receipt)s)",
-            "(s.lease_expires_at IS NULL OR s.lease_expires_at <= %(now)s)",
-        ]
-        params: dict[str, object] = {
-            "receipt": _RECEIPT_STATE_VALUES,
-            "now": now,
-            "limit": limit,
-            "owner": owner,
-            "token": lease_token,
-            "epoch": epoch,
-            "expires": now + timedelta(seconds=lease_s),
-        }
-        if epoch is not None:
-            where.append("s.epoch <= %(epoch)s")
-        source = "op_state s"
-        if servers is not None:
-            source = "op_state s JOIN op_identity i USING (operation_id)"
-            where.append("i.server = ANY(%(servers)s)")
-            params["servers"] = list(servers)
-        with self._tx() as cur:
-            if epoch is not None:
-                row = cur.execute("SELECT epoch FROM rollout_state WHERE id = 1 FOR SHARE").fetchone()
-                if row is not None and int(row[0]) > epoch:
-                    raise EpochMoved(
-                        "*", 0, f"the execution epoch is {int(row[0])}, the claimer is at {epoch}"
-                    )
-            cur.execute(
-                f"""WITH picked AS (
-                        SELECT s.operation_id FROM {source}
-                        WHERE {" AND ".join(where)}
-                        ORDER BY s.lease_expires_at NULLS FIRST, s.updated_at, s.operation_id
-                        LIMIT %(limit)s
-                        FOR UPDATE OF s SKIP LOCKED)
-                    UPDATE op_state SET lease_owner = %(owner)s, lease_token = %(token)s,
-                        lease_epoch = %(epoch)s, lease_expires_at = %(expires)s
-                    FROM picked WHERE op_state.operation_id = picked.operation_id
-                    RETURNING op_state.operation_id""",
-                params,
-            )
-            ids = [str(r[0]) for r in cur.fetchall()]
-            if not ids:
-                return []
-            cur.execute(
-                f'{sql.OPERATION_SELECT} WHERE operation_id = ANY(%s) ORDER BY created_at, operation_id COLLATE "C"',
-                [ids],
-            )
-            cols = [d.name for d in cur.description or ()]
-            return [codec.operation_from_record(dict(zip(cols, r, strict=True))) for r in cur.fetchall()]
-
-    def renew(
-        self,
-        owner: str,
-        lease_token: str,
-        lease_s: float,
-        now: datetime,
-        operation_ids: Sequence[str] | None = None,
-    ) -> list[str]:
-        """Extend the leases still held under ``lease_token`` (all, or those of ``operation_ids``).
-
-        Returns:
-            The operations (without a receipt) still held; any other one asked for was taken over.
-        """
-        params: list[object] = [now + timedelta(seconds=lease_s), lease_token, owner, _RECEIPT_STATE_VALUES]
-        only = _only(params, operation_ids)
-        with self._tx() as cur:
-            cur.execute(
-                "UPDATE op_state SET lease_expires_at = %s "
-                f"WHERE lease_token = %s AND lease_owner = %s AND state <> ALL(%s){only} RETURNING operation_id",
-                params,
-            )
-            return sorted(str(r[0]) for r in cur.fetchall())
-
-    def release(self, owner: str, lease_token: str, operation_ids: Sequence[str] | None = None) -> int:
-        """Give leases back at once (a clean stop), so other executors may claim them; returns how many."""
-        params: list[object] = [lease_token, owner]
-        only = _only(params, operation_ids)
-        with self._tx() as cur:
-            cur.execute(
-                "UPDATE op_state SET lease_owner = NULL, lease_token = NULL, lease_epoch = NULL, "
-                f"lease_expires_at = NULL WHERE lease_token = %s AND lease_owner = %s{only}",
-                params,
-            )
-            return int(cur.rowcount)
-
-    def lease_of(self, operation_id: str) -> Lease | None:
-        row = self._fetchone(
-            f"SELECT operation_id, {', '.join(LEASE_COLUMNS)} FROM op_state WHERE operation_id = ?",
-            [operation_id],
-        )
-        return _lease_of(row) if row is not None else None
-
-    def leases(self, *, owner: str | None = None) -> list[Lease]:
-        """Leased operations without a receipt (of one owner, or all), oldest expiry first."""
-        sql_text = (
-            f"SELECT operation_id, {', '.join(LEASE_COLUMNS)} FROM op_state "
-            "WHERE lease_token IS NOT NULL AND state <> ALL(?)"
-        )
-        params: list[object] = [_RECEIPT_STATE_VALUES]
-        if owner is not None:
-            sql_text += " AND lease_owner = ?"
-            params.append(owner)
-        return [
-            _lease_of(r)
-            for r in self._fetchall(sql_text + " ORDER BY lease_expires_at, operation_id", params)
-        ]
-
-    # ------------------------------------------------------------------ the shared QPS budget
-
-    def book_send_slots(
-        self, scopes: Sequence[str], caps: Sequence[int], first_slot: int, n: int
-    ) -> list[int]:
-        """Book ``n`` sends into the earliest slots from ``first_slot`` on with room in every scope.
-
-        A slot is a number on a grid the caller chose (``engine.runtime.limiter.SharedLimiter``);
-        ``caps[i]`` is how many sends slot may hold in ``scopes[i]``. One transaction, atomic
-        across every executor sharing the database. Returns the slot of each booked send, in order.
-        """
-        if n <= 0:
-            return []
-        order = sorted(range(len(scopes)), key=lambda i: scopes[i])  # one lock order for every booker
-        with self._tx() as cur:
-            row = cur.execute(
-                f"SELECT {SEND_SLOTS_TABLE}_book(%s::varchar[], %s::integer[], %s, %s)",
-                [[scopes[i] for i in order], [int(caps[i]) for i in order], first_slot, n],
-            ).fetchone()
-        return [int(k) for k in (row[0] if row else [])]
-
-    def prune_send_slots(self, before_slot: int) -> int:
-        """Forget bookings of slots before ``before_slot`` (long past); returns how many rows went."""
-        with self._tx() as cur:
-            cur.execute(f"DELETE FROM {SEND_SLOTS_TABLE} WHERE slot < %s", [before_slot])
-            return int(cur.rowcount)
 
     # ------------------------------------------------------------ bulk import (seeding only)
 
