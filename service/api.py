@@ -60,7 +60,8 @@ Limits).
 Presentation only: every decision is the executor's or the engine's. Every read that is not the
 executor's own (SQL, console lists, gates, rollout status, metrics, the audit check, snapshots)
 runs on the readers' pool (``service.readers``), off the executor's loop; a full pool answers 503
-with Retry-After.
+with Retry-After. Where a read's result is the whole answer (SQL, snapshots, rollout status, the
+audit check) its JSON is encoded there too (``_read_json``): 100,000 rows take about 0.8 s to encode.
 """
 
 from __future__ import annotations
@@ -122,9 +123,22 @@ def _default(value: object) -> object:
     return str(value)
 
 
+def _json_bytes(content: object) -> bytes:
+    return json.dumps(content, default=_default).encode()
+
+
 class JSON(JSONResponse):
     def render(self, content: Any) -> bytes:
-        return json.dumps(content, default=_default).encode()
+        return _json_bytes(content)
+
+
+async def _read_json(
+    pool: ReaderPool, what: str, read: Callable[[], object], status_code: int = 200
+) -> Response:
+    """A read's answer, read and encoded on the readers' pool: encoding is the loop's only other cost
+    of a read, and the largest answers (100,000 rows of SQL) take the best part of a second to encode."""
+    body = await pool.run(what, lambda: _json_bytes(read()))
+    return Response(body, status_code=status_code, media_type="application/json")
 
 
 def _error(status: int, message: str) -> JSON:
@@ -506,7 +520,7 @@ def build_api(
     async def run_sql(request: Request) -> Response:
         reads = _reads()
         query, max_rows = await _sql_request(request, 1000)
-        return JSON(await pool.run("analyst SQL", lambda: reads.query(query, max_rows)))
+        return await _read_json(pool, "analyst SQL", lambda: reads.query(query, max_rows))
 
     async def run_sql_arrow(request: Request) -> Response:
         reads = _reads()
@@ -516,7 +530,7 @@ def build_api(
 
     async def publish_snapshot(request: Request) -> Response:
         reads = _reads()
-        return JSON(await pool.run("snapshot", reads.publish), status_code=201)
+        return await _read_json(pool, "snapshot", reads.publish, status_code=201)
 
     async def list_snapshots(request: Request) -> Response:
         return JSON({"snapshots": _reads().snapshots()})
@@ -706,7 +720,7 @@ def build_rollout_routes(
     async def status(request: Request) -> Response:
         # Gate inputs, live counts, arms, shadow summary and the whole audit chain's check: a read
         # that grows with the ledger, so it runs on the readers' pool, not on the executor's loop.
-        return JSON(await readers.run("rollout status", executor.rollout_status))
+        return await _read_json(readers, "rollout status", executor.rollout_status)
 
     async def act(request: Request) -> Response:
         body = await _body(request)
@@ -729,7 +743,7 @@ def build_rollout_routes(
 
     async def audit(request: Request) -> Response:
         # The chain check scans every rollout event: a read, so it runs on the readers' pool.
-        return JSON(await readers.run("audit check", lambda: verify_ledger(ledger).as_json()))
+        return await _read_json(readers, "audit check", lambda: verify_ledger(ledger).as_json())
 
     async def shadow_diffs(request: Request) -> Response:
         diverged = request.query_params.get("diverged") not in (None, "", "0", "false")
