@@ -203,11 +203,16 @@ class Leases(ExecutorState):
         logger.info("claimed %d operations", len(claimed))
         taken_behind = behind(claimed, self.epoch)
         for op in claimed:
-            if is_behind(op, self.epoch):
-                continue
+            # Claimed back while an advance from before its lease was lost still runs: that advance
+            # ends on the row as claimed (or adopted), not as a lost one. Behind the epoch too: left
+            # in ``_lost``, its advance's end dropped the adopted operation's schedule (``_after``),
+            # leaving it leased and renewed here but never advanced again, the 3-executor rollback
+            # test's operations that never reached a receipt.
             self._lost.discard(op.operation_id)
             if op.operation_id in self._running:
-                self._dirty.add(op.operation_id)  # its advance ends on the row as claimed
+                self._dirty.add(op.operation_id)
+            if is_behind(op, self.epoch):
+                continue
             self._ops[op.operation_id] = op
             self._schedule(op.operation_id, now)
         if taken_behind:

@@ -38,11 +38,19 @@ STEP = timedelta(milliseconds=60)
 """Fake time per tick: past the 50 ms group-commit delay, within the 0.25 s rollout follow."""
 LONG = {"duration_ms": 3_600_000, "ttl_ms": 3_600_000}
 ASKS = {"duration_ms": 200, "input_rounds": 1, "ttl_ms": 3_600_000}
+SLOW_POLL = {
+    "duration_ms": 300,
+    "ttl_ms": 3_600_000,
+    "faults": [{"name": "slow_response", "delay_ms": 2500, "times": 2}, "connection_reset"],
+}
+"""The creating request is answered 2.5 s late, and so is the first poll, whose connection is then
+reset: that poll's advance is still running while the test moves the executors' leases and epoch
+around it, and it ends without writing anything, as a poll that times out does."""
 
 
 @pytest.fixture(scope="module")
 def servers() -> Iterator[tuple[RefServer, RefServer]]:
-    with RefServer("mcp-2025-11-25", seed=3) as old, RefServer("aip-151", seed=4) as new:
+    with RefServer("mcp-2025-11-25", seed=3, idempotency=True) as old, RefServer("aip-151", seed=4) as new:
         yield old, new
 
 
@@ -220,3 +228,50 @@ async def test_the_holders_own_answer_refused_for_an_epoch_raised_elsewhere_adop
         await a.close()
         await b.close()
     assert old.stats()["operations_created"]["total"] - created_before == 1
+
+
+async def test_an_operation_claimed_back_behind_the_epoch_while_its_old_advance_runs_is_driven_again(
+    pg_url: str, servers: tuple[RefServer, RefServer]
+) -> None:
+    """A's poll of X is still awaiting its reply when B takes X over (A's lease lapsed on B's
+    clock) and A drops it; B then dies holding X behind a rollback through A, and A claims X back and
+    adopts it while that poll still runs. When the poll's advance ends (its reply lost), A must go
+    on driving X (it used to end on the dropped operation's bookkeeping and leave X leased, renewed and never
+    advanced: the 3-executor rollback test's operations that never reached a receipt)."""
+    a, b = await _cluster(pg_url, servers)
+    try:
+        op = await a.between_ticks(
+            a.executor.submit(call_node="slow", tool="analyze_upload", arguments={"n": 3, "_sim": SLOW_POLL})
+        )
+        await a.until(lambda: _row(pg_url, op.operation_id)[0] == "WORKING", "working on the server")
+        a.clock.advance(timedelta(seconds=1))
+        await a.executor.tick()  # launches its first poll, answered late and then cut off
+        assert op.operation_id in a.executor._running
+
+        # A's lease has lapsed on B's clock: B claims X (and, dead from here on, never drives it).
+        b.clock.advance(timedelta(seconds=2 * LEASE_S))
+        b.executor._maintain_leases()
+        assert _row(pg_url, op.operation_id)[2] == "b"
+        # A's next renewal no longer returns X: dropped while its advance runs.
+        a.clock.advance(timedelta(seconds=LEASE_S / 2))
+        a.executor._maintain_leases()
+        assert op.operation_id not in a.executor._ops
+        # A rollback through A: X is not A's, so it stays behind the epoch, leased to dead B.
+        rolling = asyncio.ensure_future(
+            a.executor.rollout_act(Request(Action.ROLLBACK, "rm", "new adapter misbehaves"))
+        )
+        await asyncio.wait({rolling}, timeout=0)
+        await a.executor.tick()
+        await asyncio.wait_for(rolling, timeout=15)
+        assert _row(pg_url, op.operation_id)[1] == 1
+        # B's lease expires on A's clock: A claims X back behind the epoch and adopts it.
+        a.clock.advance(timedelta(seconds=4 * LEASE_S))
+        a.executor._maintain_leases()
+        assert _row(pg_url, op.operation_id)[1:3] == (2, "a")
+        assert op.operation_id in a.executor._running, "the poll is still awaiting its reply"
+
+        await a.until(lambda: _row(pg_url, op.operation_id)[3], "a receipt for X")
+        assert _row(pg_url, op.operation_id) == ("ACCEPTED", 2, "a", True)
+    finally:
+        await a.close()
+        await b.close()
