@@ -22,6 +22,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
+from operator import attrgetter, ne
 from pathlib import Path
 from typing import Any, Final
 
@@ -79,6 +80,9 @@ _HEADER_BYTES: Final = 3 * 4096
 
 
 _columns: Final = codec.arrow_rows
+_BEFORE: Final = attrgetter("before")
+_AFTER: Final = attrgetter("after")
+_VERSION: Final = attrgetter("row_version")
 
 
 # ------------------------------------------------------------------------------------- the ledger
@@ -378,17 +382,19 @@ class Ledger(SqlLedger, DuckBulk):
         that finds the stale rows first (a stale write is rare; the read costs a join every time).
         """
         first, last, chain_errors = chain(transitions)
-        changed: list[Operation] = []
-        befores: list[Operation] = []
+        befores = list(map(_BEFORE, first.values()))
+        changed = list(map(_AFTER, last.values()))
         unchanged: list[tuple[str, int, int]] = []
-        for k, t in last.items():
-            before, after = first[k].before, t.after
-            # A new row version says at once that the row changed; equal ones are compared in full.
-            if after.row_version != before.row_version or after != before:
-                changed.append(after)
-                befores.append(before)
-            else:
-                unchanged.append((k, before.row_version, before.cancel_generation))
+        # A new row version says at once that the row changed (the whole group, usually, compared
+        # at C speed); equal ones are compared in full.
+        if not all(map(ne, map(_VERSION, changed), map(_VERSION, befores))):
+            moved: list[tuple[Operation, Operation]] = []
+            for before, after in zip(befores, changed, strict=True):
+                if after.row_version != before.row_version or after != before:
+                    moved.append((before, after))
+                else:
+                    unchanged.append((before.operation_id, before.row_version, before.cancel_generation))
+            befores, changed = [b for b, _ in moved], [a for _, a in moved]
         stale_ids: set[str] = set()
         if unchanged:
             # Log-only transitions are checked too: they must describe the row as it is.

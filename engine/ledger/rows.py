@@ -15,6 +15,7 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import repeat
 from operator import attrgetter
 from typing import Any, Final
 
@@ -59,19 +60,46 @@ def _json_text(value: object) -> str:
 
 def event_detail(transition: Transition) -> str:
     """The event's fields as JSON, for the append-only log: orjson's spelling of the event dataclass
-    (its fields in declaration order, nested objects' keys sorted).
+    (its fields in declaration order, nested objects' keys sorted). One transition's
+    ``event_details``."""
+    return event_details([transition])[0]
+
+
+def event_details(transitions: Sequence[Transition]) -> list[str]:
+    """Each transition's ``event_detail``, built for a whole group at once.
 
     orjson serialises a slotted dataclass about four times slower than a dict of the same fields
     (it reads each slot through the class), and this runs once per logged transition: an event
     whose fields are all scalars is serialised as the dict of its fields, which orjson writes
     byte for byte as it writes the dataclass (``tests/engine/ledger/test_rows.py`` holds it to that).
+    The events of one class go through one pipeline of C-level maps (field getter, dict, dumps),
+    not a Python call each: a group holds few event classes and thousands of events.
     """
-    event = transition.event
-    fields = _scalar_fields(type(event))
+    events = list(map(_EVENT, transitions))
+    classes = list(map(type, events))
+    kinds = set(classes)
+    if len(kinds) == 1:
+        return _details_of(kinds.pop(), events)
+    out: list[str] = [""] * len(events)
+    for cls in kinds:
+        at = [i for i, c in enumerate(classes) if c is cls]
+        for i, text in zip(at, _details_of(cls, [events[i] for i in at]), strict=True):
+            out[i] = text
+    return out
+
+
+def _details_of(cls: type, events: Sequence[object]) -> list[str]:
+    """``event_details`` of events that are all of class ``cls``."""
+    fields = _scalar_fields(cls)
     if fields is None:
-        return orjson.dumps(event, option=orjson.OPT_SORT_KEYS).decode()
+        return [orjson.dumps(e, option=orjson.OPT_SORT_KEYS).decode() for e in events]
     names, values = fields
-    return orjson.dumps(dict(zip(names, values(event), strict=True))).decode()
+    # (zip without strict: the getter gives exactly one value per name, by construction)
+    texts = map(orjson.dumps, map(dict, map(zip, repeat(names), map(values, events))))
+    return list(map(bytes.decode, texts))
+
+
+_EVENT: Final = attrgetter("event")
 
 
 _SCALAR_TYPES: Final = (str, int, float, bool, datetime, type(None))
@@ -296,22 +324,21 @@ def instants(values: Sequence[datetime | None]) -> pa.Array:
 
     pyarrow converts an aware datetime with a Python-level ``utcoffset()`` call each, the largest
     single cost of a group commit's columns; the values of one batch share few instants (a tick's
-    ``now``), so each distinct object is converted once. ``values`` must hold its items (a
+    ``now``), so each distinct object is converted once, and each value is then looked up by its
+    identity through C-level maps (no Python step per value). ``values`` must hold its items (a
     sequence, not a generator): they are told apart by identity.
     """
-    seen: dict[int, int] = {}
-    out: list[int | None] = []
-    append = out.append
-    for value in values:
-        if value is None:
-            append(None)
-            continue
-        micros = seen.get(id(value))
-        if micros is None:
-            aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-            micros = seen[id(value)] = (aware - _UNIX) // _MICROSECOND
-        append(micros)
-    return pa.array(out, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    ids = list(map(id, values))
+    micros: dict[int, int | None] = {
+        key: None if value is None else _micros(value)
+        for key, value in dict(zip(ids, values, strict=True)).items()
+    }
+    return pa.array(list(map(micros.__getitem__, ids)), pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+
+
+def _micros(value: datetime) -> int:
+    aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    return (aware - _UNIX) // _MICROSECOND
 
 
 def arrow_columns(columns: Sequence[Sequence[object]], schema: pa.Schema) -> pa.Table:
@@ -358,21 +385,62 @@ def state_changes(befores: Sequence[Operation], afters: Sequence[Operation]) -> 
     ``before`` values (every write moves the row version, see ``Operation``), so writing them again
     would change nothing and cost the UPDATE a column and its WAL record. A poll moves three or
     four of the seventeen.
+
+    Built column by column with C-level maps (one attribute getter per column, no per-operation
+    tuple): a column whose values all stay the very same objects compares at C speed, and one that
+    moved stops comparing at its first difference.
     """
-    new = list(zip(*map(_STATE_VALUES, afters), strict=True))
-    old = list(zip(*map(_STATE_VALUES, befores), strict=True))
-    keep = [i for i in range(1, len(new)) if new[i] != old[i]] or [_VERSION_AT]
-    fields = [_STATE_SCHEMA.field(0), *(_STATE_SCHEMA.field(i) for i in keep), *_EXPECTED_FIELDS]
-    columns = [new[0], *(new[i] for i in keep), old[_VERSION_AT], old[_CANCEL_AT]]
-    return arrow_columns(columns, pa.schema(fields))
+    fields = [_STATE_SCHEMA.field(0)]
+    columns: list[Sequence[object]] = [list(map(_STATE_GETTERS[0], afters))]
+    old_version = list(map(_STATE_GETTERS[_VERSION_AT], befores))
+    old_cancel = list(map(_STATE_GETTERS[_CANCEL_AT], befores))
+    known = {_VERSION_AT: old_version, _CANCEL_AT: old_cancel}
+    for i in range(1, len(_STATE_COLUMNS)):
+        get = _STATE_GETTERS[i]
+        new = list(map(get, afters))
+        old = known.get(i) or list(map(get, befores))
+        if new != old:
+            fields.append(_STATE_SCHEMA.field(i))
+            columns.append(new)
+    if len(fields) == 1:
+        fields.append(_STATE_SCHEMA.field(_VERSION_AT))
+        columns.append(list(map(_STATE_GETTERS[_VERSION_AT], afters)))
+    columns += [old_version, old_cancel]
+    return arrow_columns(columns, pa.schema([*fields, *_EXPECTED_FIELDS]))
+
+
+_STATE_GETTERS: Final = tuple(attrgetter(c) for c in _STATE_COLUMNS)
+_CALL_NODE: Final = attrgetter("call_node_id")
+_BEFORE: Final = attrgetter("before")
+_AFTER: Final = attrgetter("after")
+_TRANSITION_GETTERS: Final = (
+    attrgetter("event.__class__.__name__"),
+    attrgetter("reason"),
+    attrgetter("accepted"),
+    attrgetter("at"),
+)
 
 
 def transition_table(transitions: Sequence[Transition]) -> pa.Table:
-    """``_transition_row``'s rows as an Arrow table, built by column."""
+    """``_transition_row``'s rows as an Arrow table, built by column (C-level maps, as ``state_changes``)."""
     if not transitions:
         return arrow_rows([], _TRANSITION_SCHEMA)
-    columns: list[Sequence[object]] = list(zip(*map(_TRANSITION_VALUES, transitions), strict=True))
-    columns.insert(_DETAIL_AT, list(map(event_detail, transitions)))
+    afters = list(map(_AFTER, transitions))
+    befores = list(map(_BEFORE, transitions))
+    event, reason, accepted, at = (list(map(g, transitions)) for g in _TRANSITION_GETTERS)
+    columns: list[Sequence[object]] = [
+        list(map(_STATE_GETTERS[0], afters)),
+        list(map(_CALL_NODE, afters)),
+        list(map(_STATE_GETTERS[1], befores)),
+        list(map(_STATE_GETTERS[1], afters)),
+        event,
+        event_details(transitions),
+        reason,
+        accepted,
+        list(map(_STATE_GETTERS[_STATE_COLUMNS.index("epoch")], afters)),
+        list(map(_STATE_GETTERS[_VERSION_AT], afters)),
+        at,
+    ]
     return arrow_columns(columns, _TRANSITION_SCHEMA)
 
 
@@ -598,6 +666,7 @@ __all__ = [
     "audit_row",
     "created_row",
     "event_detail",
+    "event_details",
     "held_from_row",
     "held_rows",
     "identity_row",

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
+from operator import attrgetter
+from typing import Any, Final
 
 from engine.acceptance import receipt_of
 from engine.errors import DuplicateOperation, LeaseLost, LedgerError, StaleWrite
@@ -26,11 +27,20 @@ from engine.model import Operation, Transition
 __all__ = ["GroupWrites", "chain", "outcomes"]
 
 
+_AFTER_ID: Final = attrgetter("after.operation_id")
+_BEFORE_ID: Final = attrgetter("before.operation_id")
+
+
 def chain(
     transitions: Sequence[Transition],
 ) -> tuple[dict[str, Transition], dict[str, Transition], dict[int, LedgerError]]:
     """Collapse chains: per operation, the first transition (whose ``before`` the ledger must hold) and
     the last (whose ``after`` it will hold); and the transitions that do not chain, by index."""
+    ids = list(map(_AFTER_ID, transitions))
+    if len(set(ids)) == len(ids) and ids == list(map(_BEFORE_ID, transitions)):
+        # The common group: one transition per operation, nothing to chain (no Python step each).
+        alone = dict(zip(ids, transitions, strict=True))
+        return alone, alone, {}
     first: dict[str, Transition] = {}
     last: dict[str, Transition] = {}
     chain_errors: dict[int, LedgerError] = {}

@@ -139,3 +139,14 @@ def test_a_groups_compare_and_swap_table_holds_only_the_state_columns_it_moves()
         [t.after for t in ts], [(t.before.row_version, t.before.cancel_generation) for t in ts]
     )
     assert table.equals(full.select(table.column_names))
+
+
+def test_a_groups_event_details_keep_each_events_class_and_order_when_classes_interleave() -> None:
+    """A group's details, built a class at a time, are each event's own orjson spelling, in the group's order."""
+    base = _transitions()
+    mixed = [dataclasses.replace(base[i % len(base)], event=e) for i, e in enumerate(_events() * 3)]  # type: ignore[arg-type]
+    assert len({type(t.event) for t in mixed}) > 1
+    assert rows.event_details(mixed) == [
+        orjson.dumps(t.event, option=orjson.OPT_SORT_KEYS).decode() for t in mixed
+    ]
+    assert rows.event_details([]) == []
