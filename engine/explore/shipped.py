@@ -286,8 +286,11 @@ class WireWorld:
 
         inc.task = self.loop.create_task(guarded())
 
-    def fingerprint(self) -> tuple[object, ...]:
-        op = self.ledger.get(self.op_id)
+    def fingerprint(self, op: Operation | None = None) -> tuple[object, ...]:
+        """What an advance could see change; ``op`` is the row as just read (a DuckDB read is a
+        query: the explorer's own reads of it were most of a DuckDB run's cost)."""
+        if op is None:
+            op = self.ledger.get(self.op_id)
         tasks = tuple(
             (t.task_id, t.status, t.rounds_answered, t.deleted_at is not None, t.cancel_at)
             for t in self.store._tasks.values()
@@ -367,7 +370,7 @@ class WireWorld:
             and not inc.busy
             and op.epoch == inc.epoch
             and op.state not in RECEIPT_STATES
-            and inc.idle_at != self.fingerprint()
+            and inc.idle_at != self.fingerprint(op)
         ):
             out.append(("executor", "advance", self.active))
         kinds = self.fault_kinds
@@ -501,7 +504,7 @@ class WireWorld:
     def _after_advance(self, inc: Incarnation, before: object, wake: Wake) -> None:
         op = self.ledger.get(self.op_id)
         inc.parked = wake.at is None
-        after = self.fingerprint()
+        after = self.fingerprint(op)
         inc.idle_at = after if after == before or inc.parked else None
         if op is not None and self._unknowns() > MAX_UNKNOWNS:
             self.findings.append((Kinds.UNSETTLED, f"UNKNOWN entered {self._unknowns()} times: it cycles"))
