@@ -127,7 +127,9 @@ def live_section(body: Callable[[], None]) -> Callable[[], None]:
     @functools.wraps(body)
     def run() -> None:
         try:
-            body()
+            insights: Insights = st.session_state["app_insights"]
+            with insights.reading():  # a refresh's reads share one attach of a ledger file
+                body()
         except ConsoleError as exc:
             st.warning(unanswered(exc, refresh_s), icon=":material/cloud_off:")
 
@@ -402,7 +404,8 @@ def main() -> None:
 
     st.session_state[_RUNNING] = True
     try:
-        navigation.run()
+        with insights.reading():  # the page's reads share one attach of a ledger file
+            navigation.run()
     except ConsoleError as exc:
         # A read the service did not answer says so in one line; any other refusal in its own words.
         st.error(unanswered(exc, None) if isinstance(exc, SourceUnavailable) else str(exc))

@@ -9,7 +9,8 @@ exact SQL behind each chart. Queries run on one of three sources:
   SQL), ``/api/v1/gates``, ``/api/v1/rollout/...`` and the approval/reconciliation/cancel routes for
   actions.
 * ``FileSource``: no service running; the ledger file is read read-only through the SQL sandbox
-  (``engine.ledger.sandbox.run_query``). Actions are refused: only the process that owns the ledger may write it.
+  (``engine.ledger.sandbox.SharedSandbox``: the queries of a page's render share one attach, released
+  when they end). Actions are refused: only the process that owns the ledger may write it.
 * ``PostgresSource``: no service running, a PostgreSQL ledger (``FINALITY_LEDGER=postgresql://...``);
   every query is analyst SQL (``PgLedger.analyst_query``: a READ ONLY transaction under the
   read-only analyst role), the rollout status is read through a read-only ledger handle. Actions
@@ -45,6 +46,7 @@ import threading
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -318,6 +320,11 @@ class Insights:
             self._cache.clear()
         self._gate_view = None
         self._tables = None
+
+    def reading(self) -> AbstractContextManager[None]:
+        """Hold the source for the reads made meanwhile (a page's render): on a ledger file they share
+        one read-only attach instead of attaching per query; released when the last one ends."""
+        return self.source.held()
 
     def close(self) -> None:
         """Stop the background readers (``soon``) and close the source (a PostgreSQL source's pool)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -21,7 +22,7 @@ from engine.errors import (
     ServiceUnavailable,
     SourceUnavailable,
 )
-from engine.ledger.sandbox import run_query
+from engine.ledger.sandbox import SharedSandbox
 from service.client import ServiceClient
 
 ENV_SERVICE_URL: Final = "FINALITY_SERVICE_URL"
@@ -64,6 +65,11 @@ class Source(Protocol):
     def close(self) -> None: ...
 
     def query(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]: ...
+
+    def held(self) -> AbstractContextManager[None]:
+        """While held, the queries made (by any thread) share what the source can share: a ledger
+        file is attached once for them all. A page holds its source while it renders."""
+        ...
 
     def rollout_status(self) -> Json | None: ...
 
@@ -108,6 +114,9 @@ class ServiceSource:
 
     def close(self) -> None:
         self.client.close()
+
+    def held(self) -> AbstractContextManager[None]:
+        return nullcontext()  # the service keeps its own snapshots open
 
     def query(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]:
         try:
@@ -205,13 +214,18 @@ class FileSource(_ReadOnlyActions):
         if not self.path.is_file():
             raise NotConfigured(f"ledger file {self.path} does not exist")
         self.info = SourceInfo("file", str(self.path), writable=False, note=note)
+        # One attach for the queries of a page, released when they end (then a writer may open it).
+        self._sandbox = SharedSandbox(self.path)
 
     def close(self) -> None:
         pass
 
+    def held(self) -> AbstractContextManager[None]:
+        return self._sandbox.held()
+
     def query(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]:
         try:
-            result = run_query(self.path, sql, max_rows=max_rows)
+            result = self._sandbox.query(sql, max_rows=max_rows)
         except EngineError as exc:
             raise QueryFailed(str(exc)) from exc
         return result.columns, result.rows, result.truncated, result.elapsed_ms
@@ -247,6 +261,9 @@ class PostgresSource(_ReadOnlyActions):
 
     def close(self) -> None:
         self.ledger.close()
+
+    def held(self) -> AbstractContextManager[None]:
+        return nullcontext()  # a pool of connections already
 
     def query(self, sql: str, max_rows: int) -> tuple[list[str], list[list[object]], bool, float]:
         try:

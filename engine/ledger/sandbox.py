@@ -284,6 +284,14 @@ def _sandbox(path: Path, limits: SandboxLimits) -> duckdb.DuckDBPyConnection:
     if cached is not None and cached[0] == identity:
         return cached[1]
     close_sandboxes()
+    con = _attach(path, limits)
+    _local.sandbox = (identity, con)
+    return con
+
+
+def _attach(path: Path, limits: SandboxLimits) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB with ``path`` attached read-only as ``ledger``, its limits set and locked."""
+    _identity(path)  # a missing file is refused in the sandbox's words
     con = duckdb.connect(":memory:")
     try:
         quoted = str(path).replace("'", "''")
@@ -303,8 +311,67 @@ def _sandbox(path: Path, limits: SandboxLimits) -> duckdb.DuckDBPyConnection:
     except duckdb.Error as exc:
         con.close()
         raise SqlRefused(f"cannot open the ledger for reading: {exc}") from exc
-    _local.sandbox = (identity, con)
     return con
+
+
+class SharedSandbox:
+    """One sandbox on a ledger file shared by the reads that overlap in time (a console page's reads).
+
+    The file is attached once by the first read of a burst, and detached as soon as no read runs and
+    nobody holds it (``held``): a page opened on a ledger file pays one attach instead of one per
+    query, and between bursts the file is free for a writer (``finality serve``) to open, as with a
+    fresh attach per query. Each read runs on a connection of its own to that one database
+    (concurrent reads run side by side); the limits are the sandbox's, so the memory limit is shared
+    by the reads running at once. The file cannot change while it is attached (a writer cannot open
+    it); a file replaced between bursts is attached afresh.
+    """
+
+    def __init__(self, path: str | Path, limits: SandboxLimits = DEFAULT_LIMITS) -> None:
+        self.path = Path(path)
+        self.limits = limits
+        self._lock = threading.Lock()
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._users = 0
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Keep the file attached for the reads made meanwhile (by any thread)."""
+        self._enter()
+        try:
+            yield
+        finally:
+            self._leave()
+
+    def query(
+        self, query: str, *, max_rows: int = 1000, timeout: timedelta = timedelta(seconds=10)
+    ) -> QueryResult:
+        """``run_query``'s rules and limits, on the shared attach.
+
+        Raises:
+            SqlRefused: as ``run_query``.
+        """
+        check_query(query)
+        with self.held():
+            assert self._con is not None  # attached while held
+            con = self._con.cursor()
+            try:
+                con.execute("USE ledger")
+                return _run(con, query, max_rows, timeout, self.limits)
+            finally:
+                con.close()
+
+    def _enter(self) -> None:
+        with self._lock:
+            if self._con is None:
+                self._con = _attach(self.path, self.limits)
+            self._users += 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._con is not None:
+                self._con.close()
+                self._con = None
 
 
 def close_sandboxes() -> None:
@@ -336,6 +403,7 @@ __all__ = [
     "SNAPSHOT_INFO_TABLE",
     "QueryResult",
     "SandboxLimits",
+    "SharedSandbox",
     "check_query",
     "close_sandboxes",
     "run_arrow",

@@ -110,11 +110,16 @@ OUTBOX_ACK_INSERT: Final = "INSERT INTO outbox_acks VALUES (?, ?, ?, ?, ?, ?) ON
 OUTBOX_ACK_OF: Final = "SELECT acked_at FROM outbox_acks WHERE consumer = ? AND call_node_id = ?"
 OUTBOX_ACK_REFUSAL_INSERT: Final = f"INSERT INTO outbox_ack_refusals VALUES ({placeholders(6)})"
 OUTBOX_LAG: Final = (
-    "SELECT a.consumer, count(*) AS acknowledged, max(a.entry_seq) AS last_seq, "
-    "max(a.acked_at) AS last_ack_at, (SELECT count(*) FROM outbox) - count(*) AS behind, "
-    "(SELECT min(o.created_at) FROM outbox o WHERE NOT EXISTS (SELECT 1 FROM outbox_acks x "
-    "WHERE x.consumer = a.consumer AND x.call_node_id = o.call_node_id)) AS oldest_unacked_at "
-    "FROM outbox_acks a GROUP BY a.consumer ORDER BY a.consumer{c}"
+    "WITH per AS (SELECT a.consumer, count(*) AS acknowledged, max(a.entry_seq) AS last_seq, "
+    "max(a.acked_at) AS last_ack_at, (SELECT count(*) FROM outbox) - count(*) AS behind "
+    "FROM outbox_acks a GROUP BY a.consumer) "
+    "SELECT consumer, acknowledged, last_seq, last_ack_at, behind, "
+    # Only a consumer behind has an oldest entry it has not acknowledged: the search (every entry
+    # against every acknowledgement, the whole cost of this statement) is not made for the others.
+    # An acknowledgement records its entry's seq, so the search compares integers.
+    "(SELECT min(o.created_at) FROM outbox o WHERE per.behind > 0 AND NOT EXISTS (SELECT 1 FROM outbox_acks x "
+    "WHERE x.consumer = per.consumer AND x.entry_seq = o.seq)) AS oldest_unacked_at "
+    "FROM per ORDER BY consumer{c}"
 )
 """Per consumer that has acknowledged anything: how many entries it acknowledged and how many it has not."""
 AUDIT_INSERT: Final = f"INSERT INTO receipt_audit VALUES ({placeholders(6)})"

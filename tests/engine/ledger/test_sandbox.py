@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import SqlRefused
+from engine.errors import LedgerError, SqlRefused
 from engine.ledger.duckdb import Ledger
-from engine.ledger.sandbox import run_query
+from engine.ledger.sandbox import SharedSandbox, run_query
 from engine.testing import make_operation
 
 
@@ -113,3 +113,32 @@ def test_kept_sandboxes_refuse_writes_like_fresh_ones(snapshot: Path) -> None:
     with pytest.raises(SqlRefused, match="reaches outside"):
         run_query(snapshot, "SELECT * FROM read_text('/etc/passwd')", keep_open=True)
     assert run_query(snapshot, "SELECT count(*) FROM operations", keep_open=True).rows == [[50]]
+
+
+def test_a_shared_sandbox_attaches_once_for_overlapping_reads_and_frees_the_file_after(
+    tmp_path: Path,
+) -> None:
+    """Reads made while a SharedSandbox is held (from several threads) share one attach, which keeps a
+    writer out; once none runs the file is free, and the next read sees what was written meanwhile."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = tmp_path / "l.duckdb"
+    with Ledger.open(path) as ledger:
+        ledger.create_many([(make_operation(f"s{i}"), {"i": i}) for i in range(3)])
+    box = SharedSandbox(path)
+    count = "SELECT count(*) FROM operations"
+    with box.held():
+        attached = box._con
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            answers = list(pool.map(lambda _: box.query(count).rows, range(6)))
+        assert answers == [[[3]]] * 6
+        assert box._con is attached  # one attach for every read of the burst
+        with pytest.raises(LedgerError):
+            Ledger.open(path)  # held: a writer cannot open the file meanwhile
+        for query in ("DELETE FROM op_state", "SET threads = 4", "SELECT 1; SELECT 2"):
+            with pytest.raises(SqlRefused):
+                box.query(query)
+    assert box._con is None
+    with Ledger.open(path) as ledger:  # free again once the reads ended
+        ledger.create_many([(make_operation("s3"), {"i": 3})])
+    assert box.query(count).rows == [[4]]
