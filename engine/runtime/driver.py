@@ -621,17 +621,21 @@ class Driver:
 
     # -------------------------------------------------------------------------- person actions
 
-    def request_cancel(self, op: Operation, *, actor: str, reason: str) -> Operation:
+    def request_cancel(
+        self, op: Operation, *, actor: str, reason: str, current: Operation | None = None
+    ) -> Operation:
         """Raise the cancel generation by compare-and-swap and record CANCEL_REQUESTED.
 
         The protocol request goes out on the operation's next ``advance``, never before this is
-        recorded.
+        recorded. ``current`` is the operation's row as the caller has just read it from this
+        driver's ledger (a batch of cancels reads them together); otherwise it is read here.
 
         Raises:
             CancelUnsupported: the server declared no cancel capability; nothing was recorded.
             CancelNotAllowed: the state allows no cancel.
         """
-        current = self.ledger.get(op.operation_id) or op
+        if current is None:
+            current = self.ledger.get(op.operation_id) or op
         self.check_cancel(current)
         after = self.commit(current, CancelRequested(current.cancel_generation + 1, actor, reason))
         if after.cancel_generation == current.cancel_generation:

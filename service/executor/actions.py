@@ -509,8 +509,8 @@ class PersonActions(ExecutorState):
 
         return await self._between_ticks(do)
 
-    def _current(self, call_node: str) -> Operation:
-        op = self.ledger.by_call_node(call_node)
+    def _current(self, call_node: str, found: dict[str, Operation] | None = None) -> Operation:
+        op = found.get(call_node) if found is not None else self.ledger.by_call_node(call_node)
         if op is None:
             raise ServiceError(404, f"no operation for call node {call_node!r}")
         return self._ops.get(op.operation_id, op)

@@ -302,8 +302,9 @@ class ExecutorState(abc.ABC):
         """(forwarding) A driver that records a person's action in the ledger and sends nothing."""
 
     @abc.abstractmethod
-    def _current(self, call_node: str) -> Operation:
-        """(person actions) The operation of ``call_node`` as this executor knows it (404 if none)."""
+    def _current(self, call_node: str, found: dict[str, Operation] | None = None) -> Operation:
+        """(person actions) The operation of ``call_node`` as this executor knows it (404 if none);
+        ``found``: the rows of a batch just read by call node."""
 
     @abc.abstractmethod
     def _cancel_now(self, op: Operation, *, actor: str, reason: str) -> Operation:

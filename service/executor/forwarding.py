@@ -42,13 +42,25 @@ class ForwardedActions(ExecutorState):
         done: list[tuple[asyncio.Future[Operation], Operation | Exception]] = []
         elsewhere: list[tuple[str, str, str, asyncio.Future[Operation]]] = []
         with self._store.grouped() as refused:
+            # Two reads for the whole queue, taken after the group's first flush so they are the
+            # rows each compare-and-swap starts from. Three point reads per cancel (its row by
+            # call node, again by id, its shadow's by call node) were a fifth of the executor's
+            # time in bench/scale.py (bench/results/profiles/scale-s6-before.md).
+            found = self.ledger.by_call_nodes(list(dict.fromkeys(c for c, _, _, _ in queued)))
+            shadows = self._shadows_of(list(found.values()))
+            written: set[str] = set()
             for call_node, actor, reason, future in queued:
                 try:
-                    op = self._current(call_node)
+                    op = self._current(call_node, found)
                     if not self._holds(op.operation_id):
                         elsewhere.append((call_node, actor, reason, future))
                         continue
-                    done.append((future, self._cancel_now(op, actor=actor, reason=reason)))
+                    # A second cancel of one operation in this queue starts from the first one's
+                    # write (the group's buffer), not from the row read before it.
+                    row = None if op.operation_id in written else found[call_node]
+                    written.add(op.operation_id)
+                    after = self._cancel_now(op, actor=actor, reason=reason, row=row, shadows=shadows)
+                    done.append((future, after))
                 except Exception as exc:  # handed to the waiting API request, which reports it
                     done.append((future, exc))
         fenced = {t.after.operation_id: o.error for t, o in refused if isinstance(o.error, LeaseLost)}
@@ -92,15 +104,44 @@ class ForwardedActions(ExecutorState):
             if not future.done():
                 future.set_result(after)
 
-    def _cancel_now(self, op: Operation, *, actor: str, reason: str) -> Operation:
+    def _cancel_now(
+        self,
+        op: Operation,
+        *,
+        actor: str,
+        reason: str,
+        row: Operation | None = None,
+        shadows: dict[str, Operation] | None = None,
+    ) -> Operation:
+        """Record the cancel of ``op`` as its holder (or for whoever holds it).
+
+        ``row`` is its stored row when the caller has just read it (only the first attempt starts
+        from it: a retry acts on the adopted row); ``shadows`` the possible shadows of the
+        queue's primaries by call node, read together (``_shadows_of``).
+        """
+
+        def cancel(driver: Driver, target: Operation) -> Operation:
+            given = row if target is op else None
+            return driver.request_cancel(target, actor=actor, reason=reason, current=given)
+
         try:
-            after = self._as_holder(op, lambda d, o: d.request_cancel(o, actor=actor, reason=reason))
+            after = self._as_holder(op, cancel)
         except EngineError as exc:
             raise ServiceError(409, str(exc)) from exc
         if after is None:
             return self._cancel_elsewhere(op, actor=actor, reason=reason)
-        self._cancel_shadow(after, actor=actor, reason=reason)
+        self._cancel_shadow(after, actor=actor, reason=reason, shadows=shadows)
         return after
+
+    def _shadows_of(self, primaries: list[Operation]) -> dict[str, Operation]:
+        """The shadows (by call node) of the primaries whose pairing this executor does not know:
+        one read for them all. Their creator may be another executor, so only the ledger says."""
+        names = [
+            shadow_call_node(op.call_node_id)
+            for op in primaries
+            if op.role is Role.PRIMARY and op.operation_id not in self._shadow_of
+        ]
+        return self.ledger.by_call_nodes(names) if names else {}
 
     def _as_holder(self, op: Operation, act: Callable[[Driver, Operation], Operation]) -> Operation | None:
         """Record a person's action on ``op`` as its holder: ``act`` with the operation's driver,
@@ -161,13 +202,17 @@ class ForwardedActions(ExecutorState):
         self._cancel_shadow(after, actor=actor, reason=reason)
         return after
 
-    def _cancel_shadow(self, primary: Operation, *, actor: str, reason: str) -> None:
+    def _cancel_shadow(
+        self, primary: Operation, *, actor: str, reason: str, shadows: dict[str, Operation] | None = None
+    ) -> None:
+        """Mirror a primary's cancel on its shadow (``shadows``: read already by ``_shadows_of``)."""
         shadow_id = self._shadow_of.get(primary.operation_id)
         if shadow_id is not None:
             shadow = self.ledger.get(shadow_id)
         elif primary.role is Role.PRIMARY:
             # Its creator (and so its pairing) may be another executor: the shadow's call node says.
-            shadow = self.ledger.by_call_node(shadow_call_node(primary.call_node_id))
+            name = shadow_call_node(primary.call_node_id)
+            shadow = shadows.get(name) if shadows is not None else self.ledger.by_call_node(name)
         else:
             shadow = None
         if shadow is None or shadow.state not in (S.WORKING, S.INPUT_REQUIRED):
