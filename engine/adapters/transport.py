@@ -19,6 +19,7 @@ from email.utils import parsedate_to_datetime
 
 import aiohttp
 import httpx
+import orjson
 from httpx import USE_CLIENT_DEFAULT
 from httpx._client import UseClientDefault
 from httpx._types import AuthTypes
@@ -126,6 +127,14 @@ def unavailable_for_status(response: httpx.Response, what: str, now: datetime) -
 
 def parse_json(body: bytes, what: str) -> object:
     """Decode a JSON body. A body cut off mid-value is a broken transfer, anything else malformed a violation."""
+    try:
+        # orjson (already the ledger's JSON library) parses UTF-8 bytes in one pass, several times
+        # faster than decoding to text and json.loads. Whatever it refuses (and it refuses more:
+        # NaN, integers past 64 bits, lone surrogates) is read again by json below, so a body
+        # means exactly what it meant before and a refusal is classified the same way.
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        pass
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
