@@ -20,9 +20,10 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy --strict engine rollout service console demo app.py pages
 
 # Two workers, one per CI core; --dist loadfile keeps a module on one worker, so its module-scoped
-# servers start once. The 30 slowest tests are listed so that the suite's time stays visible.
+# servers start once, and --no-loadscope-reorder keeps tests/conftest.py's order (slowest files first).
+# The 30 slowest tests are listed so that the suite's time stays visible.
 unit: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=30
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=30
 
 browser:
 	bash scripts/install-browser.sh

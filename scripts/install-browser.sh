@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs Debian's Chromium for the console's browser test (tests/console/test_browser.py).
+# Installs Debian's Chromium for the console's browser test (tests/console/test_browser*.py).
 # Idempotent: does nothing when /usr/bin/chromium is already there. No browser downloads beyond apt.
 set -euo pipefail
 if [ -x /usr/bin/chromium ]; then

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from test_browser import ARTIFACTS, CHROMIUM, FLAGS, ROUND_TTL_MS, streamlit_console
+from browser_support import ARTIFACTS, CHROMIUM, FLAGS, ROUND_TTL_MS, streamlit_console
 
 from demo.seed import seed_ledger
 from engine.testing.oidc import OidcProvider
