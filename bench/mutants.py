@@ -147,7 +147,10 @@ MUTANTS: tuple[Mutant, ...] = (
         "a tool result with isError read as completed",
         True,
         "tool-error",
-        ("tests/integration/test_race_result.py",),
+        (
+            "tests/integration/test_race_happy_paths.py::"
+            "test_an_is_error_result_is_accepted_with_the_status_its_protocol_gives_it",
+        ),
     ),
     Mutant(
         "mcp25-cancel-requested-as-cancelled",
