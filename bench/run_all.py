@@ -30,12 +30,13 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Figure
+from engine.clock import SystemClock
 
 ROOT = Path(__file__).resolve().parents[1]
 DASH = "\N{EN DASH}"
@@ -548,7 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{b.name:10s} {shlex.join(b.command(args.quick))}")
         return 0
     chosen = select(everything, args.only)
-    started_at = datetime.now(UTC)
+    started_at = SystemClock().now()
     load_before = load_average()
     wall = time.perf_counter()
     outcomes: list[Outcome] = []

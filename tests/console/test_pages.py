@@ -9,6 +9,8 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from engine.clock import SystemClock
+
 Open = Callable[[str], AppTest]
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -229,7 +231,6 @@ def test_gate_compliance_counts_merged_interleavings_apart_from_the_runs_that_co
     """A shipped-code exploration that merged equal states covers more interleavings than it ran:
     the page says so ("19,049 distinct interleavings ... covered by 10,300 runs"), never "19,049 of 10,300"."""
     import shutil
-    from datetime import UTC, datetime
 
     from engine import open_ledger
     from engine.ledger.port import ExplorerRun
@@ -237,7 +238,7 @@ def test_gate_compliance_counts_merged_interleavings_apart_from_the_runs_that_co
 
     ledger_path = tmp_path / "merged.duckdb"
     shutil.copy(seeded_ledger, ledger_path)
-    at_ = datetime.now(UTC)
+    at_ = SystemClock().now()
     writer = open_ledger(str(ledger_path))
     try:
         writer.record_explorer_run(

@@ -5,12 +5,13 @@ from __future__ import annotations
 import json
 import typing
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from demo.seed import SCRIPTS, SeedScriptError, replay
+from engine.clock import SystemClock
 from engine.errors import LedgerError
 from engine.ledger.duckdb import Ledger
 from engine.ledger.sandbox import run_query
@@ -178,7 +179,7 @@ def test_seeded_explorer_runs_are_marked_seeded_and_never_count_toward_the_diver
     with Ledger.open(seeded_ledger, read_only=True) as ledger:
         codes = {r["code"] for r in ledger._rows("SELECT DISTINCT code FROM explorer_runs", [])}
         assert codes == {"seeded"}
-        inputs = ledger.gate_inputs(datetime.now(UTC))
+        inputs = ledger.gate_inputs(SystemClock().now())
     assert inputs["terminal_divergence"]["explorer_runs"] == 0
     verdict = {r.gate: r for r in evaluate(inputs).results}["terminal_divergence"]
     assert not verdict.passed

@@ -6,11 +6,12 @@ answer that arrives after it is refused and the round recorded as expired; nothi
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from race_kit import ACCEPT, MARGIN, MCP, spec_for
 
+from engine.clock import SystemClock
 from engine.errors import ConfigError
 from engine.ledger.duckdb import Ledger
 from engine.model import LocalState
@@ -36,7 +37,7 @@ async def test_a_round_answered_after_its_deadline_is_refused_and_recorded_as_ex
     """The round's deadline is the task's expiry (the budget ends later); once the injected clock
     passes it, the answer is refused, the round is expired at that instant, and no answer is sent."""
     # The server's timestamps are real instants: the injected clock starts at the real now.
-    clock = FakeClock(datetime.now(UTC))
+    clock = FakeClock(SystemClock().now())
     await _park(server, ledger, clock, timedelta(hours=1))
     (approval,) = ledger.approvals()
     op = ledger.by_call_node("node-1")
@@ -61,7 +62,7 @@ async def test_a_round_whose_wait_budget_ends_before_the_task_expires_has_the_bu
     server: RefServer, ledger: Ledger
 ) -> None:
     """A 2 s wait budget ends before the server's 6 s expiry: the round's deadline is the budget's end."""
-    clock = FakeClock(datetime.now(UTC))
+    clock = FakeClock(SystemClock().now())
     await _park(server, ledger, clock, timedelta(seconds=2))
     (approval,) = ledger.approvals()
     op = ledger.by_call_node("node-1")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
+from engine.clock import SystemClock
 from engine.ledger import open_ledger
 from engine.model import Epoch
 from service.executor.leases import SharedLeases, SoleOwner, tenancy_for
@@ -19,7 +18,7 @@ def test_a_ledger_that_offers_leasing_is_shared_only_when_leases_are_asked_for(p
         assert isinstance(shared, SharedLeases)
         assert shared.shared
         assert shared.handle(Epoch(2)) is not ledger  # a fenced handle on the same pool
-        now = datetime.now(UTC)
+        now = SystemClock().now()
         assert shared.renew(now) == set()  # nothing leased yet
         assert shared.lease_due > now
     finally:
