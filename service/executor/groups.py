@@ -67,19 +67,20 @@ class WriteGroups(ExecutorState):
             self._after(wake)
 
     def _refused(self, refused: list[tuple[Transition, BatchOutcome]], finished: list[Wake]) -> None:
+        if any(isinstance(o.error, LeaseLost) and refusal(o.error) is Refusal.ADOPT for _, o in refused):
+            # A rollback elsewhere raised the epoch: the leases are still this executor's, so it
+            # follows the epoch and adopts what it holds, once for the whole group (``_after`` then
+            # restarts each from its adopted row). First, so that the replies the raise fenced are
+            # judged against the adopted rows and logged: judged before, at the old epoch, none
+            # looked stale, and an executor that learnt of a rollback from a refusal logged none.
+            self._epoch_check()
         self._log_fenced([t for t, _ in refused])
         finishing = {wake.operation.operation_id for wake in finished} if refused else set()
-        epoch_moved = False
         for transition, outcome in refused:
             self.stats["refused"] += 1
             op_id = transition.after.operation_id
             if isinstance(outcome.error, LeaseLost):
-                if refusal(outcome.error) is Refusal.ADOPT:
-                    # A rollback elsewhere raised the epoch: the lease is still this executor's,
-                    # so the operation is kept and adopted below, once for the whole group
-                    # (``_after`` then restarts it from the adopted row).
-                    epoch_moved = True
-                else:
+                if refusal(outcome.error) is Refusal.DROP:
                     self._lease_lost(op_id, str(outcome.error))
                 continue
             if op_id in self._running:
@@ -100,8 +101,6 @@ class WriteGroups(ExecutorState):
             self._ops[op_id] = fresh
             if fresh.state not in RECEIPT_STATES:
                 self._schedule(op_id, self.clock.now())
-        if epoch_moved:
-            self._epoch_check()
 
     def _log_fenced(self, refused: list[Transition]) -> None:
         """Group-committed writes refused because a rollback raised the epoch under them: say so.

@@ -146,6 +146,17 @@ def _row(pg_url: str, op_id: str) -> tuple[str, int, str | None, bool]:
     return str(row[0]), int(row[1]), None if row[2] is None else str(row[2]), bool(row[3])
 
 
+def _fenced(pg_url: str, op_id: str) -> int:
+    """Replies refused (and logged) for their stale epoch."""
+    with psycopg.connect(pg_url) as con:
+        row = con.execute(
+            "SELECT count(*) FROM transitions WHERE operation_id = %s AND NOT accepted AND cause LIKE %s",
+            [op_id, "stale epoch%"],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 async def _cluster(pg_url: str, servers: tuple[RefServer, RefServer]) -> tuple[Driven, Driven]:
     config = _config(*servers)
     a, b = Driven(pg_url, config, "a", 1), Driven(pg_url, config, "b", 2)
@@ -170,7 +181,8 @@ async def test_a_poll_refused_for_an_epoch_raised_elsewhere_is_adopted_by_its_ho
     pg_url: str, servers: tuple[RefServer, RefServer]
 ) -> None:
     """A's group-committed poll is refused for B's rollback: A adopts the operation at epoch 2, still
-    holds it, and its cancel is sent by A and ends it with one receipt at the new epoch."""
+    holds it, logs the old-epoch reply as fenced, and its cancel is sent by A and ends it with one
+    receipt at the new epoch."""
     a, b = await _cluster(pg_url, servers)
     try:
         op = await a.between_ticks(
@@ -186,6 +198,7 @@ async def test_a_poll_refused_for_an_epoch_raised_elsewhere_is_adopted_by_its_ho
         assert held is not None, "still held, not dropped"
         assert held.epoch == 2, "adopted"
         assert _row(pg_url, op.operation_id)[1:3] == (2, "a")
+        assert _fenced(pg_url, op.operation_id) == 1, "the old-epoch reply is logged as fenced"
 
         cancelled = await a.between_ticks(a.executor.cancel("polled", actor="rm", reason="finish the test"))
         assert cancelled.state is S.CANCEL_REQUESTED
