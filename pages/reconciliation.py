@@ -7,7 +7,6 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from console.frame import (
-    WRAP_ROW_PX,
     Permission,
     acting_as,
     acting_name,
@@ -16,6 +15,7 @@ from console.frame import (
     live_section,
     may,
     not_allowed,
+    wrapped_row_px,
 )
 from console.insights import Insights
 from console.queries import UNKNOWN_SLO_S
@@ -123,18 +123,21 @@ def live() -> None:
             "submission key": aging["idempotency_key"],
         }
     )
+    # The reason and the next step are what a person reads first: rows as tall as the longest of them
+    # needs, so neither is cut (three-line rows cut a long reason or a next step naming a task id).
+    widths = {"reason": 330, "next step": 400}
     st.dataframe(
         table,
         hide_index=True,
         key="reconciliation_aging",
         width="stretch",
-        row_height=WRAP_ROW_PX,  # reason and next step wrap instead of being cut
+        row_height=wrapped_row_px({widths[c]: table[c].astype(str).tolist() for c in widths}),
         column_config={
             "age (min)": st.column_config.NumberColumn(width=70),
             "over 15 min": st.column_config.TextColumn(width=80),
-            "kind": st.column_config.TextColumn(width=80),  # "unknown" unbroken
-            "reason": st.column_config.TextColumn(width=330),
-            "next step": st.column_config.TextColumn(width=400),
+            "kind": st.column_config.TextColumn(width=90),  # "unknown" unbroken
+            "reason": st.column_config.TextColumn(width=widths["reason"]),
+            "next step": st.column_config.TextColumn(width=widths["next step"]),
             "candidates": st.column_config.TextColumn(width=220),
         },
     )

@@ -317,7 +317,7 @@ def _attach(path: Path, limits: SandboxLimits) -> duckdb.DuckDBPyConnection:
 class SharedSandbox:
     """One sandbox on a ledger file shared by the reads that overlap in time (a console page's reads).
 
-    The file is attached once by the first read of a burst, and detached as soon as no read runs and
+    The file is attached by the first read of a burst, and detached as soon as no read runs and
     nobody holds it (``held``): a page opened on a ledger file pays one attach instead of one per
     query, and between bursts the file is free for a writer (``finality serve``) to open, as with a
     fresh attach per query. Each read runs on a connection of its own to that one database
@@ -352,18 +352,23 @@ class SharedSandbox:
         """
         check_query(query)
         with self.held():
-            assert self._con is not None  # attached while held
-            con = self._con.cursor()
+            con = self._attached().cursor()
             try:
                 con.execute("USE ledger")
                 return _run(con, query, max_rows, timeout, self.limits)
             finally:
                 con.close()
 
-    def _enter(self) -> None:
+    def _attached(self) -> duckdb.DuckDBPyConnection:
+        # Attached by the first read, not by ``held``: a render whose reads all come from a cache
+        # attaches nothing.
         with self._lock:
             if self._con is None:
                 self._con = _attach(self.path, self.limits)
+            return self._con
+
+    def _enter(self) -> None:
+        with self._lock:
             self._users += 1
 
     def _leave(self) -> None:

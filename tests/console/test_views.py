@@ -137,3 +137,24 @@ def test_rollout_actions_close_together_share_one_label_and_neighbours_take_othe
     assert "rollback by a-very-long-principal-name-indeed" in marks[1].hover
     assert "12:01:05 canary by mona" in marks[0].hover
     assert [m.level for m in marks] == [i % MARK_LEVELS for i in range(4)]
+
+
+def test_reconciliation_rows_grow_to_show_a_long_reason_in_full() -> None:
+    """A reason a living demo records (a result that failed verification, with its digest) wraps to five
+    lines in the 330 px reason column at the grid's measured 6.2 px per character: the row is that
+    tall, where the fixed three-line row cut it; rows of short texts stay three lines tall."""
+    import textwrap
+
+    from console.frame import WRAP_ROW_PX, wrapped_row_px
+
+    reason = (
+        "result failed verification: stale epoch 0 echoed by the result; it was fetched at epoch 1, the "
+        "operation is at epoch 1; candidate result digest "
+        "sha256:ccfd353d2340f3623d86f0e32f52d2868392e8a37fe8d4e64cca7b893e9da087"
+    )
+    lines_needed = len(textwrap.wrap(reason, width=int((330 - 16) / 6.2)))
+    assert lines_needed >= 4, lines_needed
+    step = next_step("unknown", None, None)
+    assert wrapped_row_px({330: [reason, "short"], 400: [step]}) >= 8 + 20 * lines_needed
+    assert wrapped_row_px({330: ["cancel won"], 400: [step]}) == WRAP_ROW_PX
+    assert wrapped_row_px({330: ["x" * 10_000]}) == 8 + 20 * 16  # a bounded row, not a page-high one

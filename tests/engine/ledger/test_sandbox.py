@@ -128,7 +128,10 @@ def test_a_shared_sandbox_attaches_once_for_overlapping_reads_and_frees_the_file
     box = SharedSandbox(path)
     count = "SELECT count(*) FROM operations"
     with box.held():
+        assert box._con is None  # held, but nothing read yet: nothing attached
+        assert box.query(count).rows == [[3]]
         attached = box._con
+        assert attached is not None
         with ThreadPoolExecutor(max_workers=3) as pool:
             answers = list(pool.map(lambda _: box.query(count).rows, range(6)))
         assert answers == [[[3]]] * 6
