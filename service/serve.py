@@ -81,7 +81,8 @@ async def serve(
             sql = DuckDbReads(source, Path(folder), executor.clock, analyst, published=published)
         app = build_api(executor, ledger, sql=sql, readers=readers, analyst=analyst)
         server = uvicorn.Server(
-            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+            # httptools: the C parser (a dependency), not h11's pure Python, parses each request.
+            uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off", http="httptools")
         )
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Any, ClassVar, Final, TypeVar
 
 from engine.ledger import sql
-from engine.ledger.schema import _STATE_COLUMNS
+from engine.ledger.schema import _STATE_COLUMNS, ASSIGNMENT_COLUMNS
 from engine.model import Operation
 
 __all__ = ["SqlCore", "cas_params"]
@@ -75,6 +75,17 @@ class SqlCore(ABC):
     @abstractmethod
     def _operations_in(self, column: str, values: Sequence[str]) -> list[Operation]:
         """The operations whose ``column`` is one of ``values``."""
+
+    def _insert_arms(self, tx: Any, rows: Sequence[Mapping[str, object]]) -> None:
+        """Append rollout assignment rows (``ASSIGNMENT_COLUMNS``) in ``tx``; a second row for an
+        operation is ignored. The one writer of ``rollout_assignments``."""
+        if rows:
+            self._insert_many(
+                tx,
+                "rollout_assignments",
+                [[r.get(c) for c in ASSIGNMENT_COLUMNS] for r in rows],
+                sql.IGNORE_DUPLICATE,
+            )
 
     def _retrying(self, action: Callable[[], T]) -> T:
         """Run ``action``, again where the backend aborts a transaction that is safe to repeat."""

@@ -303,10 +303,13 @@ class Ledger(SqlLedger, DuckBulk):
 
     # ---------------------------------------------------------------------------------- writes
 
-    def _insert_fresh(self, fresh: Sequence[tuple[Operation, Json]]) -> set[str] | None:
+    def _insert_fresh(
+        self, fresh: Sequence[tuple[Operation, Json]], arms: Sequence[dict[str, object]] = ()
+    ) -> set[str] | None:
         try:
             with self._tx() as tx:
                 self._bulk_insert_new(tx, fresh)
+                self._insert_arms(tx, arms)  # all or none inserted: every arm is an inserted one's
         except duckdb.Error as exc:
             if not self._conflict(exc):  # a CHECK refusal raises InvalidRecord there
                 raise

@@ -335,7 +335,15 @@ class MemoryPort:
             )  # fmt: skip
         return stored, created
 
-    def create_many(self, items: Sequence[tuple[Operation, Json]]) -> list[tuple[Operation, bool]]:
+    def create_many(
+        self,
+        items: Sequence[tuple[Operation, Json]],
+        *,
+        arms: Sequence[dict[str, object]] = (),
+        looked_up: bool = False,
+    ) -> list[tuple[Operation, bool]]:
+        # The explorer's port keeps no rollout arms (it has no ``record_assignments``): ``arms`` is
+        # accepted for the port's signature and left out, and there is no lookup to skip.
         return [self.create_operation(op, arguments) for op, arguments in items]
 
     def _logged(self, t: Transition) -> None:

@@ -336,15 +336,19 @@ class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
 
     # ---------------------------------------------------------------------------------- writes
 
-    def _insert_fresh(self, fresh: Sequence[tuple[Operation, Json]]) -> set[str] | None:
-        return self._retrying(lambda: self._insert_new(fresh))
+    def _insert_fresh(
+        self, fresh: Sequence[tuple[Operation, Json]], arms: Sequence[dict[str, object]] = ()
+    ) -> set[str] | None:
+        return self._retrying(lambda: self._insert_new(fresh, arms))
 
     def _created_by_another(self, op: Operation) -> Operation | None:
         # The conflicting creator has committed: PostgreSQL's unique check waits for it.
         return self.by_call_node(op.call_node_id) or self.by_key(op.idempotency_key)
 
-    def _insert_new(self, fresh: Sequence[tuple[Operation, Json]]) -> set[str]:
-        """Insert the operations whose call node, key and id are all new; return their ids.
+    def _insert_new(
+        self, fresh: Sequence[tuple[Operation, Json]], arms: Sequence[dict[str, object]] = ()
+    ) -> set[str]:
+        """Insert the operations whose call node, key and id are all new, and their arms; return their ids.
 
         ``ON CONFLICT DO NOTHING`` waits for a concurrent creator of the same key to finish, so a
         skipped row belongs to a committed operation.
@@ -371,6 +375,7 @@ class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
                     ],
                 )
                 self._insert_many(cur, "transitions", [codec.created_row(op) for op in created])
+                self._insert_arms(cur, [r for r in arms if r["operation_id"] in inserted])
         return inserted
 
     def _refusal(self, cur: Cursor, before: Operation) -> LedgerError:

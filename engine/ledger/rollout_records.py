@@ -15,7 +15,7 @@ from engine.errors import LedgerError, StaleWrite
 from engine.ledger import sql
 from engine.ledger.core import SqlCore
 from engine.ledger.rows import rollout_state_row
-from engine.ledger.schema import ASSIGNMENT_COLUMNS, ROLLOUT_EVENT_COLUMNS, SHADOW_DIFF_COLUMNS
+from engine.ledger.schema import ROLLOUT_EVENT_COLUMNS, SHADOW_DIFF_COLUMNS
 
 __all__ = ["RolloutRecords"]
 
@@ -95,12 +95,7 @@ class RolloutRecords(SqlCore):
         if not rows:
             return
         with self._tx() as tx:
-            self._insert_many(
-                tx,
-                "rollout_assignments",
-                [[r.get(c) for c in ASSIGNMENT_COLUMNS] for r in rows],
-                sql.IGNORE_DUPLICATE,
-            )
+            self._insert_arms(tx, rows)
 
     def assignments(self, *, limit: int = 1000) -> list[dict[str, object]]:
         return self._rows(sql.ASSIGNMENTS, [limit])

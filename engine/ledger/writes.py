@@ -85,9 +85,12 @@ class GroupWrites(Receipts, EngineReads):
     """Creating operations, compare-and-swapping transitions and committing write groups."""
 
     @abstractmethod
-    def _insert_fresh(self, fresh: Sequence[tuple[Operation, Json]]) -> set[str] | None:
-        """Insert new operations in one transaction; the ids inserted (another creator's call node
-        or key skipped), or None if the backend refused the whole batch."""
+    def _insert_fresh(
+        self, fresh: Sequence[tuple[Operation, Json]], arms: Sequence[dict[str, object]] = ()
+    ) -> set[str] | None:
+        """Insert new operations, and the arms (assignment rows) of those inserted, in one
+        transaction; the ids inserted (another creator's call node or key skipped), or None if the
+        backend refused the whole batch."""
 
     @abstractmethod
     def _created_by_another(self, op: Operation) -> Operation | None:
@@ -127,35 +130,84 @@ class GroupWrites(Receipts, EngineReads):
             )
         return existing, False
 
-    def create_many(self, items: Sequence[tuple[Operation, Json]]) -> list[tuple[Operation, bool]]:
+    def create_many(
+        self,
+        items: Sequence[tuple[Operation, Json]],
+        *,
+        arms: Sequence[dict[str, object]] = (),
+        looked_up: bool = False,
+    ) -> list[tuple[Operation, bool]]:
         """Group-committed ``create_operation``: one transaction for many new operations.
 
         Call nodes that already have an operation get it back (``created`` False). An item that
         conflicts otherwise (another creator won the race since the lookup) is resolved on its own,
         as ``create_operation`` would, so that the offender is named.
+
+        ``arms`` are rollout assignment rows (``record_assignments``'): the arm of each operation
+        created here is written in the same transaction as the operation itself, so that a new
+        call's record and its arm cost one durable commit (an item resolved on its own gets its arm
+        written right after). ``looked_up``: the caller has just read that none of the call nodes
+        has an operation, so that read is not made again; a creator that raced in since is still
+        refused by the database's uniqueness and resolved on its own.
         """
         if not items:
             return []
+        arm_of = {str(r["operation_id"]): r for r in arms}
         nodes = [op.call_node_id for op, _ in items]
         if len(set(nodes)) != len(nodes):
-            return [self.create_operation(op, args) for op, args in items]
-        existing = self.by_call_nodes(nodes)
+            return self._created_alone(items, arm_of, set())
+        existing = {} if looked_up else self.by_call_nodes(nodes)
         fresh = [(op, args) for op, args in items if op.call_node_id not in existing]
         for op, _ in fresh:
             require_new(op)
-        inserted = self._insert_fresh(fresh) if fresh else set()
+        inserted = (
+            self._insert_fresh(
+                fresh, [arm_of[op.operation_id] for op, _ in fresh if op.operation_id in arm_of]
+            )
+            if fresh
+            else set()
+        )
         if inserted is None:
-            return [self.create_operation(op, args) for op, args in items]
+            return self._created_alone(items, arm_of, set())
         out: list[tuple[Operation, bool]] = []
+        alone: list[int] = []
         for op, args in items:
             have = existing.get(op.call_node_id)
-            if have is None:
-                out.append((op, True) if op.operation_id in inserted else self.create_operation(op, args))
-            elif have.request_digest != op.request_digest:
-                out.append(self.create_operation(op, args))
-            else:
+            if have is None and op.operation_id in inserted:
+                out.append((op, True))
+            elif have is not None and have.request_digest == op.request_digest:
                 out.append((have, False))
+            else:
+                alone.append(len(out))
+                out.append(self.create_operation(op, args))
+        self._record_arms([out[i] for i in alone], arm_of, inserted)
         return out
+
+    def _created_alone(
+        self,
+        items: Sequence[tuple[Operation, Json]],
+        arm_of: Mapping[str, dict[str, object]],
+        written: set[str],
+    ) -> list[tuple[Operation, bool]]:
+        """Each item created on its own (``create_operation``), then the arms of those created."""
+        out = [self.create_operation(op, args) for op, args in items]
+        self._record_arms(out, arm_of, written)
+        return out
+
+    def _record_arms(
+        self,
+        created: Sequence[tuple[Operation, bool]],
+        arm_of: Mapping[str, dict[str, object]],
+        written: set[str],
+    ) -> None:
+        rows = [
+            arm_of[op.operation_id]
+            for op, new in created
+            if new and op.operation_id in arm_of and op.operation_id not in written
+        ]
+        if rows:
+            with self._tx() as tx:
+                self._insert_arms(tx, rows)
 
     def apply(self, transition: Transition) -> Operation:
         """Compare-and-swap one transition into the ledger.

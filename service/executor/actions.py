@@ -13,6 +13,7 @@ the operation's driver does.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -97,7 +98,7 @@ class PersonActions(ExecutorState):
             raise ServiceError(400, f"unknown server {server!r}")
 
         # Not one action each: every submission waiting when the loop comes round is recorded in
-        # one transaction (``_create_queued``), so 200 concurrent callers cost two commits, not 400.
+        # one transaction (``_create_queued``), so 200 concurrent callers cost one commit, not 400.
         future: asyncio.Future[Operation] = asyncio.get_running_loop().create_future()
         self._submits.append((Submission(tool_config, call_node, arguments, principal, role, server), future))
         self._wake.set()
@@ -106,17 +107,19 @@ class PersonActions(ExecutorState):
         async with asyncio.timeout(60):
             return await future
 
-    def _create_queued(self) -> None:
+    async def _create_queued(self) -> None:
         """Record the queued submissions of new call nodes together; every other one goes alone.
 
         A call node that already has an operation, or appears twice in the queue, is answered by
         ``_create`` exactly as a lone submission would be (same result, same 409). The new ones
-        are recorded by one ``create_many`` and their assignments by one ``record_assignments``.
+        and their rollout arms are recorded by one ``create_many``: one durable commit, made on a
+        worker thread, so that the loop goes on reading the requests that arrive meanwhile (they
+        queue for the next batch: the batch grows with the load, and no window is waited out).
         """
         queued, self._submits = self._submits, []
         for _ in range(3):
             try:
-                self._record_submissions(queued)
+                await self._record_submissions(queued)
                 return
             except LeaseLost:
                 # A rollback through another executor raised the epoch after these were routed:
@@ -128,8 +131,9 @@ class PersonActions(ExecutorState):
                     ServiceError(503, "the rollout kept moving while this call was recorded; submit again")
                 )
 
-    def _record_submissions(self, queued: list[tuple[Submission, asyncio.Future[Operation]]]) -> None:
-        """Route and record ``queued`` (futures already answered are skipped).
+    async def _record_submissions(self, queued: list[tuple[Submission, asyncio.Future[Operation]]]) -> None:
+        """Route and record ``queued`` (futures already answered are skipped); each caller is answered
+        as soon as the commit that holds its operation is durable.
 
         Raises:
             LeaseLost: the ledger's epoch is newer than this executor's; nothing was recorded.
@@ -139,7 +143,7 @@ class PersonActions(ExecutorState):
         nodes: set[str] = set()
         waiting = [(sub, future) for sub, future in queued if not future.done()]  # others gave up
         # One read for the whole queue: a point query each cost 200 callers seconds of the loop.
-        existing = self.ledger.by_call_nodes([sub.call_node for sub, _ in waiting])
+        existing = await asyncio.to_thread(self.ledger.by_call_nodes, [sub.call_node for sub, _ in waiting])
         for sub, future in waiting:
             if sub.call_node in nodes or sub.call_node in existing:
                 alone.append((sub, future))
@@ -155,37 +159,50 @@ class PersonActions(ExecutorState):
             op = self._new_op(target, sub.tool, sub.call_node, sub.arguments, principal, sub.role)
             batch.append((sub, future, op, route, target))
             nodes.add(sub.call_node)
+        arms = [
+            self.rollout.assignment(op, route, tool=sub.tool.name, server_name=route.server)
+            for sub, _, op, route, _ in batch
+        ]
         created: list[tuple[Submission, asyncio.Future[Operation], Operation, Route, Server]] = []
         try:
-            stored = self.ledger.create_many([(op, sub.arguments) for sub, _, op, _, _ in batch])
+            # (the lookup above just found none of these call nodes: create_many need not look again)
+            stored = await asyncio.to_thread(
+                functools.partial(
+                    self.ledger.create_many,
+                    [(op, sub.arguments) for sub, _, op, _, _ in batch],
+                    arms=arms,
+                    looked_up=True,
+                )
+            )
         except LeaseLost:
             raise
         except EngineError:
             # Another executor raced us to one of the call nodes. What the batch recorded before
             # it failed is ours (our operation id); the rest is answered one by one.
+            arm_of = {str(arm["operation_id"]): arm for arm in arms}
             for sub, future, op, route, target in batch:
                 found = self.ledger.by_call_node(sub.call_node)
                 if found is not None and found.operation_id == op.operation_id:
                     created.append((sub, future, found, route, target))
                 else:
                     alone.append((sub, future))
+            # (an arm already written with its operation is not written twice)
+            self.ledger.record_assignments([arm_of[op.operation_id] for _, _, op, _, _ in created])
         else:
             for (sub, future, _, route, target), (op, fresh) in zip(batch, stored, strict=True):
                 if fresh:
                     created.append((sub, future, op, route, target))
                 else:
                     alone.append((sub, future))
-        rows: list[dict[str, object]] = []
         shadows: list[tuple[Operation, Route]] = []
         tool_of: dict[str, ToolConfig] = {}
         for sub, _, op, route, target in created:
             self._track(target, op, True, sub.arguments)
-            rows.append(self.rollout.assignment(op, route, tool=sub.tool.name, server_name=route.server))
             if route.shadow_server is not None:
                 shadows.append((op, route))
                 tool_of[op.operation_id] = sub.tool
-        rows.extend(self._start_shadows(shadows, tool_of=tool_of))
-        self.ledger.record_assignments(rows)
+        if shadows:
+            self.ledger.record_assignments(self._start_shadows(shadows, tool_of=tool_of))
         for _, future, op, _, _ in created:
             future.set_result(op)
         for sub, future in alone:
@@ -193,7 +210,6 @@ class PersonActions(ExecutorState):
                 future.set_result(self._create_following(sub))
             except Exception as exc:  # handed to the waiting API request, which reports it
                 future.set_exception(exc)
-        self._flush()
 
     def _create_following(self, sub: Submission) -> Operation:
         """``_create``, routed again once if a rollback elsewhere raised the epoch under it."""

@@ -286,7 +286,7 @@ class ExecutorState(abc.ABC):
         """(person actions) Run ``action`` in the loop between ticks."""
 
     @abc.abstractmethod
-    def _create_queued(self) -> None:
+    async def _create_queued(self) -> None:
         """(person actions) Record the queued submissions together."""
 
     @abc.abstractmethod

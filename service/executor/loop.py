@@ -269,7 +269,7 @@ class Loop(ExecutorState):
         if self._cancels:
             self._cancel_queued()
         if self._submits:
-            self._create_queued()
+            await self._create_queued()
         actions, self._actions = self._actions, []
         for action, future in actions:
             try:

@@ -69,6 +69,7 @@ from engine.model import (
     LocalState,
     NotFound,
     Operation,
+    OperationId,
     Protocol,
     Reconciled,
     Role,
@@ -189,6 +190,49 @@ def test_create_many_returns_existing_operations_and_creates_the_rest(ledger: Le
     assert [made for _, made in again] == [False, False, False]
     assert ledger.count("operations") == 3
     assert ledger.count("transitions") == 3  # one Created line each, never two
+
+
+def _arm(op_id: str, node: str) -> dict[str, object]:
+    return {
+        "operation_id": op_id,
+        "call_node_id": node,
+        "tool_name": "generate_report",
+        "role": "primary",
+        "arm": "control",
+        "stage": "off",
+        "bucket": 1,
+        "canary_bp": 0,
+        "server_name": "old",
+        "rerouted_from": None,
+        "primary_operation_id": None,
+        "rollout_seq": 0,
+        "assigned_at": NOW,
+    }
+
+
+@pytest.mark.not_in_memory("rollout assignments are the rollout's records; a simulation writes none")
+def test_create_many_writes_the_arms_of_the_operations_it_creates_and_no_other(ledger: LedgerPort) -> None:
+    """The arm of each operation a group creates is written with it; an existing one's arm is not."""
+    existing = created(ledger, "old")
+    items = [(make_operation(n), {"report": n}) for n in ("old", "new-1", "new-2")]
+    arms = [_arm(op.operation_id, op.call_node_id) for op, _ in items]
+    out = ledger.create_many(items, arms=arms)  # type: ignore[arg-type]
+    assert [made for _, made in out] == [False, True, True]
+    assert sorted(str(a["call_node_id"]) for a in ledger.assignments()) == ["new-1", "new-2"]
+    # Told that none exists: the database's uniqueness still finds the one that does.
+    retry = replace(make_operation("old"), operation_id=OperationId("op-old-again"))
+    more = [(retry, {"report": "old"}), (make_operation("new-3"), {"report": "new-3"})]
+    again = ledger.create_many(
+        more,  # type: ignore[arg-type]
+        arms=[_arm(op.operation_id, op.call_node_id) for op, _ in more],
+        looked_up=True,
+    )
+    assert [(op.operation_id, made) for op, made in again] == [
+        (existing.operation_id, False),
+        ("op-new-3", True),
+    ]
+    assert sorted(str(a["call_node_id"]) for a in ledger.assignments()) == ["new-1", "new-2", "new-3"]
+    assert ledger.count("operations") == 4
 
 
 def test_by_call_nodes_reads_the_operations_of_many_call_nodes_at_once(ledger: LedgerPort) -> None:

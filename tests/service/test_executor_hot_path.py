@@ -27,14 +27,26 @@ class CountingLedger(Ledger):
     """A real DuckDB ledger that counts how operations are created (one transaction per call)."""
 
     creations: list[int]
+    arm_writes: int = 0
+    """Transactions that wrote rollout arms apart from their operations' creation."""
 
     def create_operation(self, op: Operation, arguments: Json) -> tuple[Operation, bool]:
         self.creations.append(1)
         return super().create_operation(op, arguments)
 
-    def create_many(self, items: Sequence[tuple[Operation, Json]]) -> list[tuple[Operation, bool]]:
+    def create_many(
+        self,
+        items: Sequence[tuple[Operation, Json]],
+        *,
+        arms: Sequence[dict[str, object]] = (),
+        looked_up: bool = False,
+    ) -> list[tuple[Operation, bool]]:
         self.creations.append(len(items))
-        return super().create_many(items)
+        return super().create_many(items, arms=arms, looked_up=looked_up)
+
+    def record_assignments(self, rows: Sequence[dict[str, object]]) -> None:
+        self.arm_writes += 1
+        super().record_assignments(rows)
 
 
 class SweepCountingLedger(Ledger):
@@ -77,7 +89,8 @@ async def stopped(executor: Executor, ledger: Ledger, runner: asyncio.Task[None]
 async def test_concurrent_submissions_share_one_transaction_and_each_is_durable_when_answered(
     tmp_path: Path, servers: dict[str, RefServer]
 ) -> None:
-    """Sixty callers at once: a few create_many calls, no lone creation; each reply names a durable row."""
+    """Sixty callers at once: a few create_many calls, no lone creation; each reply names a durable row
+    whose rollout arm was written in the same transaction (no separate write of the arms)."""
     executor, ledger, runner = await started(tmp_path, servers)
     try:
         nodes = [f"s{i}" for i in range(60)]
@@ -93,6 +106,9 @@ async def test_concurrent_submissions_share_one_transaction_and_each_is_durable_
             assert ledger.get(answer.operation_id) is not None
         assert sum(ledger.creations) == 60
         assert len(ledger.creations) < 10  # batches, not sixty transactions
+        assert ledger.arm_writes == 0
+        arms = {str(a["call_node_id"]) for a in ledger.assignments(limit=1000)}
+        assert arms == set(nodes)
     finally:
         await stopped(executor, ledger, runner)
 
