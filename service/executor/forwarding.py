@@ -42,12 +42,15 @@ class ForwardedActions(ExecutorState):
         done: list[tuple[asyncio.Future[Operation], Operation | Exception]] = []
         elsewhere: list[tuple[str, str, str, asyncio.Future[Operation]]] = []
         with self._store.grouped() as refused:
-            # Two reads for the whole queue, taken after the group's first flush so they are the
-            # rows each compare-and-swap starts from. Three point reads per cancel (its row by
-            # call node, again by id, its shadow's by call node) were a fifth of the executor's
-            # time in bench/scale.py (bench/results/profiles/scale-s6-before.md).
-            found = self.ledger.by_call_nodes(list(dict.fromkeys(c for c, _, _, _ in queued)))
-            shadows = self._shadows_of(list(found.values()))
+            # One read for the whole queue, taken after the group's first flush so they are the
+            # rows each compare-and-swap starts from: the queued call nodes and their shadows'
+            # (a shadow's call node follows from its primary's). Three point reads per cancel
+            # (its row by call node, again by id, its shadow's by call node) were a fifth of the
+            # executor's time in bench/scale.py (bench/results/profiles/scale-s6-before.md); on
+            # a 10,000-operation ledger one such read costs about 1.7 point reads (7.0 ms of CPU
+            # against 4.1 ms each at load 30), 9 ms for ten call nodes.
+            nodes = list(dict.fromkeys(c for c, _, _, _ in queued))
+            found = self.ledger.by_call_nodes(nodes + [shadow_call_node(c) for c in nodes])
             written: set[str] = set()
             for call_node, actor, reason, future in queued:
                 try:
@@ -59,7 +62,7 @@ class ForwardedActions(ExecutorState):
                     # write (the group's buffer), not from the row read before it.
                     row = None if op.operation_id in written else found[call_node]
                     written.add(op.operation_id)
-                    after = self._cancel_now(op, actor=actor, reason=reason, row=row, shadows=shadows)
+                    after = self._cancel_now(op, actor=actor, reason=reason, row=row, shadows=found)
                     done.append((future, after))
                 except Exception as exc:  # handed to the waiting API request, which reports it
                     done.append((future, exc))
@@ -116,8 +119,8 @@ class ForwardedActions(ExecutorState):
         """Record the cancel of ``op`` as its holder (or for whoever holds it).
 
         ``row`` is its stored row when the caller has just read it (only the first attempt starts
-        from it: a retry acts on the adopted row); ``shadows`` the possible shadows of the
-        queue's primaries by call node, read together (``_shadows_of``).
+        from it: a retry acts on the adopted row); ``shadows`` the rows of the queue's possible
+        shadows by call node, read with the queue's own.
         """
 
         def cancel(driver: Driver, target: Operation) -> Operation:
@@ -132,16 +135,6 @@ class ForwardedActions(ExecutorState):
             return self._cancel_elsewhere(op, actor=actor, reason=reason)
         self._cancel_shadow(after, actor=actor, reason=reason, shadows=shadows)
         return after
-
-    def _shadows_of(self, primaries: list[Operation]) -> dict[str, Operation]:
-        """The shadows (by call node) of the primaries whose pairing this executor does not know:
-        one read for them all. Their creator may be another executor, so only the ledger says."""
-        names = [
-            shadow_call_node(op.call_node_id)
-            for op in primaries
-            if op.role is Role.PRIMARY and op.operation_id not in self._shadow_of
-        ]
-        return self.ledger.by_call_nodes(names) if names else {}
 
     def _as_holder(self, op: Operation, act: Callable[[Driver, Operation], Operation]) -> Operation | None:
         """Record a person's action on ``op`` as its holder: ``act`` with the operation's driver,
@@ -205,7 +198,7 @@ class ForwardedActions(ExecutorState):
     def _cancel_shadow(
         self, primary: Operation, *, actor: str, reason: str, shadows: dict[str, Operation] | None = None
     ) -> None:
-        """Mirror a primary's cancel on its shadow (``shadows``: read already by ``_shadows_of``)."""
+        """Mirror a primary's cancel on its shadow (``shadows``: rows by call node read already)."""
         shadow_id = self._shadow_of.get(primary.operation_id)
         if shadow_id is not None:
             shadow = self.ledger.get(shadow_id)
