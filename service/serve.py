@@ -22,14 +22,14 @@ from pathlib import Path
 
 import uvicorn
 
-from engine.clock import SystemClock
+from engine.clock import Clock, SystemClock
 from engine.ledger import open_ledger
 from engine.ledger.duckdb import Ledger
 from engine.ledger.port import ExplorerRun, LedgerPort
 from engine.ledger.postgres import PgLedger
 from service.analysis import AnalystReads, DuckDbReads, PgReads
 from service.api import build_api
-from service.config import ServiceConfig
+from service.config import AnalystConfig, ServiceConfig
 from service.executor import Executor
 from service.readers import ReaderPool
 
@@ -65,20 +65,8 @@ async def serve(
     await executor.start()
     analyst = config.analyst
     readers = ReaderPool(analyst.workers, analyst.queue, nice=analyst.nice)
-    reader_ledger: PgLedger | None = None
     with tempfile.TemporaryDirectory(prefix="finality-sql-") as folder:
-        sql: AnalystReads
-        source = ledger.snapshots
-        if source is None:
-            # Read in place, on a pool of its own: analyst queries never hold a connection the
-            # executor needs.
-            reader_ledger = PgLedger.open(ledger_target, read_only=True, pool_size=analyst.workers)
-            sql = PgReads(reader_ledger, analyst)
-        else:
-            published = (
-                Path(analyst.snapshot_dir) if analyst.snapshot_dir else Path(source.path).parent / "snapshots"
-            )
-            sql = DuckDbReads(source, Path(folder), executor.clock, analyst, published=published)
+        sql, reader_ledger = analyst_reads(ledger, ledger_target, analyst, Path(folder), executor.clock)
         app = build_api(executor, ledger, sql=sql, readers=readers, analyst=analyst)
         server = uvicorn.Server(
             # httptools: the C parser (a dependency), not h11's pure Python, parses each request.
@@ -112,6 +100,23 @@ async def serve(
     if reader_ledger is not None:
         reader_ledger.close()
     ledger.close()
+
+
+def analyst_reads(
+    ledger: LedgerPort, target: str, analyst: AnalystConfig, folder: Path, clock: Clock
+) -> tuple[AnalystReads, PgLedger | None]:
+    """The analysts' reads over the service's ledger, and the pool they own (to close), if any.
+
+    On PostgreSQL they read in place on a read-only pool of their own, ``analyst.workers``
+    connections: an analyst's query never holds a connection the executor needs. On DuckDB they
+    read private snapshots in ``folder`` (``DuckDbReads``).
+    """
+    source = ledger.snapshots
+    if source is None:
+        reader = PgLedger.open(target, read_only=True, pool_size=analyst.workers)
+        return PgReads(reader, analyst), reader
+    published = Path(analyst.snapshot_dir) if analyst.snapshot_dir else Path(source.path).parent / "snapshots"
+    return DuckDbReads(source, folder, clock, analyst, published=published), None
 
 
 def open_service_ledger(target: str) -> Ledger | PgLedger:
@@ -235,6 +240,7 @@ def _instant(value: object) -> datetime:
 
 
 __all__ = [
+    "analyst_reads",
     "open_service_ledger",
     "publish_snapshots",
     "record_gates",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -298,3 +299,63 @@ def test_twenty_concurrent_slow_queries_end_at_statement_timeout_or_are_refused_
     finally:
         pool.close()
         analysts.close()
+
+
+def test_the_services_analyst_queries_hold_no_connection_of_the_executors_pool(
+    pg_url: str, ledger: PgLedger, tmp_path: Path
+) -> None:
+    """Two slow analyst queries run while an executor with a one-connection pool still reads and writes."""
+    from engine.testing import FakeClock
+    from service.serve import analyst_reads
+    from service.testing import wait_until
+
+    executor_side = PgLedger.open(pg_url, pool_size=1)
+    reads, reader = analyst_reads(
+        executor_side,
+        pg_url,
+        AnalystConfig(workers=2, timeout=timedelta(seconds=60), nice=0),
+        tmp_path,
+        FakeClock(),
+    )
+    assert reader is not None
+    refused: list[str] = []
+
+    def slow() -> None:
+        try:
+            reads.query("SELECT pg_sleep(60)", 1)
+        except SqlRefused as exc:
+            refused.append(str(exc))
+
+    def sleeping() -> list[int]:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            rows = conn.execute(
+                # The query runs in the FETCH from its server-side cursor.
+                "SELECT pid FROM pg_stat_activity WHERE state = 'active' "
+                "AND query LIKE '%finality_analyst_query%' AND pid <> pg_backend_pid()"
+            ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    threads = [threading.Thread(target=slow) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        wait_until(
+            lambda: len(sleeping()) == 2 or bool(refused),
+            timeout=60,
+            every=0.1,
+            what="both analyst queries running",
+        )
+        assert not refused, refused
+        # The executor's only connection is free: it writes and reads while both queries still run.
+        executor_side.put_setting("probe", "written", NOW)
+        assert executor_side.setting("probe") == "written"
+        assert len(sleeping()) == 2
+    finally:
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            for pid in sleeping():
+                conn.execute("SELECT pg_cancel_backend(%s)", [pid])
+        for t in threads:
+            t.join(timeout=60)
+        reader.close()
+        executor_side.close()
+    assert len(refused) == 2, refused
