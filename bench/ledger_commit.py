@@ -103,10 +103,11 @@ def main() -> int:
     report.notes.append(
         "CPU per 1,000 transitions counts every thread of the process (DuckDB's too) while the group "
         "commits run: on a machine shared with other work it moves less than the wall-clock rate. "
-        "What bounds the rate (bench/results/profiles/ledger-after.md): the Python that reads each "
-        "transition's fields into Arrow columns (rows.state_changes, transition_table, event_detail: about "
-        "two thirds of the busy samples), then each group's COMMIT (the WAL write and its fsync; every few "
-        "groups DuckDB's automatic checkpoint), then the set-based UPDATE and the log INSERT."
+        "What bounds the rate (a phase split, bench/results/latest.md): the Python that reads the "
+        "transitions into Arrow columns (rows.state_changes, transition_table with event_details: about "
+        "9 of some 21 CPU-us per transition on this shared machine), the per-transition checks and outcome "
+        "objects (about 2 us), then DuckDB's set-based UPDATE, log INSERT and COMMIT (about 6 us of CPU, "
+        "and the WAL's fsync in wall time)."
     )
     if args.json:
         report.emit()
