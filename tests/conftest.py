@@ -24,6 +24,8 @@ SLOW_FIRST = (
     "tests/rollout/test_rollout_service.py",
     "tests/service/test_analyst_reads.py",
     "tests/console/test_browser_signin.py",
+    "tests/console/test_outage.py",
+    "tests/pg/test_epoch_refusals.py",
     "tests/service/test_service_http.py",
     "tests/engine/ledger/test_ledger.py",
     "tests/console/test_notebook.py",
