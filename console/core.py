@@ -42,6 +42,8 @@ from engine.ledger.gate_sql import (
     DUPLICATED_OPERATION_IDS,
 )
 
+__all__ = ["InsightsCore"]
+
 _T = TypeVar("_T")
 
 

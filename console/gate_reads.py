@@ -28,6 +28,8 @@ from engine.ledger.gate_sql import (
 )
 from engine.revision import running_revision
 
+__all__ = ["GateReads"]
+
 
 class GateReads(InsightsCore):
     """The six gates, their history and the race explorer's coverage."""

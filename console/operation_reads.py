@@ -31,6 +31,8 @@ from engine.errors import (
     ActionRefused,
 )
 
+__all__ = ["OperationReads"]
+
 
 class OperationReads(InsightsCore):
     """Reads over operations and their open questions, and a person's actions on them."""

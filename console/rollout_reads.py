@@ -20,6 +20,8 @@ from engine.errors import (
     ActionRefused,
 )
 
+__all__ = ["RolloutReads"]
+
 
 class RolloutReads(InsightsCore):
     """The rollout's status, actions and records, downstream lag, and analysts' SQL."""
