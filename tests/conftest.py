@@ -18,6 +18,7 @@ SLOW_FIRST = (
     "tests/demo/test_demo_living.py",
     "tests/service/test_restart_recovery.py",
     "tests/console/test_browser_walk.py",
+    "tests/pg/test_cluster.py",
     "tests/pg/test_executors.py",
     "tests/console/test_browser_roles.py",
     "tests/rollout/test_rollback.py",

@@ -1,7 +1,7 @@
 """Several executor processes share one PostgreSQL ledger; one is killed with SIGKILL mid-way.
 
 Three ``finality serve`` processes on one fresh database, one AIP-151 reference server (request_id
-idempotency and lookup by key), 3,000 calls submitted through the executors' APIs. Half-way
+idempotency and lookup by key), 1,500 calls submitted through the executors' APIs. Half-way
 through the submissions one executor is killed: its operations are taken over by
 the others once its leases expire, and afterwards every operation is terminal with exactly one
 receipt, the server created exactly one operation per call node, and the busiest one-second window
@@ -27,7 +27,7 @@ from refserver.testing import RefServer
 from service.client import ServiceClient
 from service.testing import ServiceProcess
 
-CALLS = 3000
+CALLS = 1500
 EXECUTORS = 3
 GLOBAL_QPS = 400
 LEASE_S = 3.0
