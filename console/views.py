@@ -6,6 +6,7 @@ Values only: no I/O, no Streamlit.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -367,6 +368,32 @@ def action_marks(
     return marks
 
 
+def seconds_ticks(log_range: list[float], marks: tuple[float, ...] = ()) -> tuple[list[float], list[str]]:
+    """Ticks for a log axis of seconds (``log_range`` in log10 units, as plotly takes it): the 1, 2, 5
+    steps of every decade in range, and ``marks`` (a gate's threshold) in place of the steps beside
+    them, each labelled with its unit.
+    Plotly's own log ticks label 20 and 50 as "2" and "5", so a 60 s gate line sat beside a "5"."""
+    # A hair of slack: 10 ** log10(0.02) comes back as 0.020000000000000004.
+    low, high = 10 ** log_range[0] * (1 - 1e-9), 10 ** log_range[1] * (1 + 1e-9)
+    values = {
+        round(step * 10.0**decade, 12)
+        for decade in range(math.floor(log_range[0]), math.ceil(log_range[1]) + 1)
+        for step in (1, 2, 5)
+        if low <= step * 10.0**decade <= high
+    }
+    shown = [m for m in marks if low <= m <= high]
+    # A step within a factor 1.5 of a mark would print over it ("50 s" on "60 s"): the mark wins.
+    values = {v for v in values if all(max(v, m) / min(v, m) >= 1.5 for m in shown)} | set(shown)
+    ticks = sorted(values)
+    return ticks, [_seconds_label(v) for v in ticks]
+
+
+def _seconds_label(value: float) -> str:
+    if value < 1:
+        return f"{value * 1000:.3g} ms"
+    return f"{value:.3g} s"
+
+
 __all__ = [
     "ActionMark",
     "AnswerField",
@@ -388,4 +415,5 @@ __all__ = [
     "gate_value",
     "next_step",
     "parse_rollout_status",
+    "seconds_ticks",
 ]

@@ -11,7 +11,7 @@ import streamlit as st
 from console.frame import console_insights, live_section
 from console.insights import Insights
 from console.queries import ARMS, CANCEL_SLO_S, PROTOCOLS
-from console.views import fitting_bucket, fitting_window
+from console.views import fitting_bucket, fitting_window, seconds_ticks
 
 insights: Insights = console_insights()  # also makes the page work when its URL is opened first
 WINDOWS = {
@@ -116,9 +116,17 @@ def live() -> None:
                 )
         # The gate's line as a plain layout shape (add_hline costs more than the whole chart).
         values = [float(v) for q in ("p50_s", "p95_s", "p99_s") for v in series[q].dropna()]
+        y_span = y_range(values, CANCEL_SLO_S)
+        tickvals, ticktext = seconds_ticks(y_span, marks=(CANCEL_SLO_S,))
         fig.update_layout(
             height=380,
-            yaxis={"title": "seconds (log scale)", "type": "log", "range": y_range(values, CANCEL_SLO_S)},
+            yaxis={
+                "title": "latency (log scale)",
+                "type": "log",
+                "range": y_span,
+                "tickvals": tickvals,
+                "ticktext": ticktext,
+            },
             xaxis={"range": [since, until]},
             margin={"t": 20, "b": 10},
             shapes=[_line(y=CANCEL_SLO_S)],

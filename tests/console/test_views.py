@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -19,6 +20,7 @@ from console.views import (
     gate_threshold,
     gate_value,
     next_step,
+    seconds_ticks,
 )
 from engine.errors import ActionRefused
 
@@ -158,3 +160,13 @@ def test_reconciliation_rows_grow_to_show_a_long_reason_in_full() -> None:
     assert wrapped_row_px({330: [reason, "short"], 400: [step]}) >= 8 + 20 * lines_needed
     assert wrapped_row_px({330: ["cancel won"], 400: [step]}) == WRAP_ROW_PX
     assert wrapped_row_px({330: ["x" * 10_000]}) == 8 + 20 * 16  # a bounded row, not a page-high one
+
+
+def test_a_log_axis_of_seconds_labels_each_tick_with_its_unit_and_shows_the_gate() -> None:
+    """From 20 ms to 90 s: 1-2-5 steps labelled "20 ms" ... "20 s", and the 60 s gate as its own tick in
+    place of the 50 s step (plotly's own log ticks label 50 s as a bare "5", next to the gate line)."""
+    ticks, labels = seconds_ticks([math.log10(0.02), math.log10(90)], marks=(60.0,))
+    assert ticks == [0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 60]
+    assert labels[:3] == ["20 ms", "50 ms", "100 ms"]
+    assert labels[-3:] == ["10 s", "20 s", "60 s"]
+    assert all(label.endswith((" ms", " s")) for label in labels)
