@@ -331,7 +331,14 @@ def _sign_in_page(insights: Insights) -> None:
 
 
 def _set_actor() -> None:
-    st.session_state["app_actor"] = st.session_state["app_actor_input"].strip()
+    typed = st.session_state["app_actor_input"].strip()
+    if not typed:
+        # An emptied box falls back to the console's configured actor (FINALITY_ACTOR), if it has one:
+        # a box that comes back empty from a rerun (seen once in a clean-clone browser run) must not
+        # silently disable every action, and a person who clears it returns to the configured name.
+        typed = os.environ.get("FINALITY_ACTOR", "").strip()
+        st.session_state["app_actor_input"] = typed
+    st.session_state["app_actor"] = typed
     _keep_actor_in_url()
 
 

@@ -270,3 +270,16 @@ def test_gate_compliance_counts_merged_interleavings_apart_from_the_runs_that_co
     (explored,) = [m for m in at.metric if m.label == "Explored"]
     assert explored.value == "19,049 distinct interleavings, 0 divergent"
     assert "covered by 10,300 runs of the shipped code" in texts(at)
+
+
+def test_an_emptied_name_falls_back_to_the_consoles_configured_actor(console: Open) -> None:
+    """FINALITY_ACTOR is the console's default actor: emptying the sidebar's name box brings it back,
+    instead of leaving the console with no name and every action disabled."""
+    at = console("pages/rollout_control.py")
+    name = at.sidebar.text_input(key="app_actor_input")
+    name.set_value("someone-else").run()
+    assert at.session_state["app_actor"] == "someone-else"
+    at.sidebar.text_input(key="app_actor_input").set_value("").run()
+    assert at.session_state["app_actor"] == "tester"
+    assert at.sidebar.text_input(key="app_actor_input").value == "tester"
+    assert not any("No name yet" in c.value for c in at.sidebar.caption)
