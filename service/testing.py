@@ -49,15 +49,24 @@ class ServiceProcess:
     ) -> None:
         self.ledger: str | Path = ledger if "://" in str(ledger) else Path(ledger)
         self.config = Path(config)
-        self.port = port or free_port()
+        self.port = port or 0
+        """The port asked for; 0 until the first start when none was given: the child binds port 0
+        itself and its READY line names the port, so no other process can take it between a probe
+        and the bind (a probed free port raced other workers' servers in CI). A restart reuses it."""
         self.seed = seed
         self.startup_timeout = startup_timeout
-        self.url = f"http://127.0.0.1:{self.port}"
         self.extra_args = list(extra_args)
         self._process: subprocess.Popen[bytes] | None = None
         self._stderr: IO[bytes] | None = None
         self.pid: int | None = None
         """The last started process's id (kept after it ends: leases name their owner by it)."""
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT``; known once the process has started (or when a port was given)."""
+        if not self.port:
+            raise ServiceProcessError("the service has not started yet: its port is chosen when it binds")
+        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Self:
         env = dict(os.environ)
@@ -91,16 +100,20 @@ class ServiceProcess:
         try:
             self._wait_ready()
         except BaseException:
+            # close() may never run (a failed __enter__ has no __exit__): release the capture here,
+            # or it is collected later as an unclosed file inside some other test.
             self.kill()
+            self.close()
             raise
         return self
 
     def _wait_ready(self) -> None:
         assert self._process is not None
         try:
-            read_ready_line(self._process, timedelta(seconds=self.startup_timeout))
+            url = read_ready_line(self._process, timedelta(seconds=self.startup_timeout))
         except StartupFailed as exc:
             raise ServiceProcessError(f"{exc}:\n{self.stderr()}") from None
+        self.port = int(url.rsplit(":", 1)[1])
 
     def client(self, token: str | None = None) -> ServiceClient:
         """A client of this service presenting ``token`` (None: ``FINALITY_TOKEN``, if set)."""
