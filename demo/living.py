@@ -747,7 +747,8 @@ def main(argv: list[str] | None = None) -> int:
         service = ServiceProcess(
             ledger,
             config,
-            port=port_or_free(args.service_port),
+            # 0: the service binds a free port itself (a probed one can be taken before it binds).
+            port=port_or_free(args.service_port) if args.service_port else None,
             extra_args=["--explore", str(args.explore)] if args.explore else [],
             startup_timeout=120.0,
         ).start()

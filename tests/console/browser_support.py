@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -85,8 +85,39 @@ def streamlit_console(
     env_extra: dict[str, str], log_path: Path, *, port: int | None = None, args: tuple[str, ...] = ()
 ) -> Iterator[str]:
     """``streamlit run app.py`` on ``port`` (a free one if None; a new server process) with more
-    ``args`` for Streamlit; yields its URL."""
-    port = port or free_port()
+    ``args`` for Streamlit; yields its URL. A probed free port that another process takes before
+    Streamlit binds it (Streamlit cannot bind port 0 and say which) costs a retry on another one."""
+    for attempt in range(3):
+        chosen = port or free_port()
+        log = log_path.open("wb")
+        process = _start_streamlit(env_extra, chosen, args, log)
+        url = f"http://127.0.0.1:{chosen}"
+
+        def up(process: subprocess.Popen[bytes] = process, url: str = url) -> bool:
+            if process.poll() is not None:
+                return True
+            try:
+                return httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        try:
+            wait_until(up, timeout=60, what="streamlit to serve")
+            if process.poll() is None:
+                yield url
+                return
+        finally:
+            _stop(process)
+            log.close()
+        said = log_path.read_text(errors="replace")
+        if port is not None or "already in use" not in said or attempt == 2:
+            raise AssertionError(f"streamlit exited with {process.returncode}:\n{said[-4000:]}")
+    raise AssertionError("unreachable")
+
+
+def _start_streamlit(
+    env_extra: dict[str, str], port: int, args: tuple[str, ...], log: IO[bytes]
+) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     env.pop("FINALITY_LEDGER", None)
     env.pop("FINALITY_SERVICE_URL", None)
@@ -96,8 +127,7 @@ def streamlit_console(
         PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p),
         **env_extra,
     )
-    log = log_path.open("wb")
-    process = subprocess.Popen(
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -121,25 +151,15 @@ def streamlit_console(
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    url = f"http://127.0.0.1:{port}"
 
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
 
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
     try:
-        wait_until(healthy, timeout=60, what="streamlit to serve")
-        yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-        log.close()
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=10)
 
 
 def epoch_of(page: object) -> int:
