@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from engine.acceptance import receipt_of
-from engine.ledger.port import BatchOutcome, HeldOutcome, Json, PollRecord, WriteGroup
+from engine.ledger.port import BatchOutcome, HeldOutcome, Json, PollRecord, WriteGroup, refusals
 from engine.model import Operation, Receipt, Transition
 
 if TYPE_CHECKING:
@@ -153,9 +153,9 @@ class BatchingLedger:
         self.flushes += 1
         self.flushed_transitions += len(group.transitions)
         self.flushed_acceptances += len(group.acceptances)
-        refused = [(t, o) for t, o in zip(group.transitions, outcome.transitions, strict=True) if o.error]
+        refused = [(group.transitions[i], BatchOutcome(None, e)) for i, e in refusals(outcome.transitions)]
         refused += [
-            (t, o) for (t, _), o in zip(group.acceptances, outcome.acceptances, strict=True) if o.error
+            (group.acceptances[i][0], BatchOutcome(None, e)) for i, e in refusals(outcome.acceptances)
         ]
         return refused
 

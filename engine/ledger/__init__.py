@@ -21,8 +21,10 @@ from engine.ledger.port import (
     Lease,
     LeasingLedgerPort,
     LedgerPort,
+    Outcomes,
     PollRecord,
     WriteGroup,
+    refusals,
 )
 from engine.ledger.postgres import PgLedger
 from engine.model import GateRecord
@@ -75,9 +77,11 @@ __all__ = [
     "LeasingLedgerPort",
     "Ledger",
     "LedgerPort",
+    "Outcomes",
     "PgLedger",
     "PollRecord",
     "WriteGroup",
     "is_postgres",
     "open_ledger",
+    "refusals",
 ]

@@ -47,9 +47,10 @@ from engine.ledger.port import (
     BatchOutcome,
     GroupOutcome,
     Json,
+    Outcomes,
     WriteGroup,
 )
-from engine.ledger.receipts import repeated_acceptances
+from engine.ledger.receipts import acceptance_outcomes, repeated_acceptances
 from engine.ledger.schema import (
     _EXPECT_SCHEMA,
     _IDENTITY_SCHEMA,
@@ -367,7 +368,7 @@ class Ledger(SqlLedger, DuckBulk):
             tx.execute(sql.TRANSITION_INSERT, codec._transition_row(t))
         return BatchOutcome(after, None)
 
-    def _apply_batch(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
+    def _apply_batch(self, transitions: Sequence[Transition]) -> Sequence[BatchOutcome]:
         try:
             with self._tx() as tx:
                 return self._apply_batch_in(tx, transitions)
@@ -377,7 +378,7 @@ class Ledger(SqlLedger, DuckBulk):
 
     def _apply_batch_in(
         self, tx: duckdb.DuckDBPyConnection, transitions: Sequence[Transition], *, checked: bool = False
-    ) -> list[BatchOutcome]:
+    ) -> Sequence[BatchOutcome]:
         """The batch's compare-and-swaps in ``tx``: one set-based UPDATE whose count is verified.
 
         Unless ``checked``, the UPDATE runs unguarded by a read: if it wrote fewer rows than the batch
@@ -419,7 +420,7 @@ class Ledger(SqlLedger, DuckBulk):
             )
         self._append_batch(tx, transitions, first, last, chain_errors, stale_ids)
         if not stale_ids and not chain_errors:
-            return [BatchOutcome(t.after, None) for t in transitions]
+            return Outcomes(list(map(_AFTER, transitions)))
         refused = {k: StaleWrite(k, first[k].before.row_version) for k in stale_ids}
         return outcomes(transitions, chain_errors, refused)
 
@@ -504,13 +505,13 @@ class Ledger(SqlLedger, DuckBulk):
             self._write_acceptance(tx, current, codec.acceptance_rows(current, transition, payload, receipt))
         return receipt
 
-    def _accept_batch(self, items: Sequence[tuple[Transition, Json | None]]) -> list[BatchOutcome]:
+    def _accept_batch(self, items: Sequence[tuple[Transition, Json | None]]) -> Sequence[BatchOutcome]:
         with self._tx() as tx:
             return self._accept_batch_in(tx, items)
 
     def _accept_batch_in(
         self, tx: duckdb.DuckDBPyConnection, items: Sequence[tuple[Transition, Json | None]]
-    ) -> list[BatchOutcome]:
+    ) -> Sequence[BatchOutcome]:
         errors, seen = repeated_acceptances(items)
         tx.register("wanted_ops", pa.table({"operation_id": pa.array(sorted(seen), pa.string())}))
         try:
@@ -527,10 +528,7 @@ class Ledger(SqlLedger, DuckBulk):
         finally:
             tx.unregister("wanted_ops")
         self._write_acceptances(tx, self._acceptances(items, current, errors))
-        return [
-            BatchOutcome(None, errors[i]) if i in errors else BatchOutcome(t.after, None)
-            for i, (t, _) in enumerate(items)
-        ]
+        return acceptance_outcomes(items, errors)
 
     def _commit_group_once(self, group: WriteGroup) -> GroupOutcome:
         try:

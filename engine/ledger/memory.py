@@ -19,7 +19,7 @@ from datetime import datetime
 from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import DuplicateOperation, InvalidRecord, LedgerError, ReceiptConflict, StaleWrite
 from engine.ledger.port import BatchOutcome, GroupOutcome, HeldOutcome, PollRecord, WriteGroup
-from engine.ledger.rows import _refuse_receipt_state, require_resolution
+from engine.ledger.rows import refuse_receipt_states, require_resolution
 from engine.ledger.writes import chain
 from engine.model import (
     RECEIPT_STATES,
@@ -359,11 +359,10 @@ class MemoryPort:
         self._logged(transition)
         return after
 
-    def apply_many(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
+    def apply_many(self, transitions: Sequence[Transition]) -> Sequence[BatchOutcome]:
         """Each transition compare-and-swapped on its own, in order; transitions of one operation
         must chain (``engine.ledger.writes.chain``, the SQL ledgers' rule); a refused one writes nothing."""
-        for t in transitions:
-            _refuse_receipt_state(t)
+        refuse_receipt_states(transitions)
         _, _, chain_errors = chain(transitions)
         out: list[BatchOutcome] = []
         for i, t in enumerate(transitions):
@@ -381,7 +380,7 @@ class MemoryPort:
         self._logged(transition)
         return receipt
 
-    def accept_many(self, items: Sequence[tuple[Transition, Json | None]]) -> list[BatchOutcome]:
+    def accept_many(self, items: Sequence[tuple[Transition, Json | None]]) -> Sequence[BatchOutcome]:
         for t, _ in items:
             receipt_of(t)  # refuses anything that is not an acceptance before anything is written
         out: list[BatchOutcome] = []

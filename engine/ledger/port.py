@@ -6,11 +6,12 @@ protocols, and ``tests/contract`` holds them to the same behaviour.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import repeat
 from pathlib import Path
-from typing import NamedTuple, Protocol, Self
+from typing import NamedTuple, Protocol, Self, overload
 
 import pyarrow as pa
 
@@ -96,6 +97,69 @@ class BatchOutcome:
     error: LedgerError | None
 
 
+class Outcomes(Sequence[BatchOutcome]):
+    """A group commit's per-transition results held as two arrays, not one object each: the stored
+    operation of each transition (None where refused) and the refusals by index.
+
+    A group of thousands of transitions is usually refused nowhere; building a ``BatchOutcome`` for
+    each would keep thousands of new objects alive at once, and the cyclic garbage collector,
+    counting them, would walk the whole heap several times per group. Here an outcome is made
+    only when it is read, and ``refusals`` answers the common question (which were refused?)
+    from the sparse map alone. It compares equal to any sequence of the same outcomes.
+    """
+
+    __slots__ = ("_errors", "_operations")
+
+    def __init__(
+        self, operations: Sequence[Operation | None], errors: Mapping[int, LedgerError] | None = None
+    ) -> None:
+        self._operations = operations
+        self._errors: Mapping[int, LedgerError] = errors or {}
+
+    @property
+    def errors(self) -> Mapping[int, LedgerError]:
+        """The refused transitions' errors, by index."""
+        return self._errors
+
+    def __len__(self) -> int:
+        return len(self._operations)
+
+    @overload
+    def __getitem__(self, index: int) -> BatchOutcome: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[BatchOutcome]: ...
+    def __getitem__(self, index: int | slice) -> BatchOutcome | list[BatchOutcome]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = index + len(self) if index < 0 else index
+        if not 0 <= i < len(self):
+            raise IndexError(index)
+        return BatchOutcome(self._operations[i], self._errors.get(i))
+
+    def __iter__(self) -> Iterator[BatchOutcome]:
+        if not self._errors:
+            return map(BatchOutcome, self._operations, repeat(None))
+        return map(BatchOutcome, self._operations, map(self._errors.get, range(len(self))))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # (equal to lists, which are unhashable)
+
+    def __repr__(self) -> str:
+        return f"Outcomes({list(self)!r})"
+
+
+def refusals(outcomes: Sequence[BatchOutcome]) -> Iterator[tuple[int, LedgerError]]:
+    """The refused outcomes of a group, as (index, error), in order; from ``Outcomes``' sparse map
+    without making an outcome per transition."""
+    if isinstance(outcomes, Outcomes):
+        return iter(sorted(outcomes.errors.items()))
+    return ((i, o.error) for i, o in enumerate(outcomes) if o.error is not None)
+
+
 @dataclass(frozen=True)
 class WriteGroup:
     """What one group commit writes: see ``Ledger.commit_group``."""
@@ -118,8 +182,8 @@ class WriteGroup:
 class GroupOutcome:
     """Per-item results of a group commit, in the order given."""
 
-    transitions: list[BatchOutcome]
-    acceptances: list[BatchOutcome]
+    transitions: Sequence[BatchOutcome]
+    acceptances: Sequence[BatchOutcome]
 
 
 class SnapshotSource(Protocol):
@@ -152,9 +216,9 @@ class LedgerPort(Protocol):
         looked_up: bool = False,
     ) -> list[tuple[Operation, bool]]: ...
     def apply(self, transition: Transition) -> Operation: ...
-    def apply_many(self, transitions: Sequence[Transition]) -> list[BatchOutcome]: ...
+    def apply_many(self, transitions: Sequence[Transition]) -> Sequence[BatchOutcome]: ...
     def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt: ...
-    def accept_many(self, items: Sequence[tuple[Transition, Json | None]]) -> list[BatchOutcome]: ...
+    def accept_many(self, items: Sequence[tuple[Transition, Json | None]]) -> Sequence[BatchOutcome]: ...
     def commit_group(self, group: WriteGroup) -> GroupOutcome: ...
     def attach_audit_result(self, op: Operation, kind: str, payload: Json | None, at: datetime) -> None: ...
 
@@ -362,7 +426,9 @@ __all__ = [
     "LeasingLedgerPort",
     "LedgerPort",
     "OutboxAck",
+    "Outcomes",
     "PollRecord",
     "SnapshotSource",
     "WriteGroup",
+    "refusals",
 ]

@@ -63,7 +63,7 @@ from engine.ledger.port import (
     PollRecord,
     WriteGroup,
 )
-from engine.ledger.receipts import repeated_acceptances
+from engine.ledger.receipts import acceptance_outcomes, repeated_acceptances
 from engine.ledger.sandbox import QueryResult
 from engine.ledger.schema import (
     _STATE_COLUMNS,
@@ -417,13 +417,13 @@ class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
             cur.execute(self._q(sql.TRANSITION_INSERT), codec._transition_row(t))
         return BatchOutcome(after, None)
 
-    def _apply_batch(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
+    def _apply_batch(self, transitions: Sequence[Transition]) -> Sequence[BatchOutcome]:
         with self._tx() as cur:
             return self._apply_batch_in(cur, transitions, self._epoch_refusal(cur))
 
     def _apply_batch_in(
         self, cur: Cursor, transitions: Sequence[Transition], epoch_refused: str | None
-    ) -> list[BatchOutcome]:
+    ) -> Sequence[BatchOutcome]:
         first, last, chain_errors = chain(transitions)
         keys = sorted(last)
         refused: dict[str, LedgerError] = {}
@@ -514,13 +514,13 @@ class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
         cols = [d.name for d in cur.description or ()]
         return codec.operation_from_record(dict(zip(cols, row, strict=True)))
 
-    def _accept_batch(self, items: Sequence[tuple[Transition, Json | None]]) -> list[BatchOutcome]:
+    def _accept_batch(self, items: Sequence[tuple[Transition, Json | None]]) -> Sequence[BatchOutcome]:
         with self._tx() as cur:
             return self._accept_batch_in(cur, items, self._epoch_refusal(cur))
 
     def _accept_batch_in(
         self, cur: Cursor, items: Sequence[tuple[Transition, Json | None]], epoch_refused: str | None
-    ) -> list[BatchOutcome]:
+    ) -> Sequence[BatchOutcome]:
         errors, seen = repeated_acceptances(items)
         if epoch_refused is not None:
             return [
@@ -552,10 +552,7 @@ class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
             return None
 
         self._write_acceptances(cur, self._acceptances(items, current, errors, lease_lost))
-        return [
-            BatchOutcome(None, errors[i]) if i in errors else BatchOutcome(t.after, None)
-            for i, (t, _) in enumerate(items)
-        ]
+        return acceptance_outcomes(items, errors)
 
     def _commit_group_once(self, group: WriteGroup) -> GroupOutcome:
         # Every row the group touches is locked first, in one order, so two executors' groups never

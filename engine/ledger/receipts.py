@@ -20,11 +20,11 @@ from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import AckRefused, LedgerError, ReceiptConflict, StaleWrite
 from engine.ledger import sql
 from engine.ledger.core import SqlCore, cas_params
-from engine.ledger.port import BatchOutcome, Json, OutboxAck
+from engine.ledger.port import BatchOutcome, Json, OutboxAck, Outcomes
 from engine.ledger.rows import AcceptanceRows, acceptance_rows, audit_row
 from engine.model import Operation, OperationId, Receipt, Transition
 
-__all__ = ["Receipts", "repeated_acceptances"]
+__all__ = ["Receipts", "acceptance_outcomes", "repeated_acceptances"]
 
 _FIRST_SEQ: Final = -(2**62)
 """Below every outbox ``seq`` (rows from before the numbering migration are numbered at or below 0)."""
@@ -56,6 +56,13 @@ def repeated_acceptances(
     return errors, seen
 
 
+def acceptance_outcomes(
+    items: Sequence[tuple[Transition, Json | None]], errors: Mapping[int, LedgerError]
+) -> Outcomes:
+    """A batch of acceptances' outcomes: refused where ``errors`` says, else the accepted operation."""
+    return Outcomes([None if i in errors else t.after for i, (t, _) in enumerate(items)], errors)
+
+
 class Receipts(SqlCore):
     """Acceptances (the only writer of receipts and outbox rows) and the outbox's consumers."""
 
@@ -64,10 +71,10 @@ class Receipts(SqlCore):
         """The single acceptance point (each driver says how it locks the row)."""
 
     @abstractmethod
-    def _accept_batch(self, items: Sequence[tuple[Transition, Json | None]]) -> list[BatchOutcome]:
+    def _accept_batch(self, items: Sequence[tuple[Transition, Json | None]]) -> Sequence[BatchOutcome]:
         """Many acceptances in one transaction, each matched on its own."""
 
-    def accept_many(self, items: Sequence[tuple[Transition, Json | None]]) -> list[BatchOutcome]:
+    def accept_many(self, items: Sequence[tuple[Transition, Json | None]]) -> Sequence[BatchOutcome]:
         """Many acceptances, one transaction: each matched exactly as ``accept_terminal`` matches it.
 
         The same rule (``check_acceptance`` against the row read inside the transaction) decides

@@ -15,7 +15,7 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from itertools import repeat
+from itertools import chain, repeat
 from operator import attrgetter
 from typing import Any, Final
 
@@ -134,11 +134,24 @@ def _scalar_hint(hint: object) -> bool:
     return isinstance(hint, type) and (issubclass(hint, _SCALAR_TYPES) or issubclass(hint, enum.Enum))
 
 
-def _refuse_receipt_state(t: Transition) -> None:
-    if (t.effects and any(isinstance(e, AcceptTerminal) for e in t.effects)) or (
-        t.after.state in RECEIPT_STATES and t.before.state not in RECEIPT_STATES
+def refuse_receipt_states(transitions: Sequence[Transition]) -> None:
+    """Refuse a group of transitions if any of them writes a receipt (an ``AcceptTerminal`` effect,
+    or a move into a receipt state): that goes through ``accept_terminal``, never ``apply``.
+
+    Checked a group at a time with C-level maps: the effects' classes as one set, then the after
+    states as one set; only a group that reaches a receipt state is looked at one by one.
+    """
+    effect_types = set(map(type, chain.from_iterable(map(_EFFECTS, transitions))))
+    reaches = not RECEIPT_STATES.isdisjoint(map(_AFTER_STATE, transitions))
+    if any(issubclass(c, AcceptTerminal) for c in effect_types) or (
+        reaches
+        and any(t.after.state in RECEIPT_STATES and t.before.state not in RECEIPT_STATES for t in transitions)
     ):
         raise LedgerError("a transition to a receipt state goes through accept_terminal, never apply")
+
+
+_EFFECTS: Final = attrgetter("effects")
+_AFTER_STATE: Final = attrgetter("after.state")
 
 
 def operation_to_record(op: Operation) -> dict[str, object]:

@@ -18,15 +18,24 @@ from typing import Any, Final
 from engine.acceptance import receipt_of
 from engine.errors import DuplicateOperation, LeaseLost, LedgerError, StaleWrite
 from engine.ledger import sql
-from engine.ledger.port import BatchOutcome, GroupOutcome, HeldOutcome, Json, PollRecord, WriteGroup
+from engine.ledger.port import (
+    BatchOutcome,
+    GroupOutcome,
+    HeldOutcome,
+    Json,
+    Outcomes,
+    PollRecord,
+    WriteGroup,
+)
 from engine.ledger.reads import EngineReads
 from engine.ledger.receipts import Receipts
-from engine.ledger.rows import _refuse_receipt_state, _transition_row, held_rows, require_new
+from engine.ledger.rows import _transition_row, held_rows, refuse_receipt_states, require_new
 from engine.model import Operation, Transition
 
 __all__ = ["GroupWrites", "chain", "outcomes"]
 
 
+_AFTER: Final = attrgetter("after")
 _AFTER_ID: Final = attrgetter("after.operation_id")
 _BEFORE_ID: Final = attrgetter("before.operation_id")
 
@@ -64,21 +73,22 @@ def outcomes(
     transitions: Sequence[Transition],
     chain_errors: Mapping[int, LedgerError],
     refused: Mapping[str, LedgerError],
-) -> list[BatchOutcome]:
+) -> Outcomes:
     """Each transition's outcome: its chain error, its operation's refusal (a plain stale write is
     named by the transition's own row version), or written."""
-    out: list[BatchOutcome] = []
+    written: list[Operation | None] = list(map(_AFTER, transitions))
+    if not chain_errors and not refused:
+        return Outcomes(written)
+    errors: dict[int, LedgerError] = dict(chain_errors)
     for i, t in enumerate(transitions):
-        if i in chain_errors:
-            out.append(BatchOutcome(None, chain_errors[i]))
-        elif t.after.operation_id in refused:
+        if i not in errors and t.after.operation_id in refused:
             error = refused[t.after.operation_id]
             if isinstance(error, StaleWrite) and not isinstance(error, LeaseLost):
                 error = StaleWrite(t.after.operation_id, t.before.row_version)
-            out.append(BatchOutcome(None, error))
-        else:
-            out.append(BatchOutcome(t.after, None))
-    return out
+            errors[i] = error
+    for i in errors:
+        written[i] = None
+    return Outcomes(written, errors)
 
 
 class GroupWrites(Receipts, EngineReads):
@@ -101,7 +111,7 @@ class GroupWrites(Receipts, EngineReads):
         """Compare-and-swap one transition in its own transaction."""
 
     @abstractmethod
-    def _apply_batch(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
+    def _apply_batch(self, transitions: Sequence[Transition]) -> Sequence[BatchOutcome]:
         """Many transitions in one transaction, each compare-and-swapped on its own."""
 
     @abstractmethod
@@ -223,15 +233,14 @@ class GroupWrites(Receipts, EngineReads):
         assert outcome.operation is not None
         return outcome.operation
 
-    def apply_many(self, transitions: Sequence[Transition]) -> list[BatchOutcome]:
+    def apply_many(self, transitions: Sequence[Transition]) -> Sequence[BatchOutcome]:
         """Group commit: many transitions, one transaction, each compare-and-swapped on its own.
 
         Transitions of the same operation must chain (each ``before`` is the previous ``after``).
         A stale one is refused (``StaleWrite``) without touching the others. Rejected transitions
         (``accepted=False``) are only appended to the log.
         """
-        for t in transitions:
-            _refuse_receipt_state(t)
+        refuse_receipt_states(transitions)
         if not transitions:
             return []
         try:
@@ -264,8 +273,7 @@ class GroupWrites(Receipts, EngineReads):
         rest commit. If a uniqueness constraint fires, the group is retried piece by piece so
         that only the offender is refused.
         """
-        for t in group.transitions:
-            _refuse_receipt_state(t)
+        refuse_receipt_states(group.transitions)
         for t, _ in group.acceptances:
             receipt_of(t)
         if group.empty:

@@ -46,6 +46,7 @@ from engine.ledger import is_postgres, open_ledger
 from engine.ledger import postgres as pg_ledger
 from engine.ledger.duckdb import Ledger
 from engine.ledger.port import (
+    BatchOutcome,
     ExplorerRun,
     Fence,
     GroupOutcome,
@@ -54,6 +55,7 @@ from engine.ledger.port import (
     LedgerPort,
     PollRecord,
     WriteGroup,
+    refusals,
 )
 from engine.ledger.postgres import LEASE_COLUMNS, PgLedger
 from engine.machine import step
@@ -430,6 +432,14 @@ def test_group_commit_with_mixed_outcomes(ledger: LedgerPort) -> None:
     outcomes = ledger.apply_many([t_a, t_b, t_c1, t_c2, t_d1, t_d2, t_e, t_f])
     verdicts = [type(o.error).__name__ if o.error else "ok" for o in outcomes]
     assert verdicts == ["ok", "StaleWrite", "ok", "ok", "ok", "StaleWrite", "ok", "StaleWrite"]
+    assert [(i, type(e).__name__) for i, e in refusals(outcomes)] == [
+        (1, "StaleWrite"),
+        (5, "StaleWrite"),
+        (7, "StaleWrite"),
+    ]
+    assert list(outcomes) == [outcomes[i] for i in range(len(outcomes))]
+    assert outcomes[0] == BatchOutcome(t_a.after, None)
+    assert outcomes[1].operation is None
     assert "chain" in str(outcomes[5].error)
     assert ledger.get(a.operation_id) == t_a.after
     assert ledger.get(b.operation_id) == b
@@ -464,6 +474,11 @@ def test_apply_refuses_to_write_a_receipt_state(ledger: LedgerPort) -> None:
         ledger.apply(verified(op))
     with pytest.raises(LedgerError, match="accept_terminal"):
         ledger.apply_many([verified(op)])
+    others = [created(ledger, f"r{i}") for i in range(5)]
+    group = [step(o, Submitted(TaskId(f"t-r{i}"), E), NOW) for i, o in enumerate(others)]
+    with pytest.raises(LedgerError, match="accept_terminal"):
+        ledger.apply_many([*group[:2], verified(op), *group[2:]])  # one in a group refuses the group
+    assert ledger.get(others[0].operation_id) == others[0]
     assert ledger.count("receipts") == 0
 
 
