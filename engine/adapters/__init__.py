@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from typing import assert_never
 
-import httpx
-
 from engine.adapters import aip151, mcp_2025_11_25, mcp_2026_07_28
 from engine.adapters.aip151 import Aip151Backend
 from engine.adapters.base import Backend
@@ -19,7 +17,7 @@ from engine.adapters.legacy_sync import LegacySyncBackend
 from engine.adapters.mcp_2025_11_25 import Mcp2025Backend
 from engine.adapters.mcp_2026_07_28 import Mcp2026Backend
 from engine.adapters.negotiate import CallMode, CallPlan, plan_call
-from engine.adapters.transport import pooled_client
+from engine.adapters.transport import HttpClient, pooled_client
 from engine.errors import (
     BackendError,
     BackendRejected,
@@ -31,9 +29,6 @@ from engine.model import Protocol
 # A refused credential, as HTTP status (MCP) or canonical code name (AIP-193).
 _REFUSALS = frozenset({401, 403, "UNAUTHENTICATED", "PERMISSION_DENIED"})
 
-HttpClient = httpx.AsyncClient
-"""The pooled HTTP client every adapter talks through (one per process; the caller closes it)."""
-
 
 def open_client(*, pool: int | None = None) -> HttpClient:
     """A pooled HTTP client for the adapters; ``pool`` caps connections (kept-alive ones too).
@@ -41,7 +36,7 @@ def open_client(*, pool: int | None = None) -> HttpClient:
     Callers above the adapters use this instead of importing httpx, so that wire concerns stay here.
     """
     if pool is None:
-        return httpx.AsyncClient()
+        return HttpClient()
     # A pool for many operations at once: aiohttp's connector under httpx (see ``pooled_client``).
     return pooled_client(pool)
 
@@ -65,7 +60,7 @@ def open_backend(
     protocol: Protocol,
     url: str,
     *,
-    client: httpx.AsyncClient,
+    client: HttpClient,
     token: str | None,
     options: AdapterOptions,
 ) -> Backend:
@@ -93,7 +88,7 @@ def open_backend(
 
 async def discover(
     url: str,
-    client: httpx.AsyncClient,
+    client: HttpClient,
     token: str | None,
     *,
     options: AdapterOptions | None = None,

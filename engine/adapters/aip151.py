@@ -11,7 +11,6 @@ from datetime import timedelta
 from typing import Self
 from urllib.parse import quote
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from engine.adapters.base import (
@@ -27,6 +26,8 @@ from engine.adapters.base import (
 from engine.adapters.config import AdapterOptions
 from engine.adapters.mcp_2025_11_25 import parse_wire, task_id_of
 from engine.adapters.transport import (
+    HttpClient,
+    HttpResponse,
     bearer,
     guarded,
     httpx_timeout,
@@ -132,9 +133,7 @@ class Aip151Backend:
     protocol = Protocol.AIP_151
     adapter_version = ADAPTER_VERSION
 
-    def __init__(
-        self, url: str, *, client: httpx.AsyncClient, token: str | None, options: AdapterOptions
-    ) -> None:
+    def __init__(self, url: str, *, client: HttpClient, token: str | None, options: AdapterOptions) -> None:
         self._client = client
         self._base = url.rstrip("/")
         self._token = token
@@ -184,7 +183,7 @@ class Aip151Backend:
             raise ProtocolViolation(f"{what}: body is not a JSON object")
         return data
 
-    def _failure(self, response: httpx.Response, raw: bytes, what: str) -> Exception:
+    def _failure(self, response: HttpResponse, raw: bytes, what: str) -> Exception:
         """An AIP-193 error (or a bare HTTP status) as the engine error it means."""
         busy = unavailable_for_status(response, what, self._options.clock.now())
         if busy is not None:
@@ -405,7 +404,7 @@ class Aip151Backend:
         """Nothing to end; the HTTP client belongs to the caller."""
 
 
-async def probe(url: str, *, client: httpx.AsyncClient, token: str | None, options: AdapterOptions) -> bool:
+async def probe(url: str, *, client: HttpClient, token: str | None, options: AdapterOptions) -> bool:
     """``GET {list}?page_size=1`` answering a JSON object shaped like a ``ListOperationsResponse``."""
     backend = Aip151Backend(url, client=client, token=token, options=options)
     data = await backend._exchange(

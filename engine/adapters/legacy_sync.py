@@ -7,8 +7,6 @@ There is no task, so nothing can be polled, cancelled or looked up: those method
 
 from __future__ import annotations
 
-import httpx
-
 from engine.adapters.base import (
     CancelResult,
     Capabilities,
@@ -23,6 +21,7 @@ from engine.adapters.base import (
 from engine.adapters.cache import InlineOutcomes
 from engine.adapters.config import AdapterOptions
 from engine.adapters.mcp_2025_11_25 import HANDSHAKE_VERSIONS, Session, require_result
+from engine.adapters.transport import HttpClient
 from engine.adapters.verify import EPOCH_META, Expectation, PayloadKind, epoch_echo_of, verify_outcome
 from engine.errors import NegotiationError
 from engine.model import Operation, Principal, Protocol, ServerStatus, TaskId
@@ -36,9 +35,7 @@ class LegacySyncBackend:
     protocol = Protocol.LEGACY_SYNC
     adapter_version = ADAPTER_VERSION
 
-    def __init__(
-        self, url: str, *, client: httpx.AsyncClient, token: str | None, options: AdapterOptions
-    ) -> None:
+    def __init__(self, url: str, *, client: HttpClient, token: str | None, options: AdapterOptions) -> None:
         self._options = options
         self._session = Session(client, url, token=token, options=options, versions=HANDSHAKE_VERSIONS)
         self._caps: Capabilities | None = None

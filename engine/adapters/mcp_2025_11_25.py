@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TypeVar
 
-import httpx
 from mcp_types import _v2025_11_25 as v2025
 from pydantic import BaseModel, ValidationError
 
@@ -38,6 +37,7 @@ from engine.adapters.elicitation import INPUT_METHODS, check_answer, input_reque
 from engine.adapters.timestamp import millis, parse_instant
 from engine.adapters.transport import (
     PROTOCOL_VERSION_HEADER,
+    HttpClient,
     Reply,
     RequestId,
     RpcError,
@@ -172,7 +172,7 @@ class Session:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         url: str,
         *,
         token: str | None,
@@ -281,9 +281,7 @@ class Mcp2025Backend:
     protocol = Protocol.MCP_2025_11_25
     adapter_version = ADAPTER_VERSION
 
-    def __init__(
-        self, url: str, *, client: httpx.AsyncClient, token: str | None, options: AdapterOptions
-    ) -> None:
+    def __init__(self, url: str, *, client: HttpClient, token: str | None, options: AdapterOptions) -> None:
         self._options = options
         self._session = Session(client, url, token=token, options=options, versions=(PROTOCOL_VERSION,))
         self._caps: Capabilities | None = None
@@ -616,9 +614,7 @@ class Mcp2025Backend:
         await self._session.close()
 
 
-async def probe(
-    url: str, *, client: httpx.AsyncClient, token: str | None, options: AdapterOptions
-) -> Handshake:
+async def probe(url: str, *, client: HttpClient, token: str | None, options: AdapterOptions) -> Handshake:
     """``initialize`` with any handshake version, then end the session again.
 
     Raises:

@@ -13,7 +13,6 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Literal, Self
 
-import httpx
 from mcp_types import _v2026_07_28 as v2026
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -35,7 +34,7 @@ from engine.adapters.config import AdapterOptions
 from engine.adapters.elicitation import check_answer, input_request_of, round_key
 from engine.adapters.mcp_2025_11_25 import parse_wire, require_result, task_id_of
 from engine.adapters.timestamp import millis, parse_instant
-from engine.adapters.transport import PROTOCOL_VERSION_HEADER, Reply, StreamableHttp
+from engine.adapters.transport import PROTOCOL_VERSION_HEADER, HttpClient, Reply, StreamableHttp
 from engine.adapters.verify import (
     EPOCH_META,
     Expectation,
@@ -167,9 +166,7 @@ class Mcp2026Backend:
     protocol = Protocol.MCP_2026_07_28
     adapter_version = ADAPTER_VERSION
 
-    def __init__(
-        self, url: str, *, client: httpx.AsyncClient, token: str | None, options: AdapterOptions
-    ) -> None:
+    def __init__(self, url: str, *, client: HttpClient, token: str | None, options: AdapterOptions) -> None:
         self._options = options
         self._transport = StreamableHttp(
             client, url, token=token, options=options, headers={PROTOCOL_VERSION_HEADER: PROTOCOL_VERSION}
@@ -537,9 +534,7 @@ class Mcp2026Backend:
         """Nothing to end: the extension is sessionless, and the HTTP client belongs to the caller."""
 
 
-async def probe(
-    url: str, *, client: httpx.AsyncClient, token: str | None, options: AdapterOptions
-) -> bool | None:
+async def probe(url: str, *, client: HttpClient, token: str | None, options: AdapterOptions) -> bool | None:
     """``server/discover`` alone: ``True`` with the tasks extension, ``False`` without it, ``None`` when
     the server does not speak 2026-07-28. Transport failures propagate (``BackendUnavailable``)."""
     backend = Mcp2026Backend(url, client=client, token=token, options=options)

@@ -31,6 +31,17 @@ from engine.adapters.base import Json
 from engine.adapters.config import AdapterOptions
 from engine.errors import BackendRejected, BackendUnavailable, ConfigError, ProtocolViolation, SessionExpired
 
+# httpx's names for the rest of the engine: this module is the one that imports httpx (TID251), so
+# the adapters and the explorer's in-process wire name HTTP through it.
+HttpClient = httpx.AsyncClient
+"""The pooled HTTP client every adapter talks through (one per process; the caller closes it)."""
+HttpRequest = httpx.Request
+HttpResponse = httpx.Response
+HttpTransport = httpx.AsyncBaseTransport
+HttpByteStream = httpx.AsyncByteStream
+ReadTimeout = httpx.ReadTimeout
+RemoteProtocolError = httpx.RemoteProtocolError
+
 SESSION_HEADER = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER = "MCP-Protocol-Version"
 RequestId = int | str
@@ -569,6 +580,13 @@ class StreamableHttp:
 __all__ = [
     "PROTOCOL_VERSION_HEADER",
     "SESSION_HEADER",
+    "HttpByteStream",
+    "HttpClient",
+    "HttpRequest",
+    "HttpResponse",
+    "HttpTransport",
+    "ReadTimeout",
+    "RemoteProtocolError",
     "Reply",
     "RequestId",
     "RpcError",

@@ -30,11 +30,10 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-import httpx
-
 from engine.adapters import AdapterOptions, open_backend
 from engine.adapters.base import Backend
 from engine.adapters.config import Timeouts
+from engine.adapters.transport import HttpClient
 from engine.errors import BackendError, EngineError, LedgerError, NegotiationError, ReceiptConflict
 from engine.explore.scenario import Scenario
 from engine.explore.wire import (
@@ -143,7 +142,7 @@ class Incarnation:
         self.idle_at: object = None
         """The world's fingerprint when an advance last changed nothing (no use asking again until it moves)."""
         self.parked = False
-        self.client = httpx.AsyncClient(transport=world.net.gate(index, epoch), base_url="http://sim")
+        self.client = HttpClient(transport=world.net.gate(index, epoch), base_url="http://sim")
         self.backend: Backend = open_backend(
             world.protocol, world.url, client=self.client, token=None, options=world.options
         )
@@ -807,7 +806,7 @@ class WireWorld:
         digest: list[str] = []
 
         async def read() -> None:
-            async with httpx.AsyncClient(transport=judge_net.gate(-1, int(op.epoch))) as client:
+            async with HttpClient(transport=judge_net.gate(-1, int(op.epoch))) as client:
                 backend = open_backend(
                     self.protocol, self.url, client=client, token=None, options=self.options
                 )

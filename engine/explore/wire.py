@@ -26,8 +26,14 @@ from datetime import UTC, datetime, timedelta
 from enum import Enum, StrEnum
 from typing import Any
 
-import httpx
-
+from engine.adapters.transport import (
+    HttpByteStream,
+    HttpRequest,
+    HttpResponse,
+    HttpTransport,
+    ReadTimeout,
+    RemoteProtocolError,
+)
 from engine.model import Operation, Receipt, TaskId, Transition
 from refserver.app import Admin, build_app
 from refserver.context import Options
@@ -142,7 +148,7 @@ class Kind(StrEnum):
     HANDSHAKE = "handshake"
 
 
-def kind_of(request: httpx.Request, body: bytes) -> Kind:
+def kind_of(request: HttpRequest, body: bytes) -> Kind:
     """The request's purpose, from its JSON-RPC method or its AIP-151 path and verb."""
     path = request.url.path
     if path.endswith("/mcp"):
@@ -198,9 +204,9 @@ class Message:
     owner: int
     """The executor incarnation (or caller) that sent it."""
     epoch: int
-    request: httpx.Request
+    request: HttpRequest
     body: bytes
-    waiter: asyncio.Future[httpx.Response] | None
+    waiter: asyncio.Future[HttpResponse] | None
     reply: Stream | None = None
     truncated: bool = False
 
@@ -241,10 +247,10 @@ class Network:
 
     # ------------------------------------------------------------------------- client side
 
-    async def send(self, owner: int, epoch: int, request: httpx.Request) -> httpx.Response:
+    async def send(self, owner: int, epoch: int, request: HttpRequest) -> HttpResponse:
         body = await request.aread()
         self._rid += 1
-        waiter: asyncio.Future[httpx.Response] = self.loop.create_future()
+        waiter: asyncio.Future[HttpResponse] = self.loop.create_future()
         msg = Message(self._rid, kind_of(request, body), owner, epoch, request, body, waiter)
         if msg.kind in self.passthrough:
             self.deliver(msg)
@@ -341,7 +347,7 @@ class Network:
         if reply.waiter is None or reply.waiter.done():
             return
         headers = [(k, v) for k, v in stream.headers if k.lower() != b"content-length"]
-        response = httpx.Response(
+        response = HttpResponse(
             stream.status, headers=headers, stream=_BodyStream(stream, truncate), request=reply.request
         )
         reply.waiter.set_result(response)
@@ -363,14 +369,14 @@ class Network:
         self.failures += 1
         if msg.waiting:
             assert msg.waiter is not None
-            msg.waiter.set_exception(httpx.ReadTimeout(why, request=msg.request))
+            msg.waiter.set_exception(ReadTimeout(why, request=msg.request))
 
     def time_out(self, msg: Message) -> None:
         """The sender gives up waiting; the request stays in flight and may still arrive (late)."""
         self.failures += 1
         if msg.waiting:
             assert msg.waiter is not None
-            msg.waiter.set_exception(httpx.ReadTimeout("no reply in time", request=msg.request))
+            msg.waiter.set_exception(ReadTimeout("no reply in time", request=msg.request))
 
     def duplicate(self, msg: Message) -> None:
         twin = Message(msg.rid, msg.kind, msg.owner, msg.epoch, msg.request, msg.body, None)
@@ -383,7 +389,7 @@ class Network:
         if msg.waiting:
             assert msg.waiter is not None
             msg.waiter.set_result(
-                httpx.Response(503, headers={"retry-after": "1"}, content=b"busy", request=msg.request)
+                HttpResponse(503, headers={"retry-after": "1"}, content=b"busy", request=msg.request)
             )
 
     def orphan(self, owner: int) -> None:
@@ -646,7 +652,7 @@ def message_key(msg: Message) -> tuple[object, ...]:
     )
 
 
-class _BodyStream(httpx.AsyncByteStream):
+class _BodyStream(HttpByteStream):
     """The client reads the server's chunks as they come (an SSE stream stays open)."""
 
     def __init__(self, stream: Stream, truncate: bool) -> None:
@@ -663,14 +669,14 @@ class _BodyStream(httpx.AsyncByteStream):
                 if self._truncate:
                     # Cut the body short: half of the first chunk, then the connection closes.
                     yield chunk[: max(1, len(chunk) // 2)]
-                    raise httpx.RemoteProtocolError("peer closed connection without sending complete body")
+                    raise RemoteProtocolError("peer closed connection without sending complete body")
                 yield chunk
             if stream.ended:
                 return
             await stream.changed.wait()
 
 
-class Gate(httpx.AsyncBaseTransport):
+class Gate(HttpTransport):
     """The adapters' HTTP transport: every request waits in the network for the explorer."""
 
     def __init__(self, net: Network, owner: int, epoch: int) -> None:
@@ -678,7 +684,7 @@ class Gate(httpx.AsyncBaseTransport):
         self.owner = owner
         self.epoch = epoch
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    async def handle_async_request(self, request: HttpRequest) -> HttpResponse:
         return await self._net.send(self.owner, self.epoch, request)
 
 

@@ -29,12 +29,10 @@ from contextlib import AbstractContextManager, suppress
 from datetime import timedelta
 from typing import Final, Protocol
 
-import psycopg
-from psycopg import errors as pg_errors
-from psycopg import sql
-from psycopg.rows import TupleRow
-
 from engine.errors import SqlRefused
+from engine.ledger import pg_client as pg
+from engine.ledger.pg_client import TupleRow, sql
+from engine.ledger.pg_client import errors as pg_errors
 from engine.ledger.sandbox import QueryResult, query_text
 
 
@@ -45,7 +43,7 @@ class AnalystSource(Protocol):
     @property
     def analyst_role(self) -> str: ...
 
-    def connection(self) -> AbstractContextManager[psycopg.Connection[TupleRow]]: ...
+    def connection(self) -> AbstractContextManager[pg.Connection[TupleRow]]: ...
 
 
 _ALLOWED: Final = frozenset({"select", "with", "values", "table", "explain"})
@@ -180,12 +178,12 @@ def run_query(
         if "multiple commands" in str(exc):
             raise SqlRefused("one statement at a time") from exc
         raise SqlRefused(f"query failed: {_first_line(exc)}") from exc
-    except psycopg.Error as exc:
+    except pg.Error as exc:
         raise SqlRefused(f"query failed: {_first_line(exc)}") from exc
 
 
 def _run(
-    conn: psycopg.Connection[TupleRow],
+    conn: pg.Connection[TupleRow],
     text: str,
     role: str,
     max_rows: int,
@@ -201,7 +199,7 @@ def _run(
     conn.execute("SELECT set_config('max_parallel_workers_per_gather', '0', true)")
     try:
         conn.execute(sql.SQL("SET LOCAL ROLE {}").format(sql.Identifier(role)))
-    except psycopg.Error as exc:
+    except pg.Error as exc:
         raise SqlRefused(
             f"analyst SQL is unavailable: cannot switch to the read-only role {role} "
             f"(the ledger's login must be able to create it, or be granted it): {_first_line(exc)}"
@@ -234,7 +232,7 @@ def _local(host: str) -> bool:
         return False
 
 
-def lower_backend_priority(conn: psycopg.Connection[TupleRow], nice: int) -> int | None:
+def lower_backend_priority(conn: pg.Connection[TupleRow], nice: int) -> int | None:
     """Lower the connection's backend process to niceness ``nice`` if it is a local PostgreSQL process;
     return its niceness then, or None when it is not ours to change (a remote server, or the
     platform refuses: another user's process without the privilege). Never raises a priority."""

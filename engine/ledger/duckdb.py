@@ -1,4 +1,4 @@
-"""The DuckDB ledger: the one persistence boundary, and the only module that imports ``duckdb``.
+"""The DuckDB ledger: the one persistence boundary; it reaches DuckDB through ``engine.ledger.duckdb_client``.
 
 It owns recorded, transactional migrations; compare-and-swap writes of operation state (one at a
 time or group-committed); the single ``accept_terminal`` transaction, the only code path that
@@ -21,15 +21,14 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from datetime import UTC, datetime
 from operator import attrgetter, ne
 from pathlib import Path
 from typing import Any, Final
 
-import duckdb
 import pyarrow as pa
 
 from engine.acceptance import check_acceptance, receipt_of
+from engine.clock import SystemClock
 from engine.errors import (
     InvalidRecord,
     LedgerCorrupt,
@@ -38,6 +37,7 @@ from engine.errors import (
     SchemaTooNew,
     StaleWrite,
 )
+from engine.ledger import duckdb_client as duck
 from engine.ledger import rows as codec
 from engine.ledger import sql
 from engine.ledger.base import SqlLedger
@@ -98,7 +98,7 @@ class Ledger(SqlLedger, DuckBulk):
 
     dialect = "duckdb"
 
-    def __init__(self, con: duckdb.DuckDBPyConnection, path: str, read_only: bool) -> None:
+    def __init__(self, con: duck.Connection, path: str, read_only: bool) -> None:
         self._root = con
         self.path = path
         self.read_only = read_only
@@ -124,15 +124,15 @@ class Ledger(SqlLedger, DuckBulk):
         if spath != ":memory:":
             _check_file(Path(spath), read_only)
         try:
-            con = duckdb.connect(
+            con = duck.connect(
                 spath, read_only=read_only, config={} if threads is None else {"threads": threads}
             )
-        except duckdb.IOException as exc:
+        except duck.IOException as exc:
             if "lock" in str(exc).lower():
                 # Another process (a running finality serve) holds the file: it is fine, only busy.
                 raise LedgerUnavailable(f"ledger {spath} is held by another process: {exc}") from exc
             raise LedgerCorrupt(f"cannot open ledger {spath}: {exc}") from exc
-        except duckdb.Error as exc:
+        except duck.Error as exc:
             raise LedgerCorrupt(f"cannot open ledger {spath}: {exc}") from exc
         ledger = cls(con, spath, read_only)
         try:
@@ -142,7 +142,7 @@ class Ledger(SqlLedger, DuckBulk):
         except LedgerError:
             con.close()
             raise
-        except duckdb.Error as exc:
+        except duck.Error as exc:
             con.close()
             raise LedgerCorrupt(f"ledger {spath} is damaged: {exc}") from exc
         return ledger
@@ -171,15 +171,15 @@ class Ledger(SqlLedger, DuckBulk):
         self.close()
 
     @property
-    def _con(self) -> duckdb.DuckDBPyConnection:
-        cur: duckdb.DuckDBPyConnection | None = getattr(self._local, "cur", None)
+    def _con(self) -> duck.Connection:
+        cur: duck.Connection | None = getattr(self._local, "cur", None)
         if cur is None:
             cur = self._root.cursor()
             self._local.cur = cur
         return cur
 
     @contextmanager
-    def _tx(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _tx(self) -> Iterator[duck.Connection]:
         if self.read_only:
             # Said at once: DuckDB's own refusal would look like a constraint conflict to callers.
             raise LedgerUnavailable(f"ledger {self.path} was opened read-only")
@@ -187,7 +187,7 @@ class Ledger(SqlLedger, DuckBulk):
             yield con
 
     @contextmanager
-    def _begin(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _begin(self) -> Iterator[duck.Connection]:
         """A transaction on this thread's cursor (reads use it too: see ``get_many``)."""
         con = self._con
         con.execute("BEGIN TRANSACTION")
@@ -198,9 +198,9 @@ class Ledger(SqlLedger, DuckBulk):
             raise
         try:
             con.execute("COMMIT")
-        except duckdb.Error:
+        except duck.Error:
             # A commit-time conflict leaves the transaction aborted; clear it before re-raising.
-            with suppress(duckdb.Error):
+            with suppress(duck.Error):
                 con.execute("ROLLBACK")
             raise
 
@@ -242,7 +242,7 @@ class Ledger(SqlLedger, DuckBulk):
                 for sql in statements:
                     tx.execute(sql)
                 tx.execute(
-                    "INSERT INTO schema_migrations VALUES (?, ?, ?)", [version, name, datetime.now(UTC)]
+                    "INSERT INTO schema_migrations VALUES (?, ?, ?)", [version, name, SystemClock().now()]
                 )
             applied = True
         if applied:
@@ -285,10 +285,10 @@ class Ledger(SqlLedger, DuckBulk):
         # conflict with another writer; it may sit under the aborted transaction's error.
         seen: BaseException | None = exc
         while seen is not None:
-            if isinstance(seen, duckdb.ConstraintException) and "CHECK constraint" in str(seen):
+            if isinstance(seen, duck.ConstraintException) and "CHECK constraint" in str(seen):
                 raise InvalidRecord(f"the ledger's identifier rules refuse this row: {seen}") from exc
             seen = seen.__context__
-        return isinstance(exc, duckdb.ConstraintException | duckdb.TransactionException)
+        return isinstance(exc, duck.ConstraintException | duck.TransactionException)
 
     def _operations_in(self, column: str, values: Sequence[str]) -> list[Operation]:
         # In a transaction: registering a table on a cursor whose last result was read with
@@ -311,7 +311,7 @@ class Ledger(SqlLedger, DuckBulk):
             with self._tx() as tx:
                 self._bulk_insert_new(tx, fresh)
                 self._insert_arms(tx, arms)  # all or none inserted: every arm is an inserted one's
-        except duckdb.Error as exc:
+        except duck.Error as exc:
             if not self._conflict(exc):  # a CHECK refusal raises InvalidRecord there
                 raise
             return None
@@ -328,9 +328,7 @@ class Ledger(SqlLedger, DuckBulk):
             pause.wait(0.005)
         return None
 
-    def _bulk_insert_new(
-        self, tx: duckdb.DuckDBPyConnection, fresh: Sequence[tuple[Operation, Json]]
-    ) -> None:
+    def _bulk_insert_new(self, tx: duck.Connection, fresh: Sequence[tuple[Operation, Json]]) -> None:
         tx.register(
             "new_identity", _columns([codec.identity_row(op, args) for op, args in fresh], _IDENTITY_SCHEMA)
         )
@@ -377,7 +375,7 @@ class Ledger(SqlLedger, DuckBulk):
                 return self._apply_batch_in(tx, transitions, checked=True)
 
     def _apply_batch_in(
-        self, tx: duckdb.DuckDBPyConnection, transitions: Sequence[Transition], *, checked: bool = False
+        self, tx: duck.Connection, transitions: Sequence[Transition], *, checked: bool = False
     ) -> Sequence[BatchOutcome]:
         """The batch's compare-and-swaps in ``tx``: one set-based UPDATE whose count is verified.
 
@@ -433,7 +431,7 @@ class Ledger(SqlLedger, DuckBulk):
 
     def _update_states_in(
         self,
-        tx: duckdb.DuckDBPyConnection,
+        tx: duck.Connection,
         state: pa.Table,
         what: str,
         *,
@@ -472,7 +470,7 @@ class Ledger(SqlLedger, DuckBulk):
         if updated is None or int(updated[0]) != state.num_rows - len(stale):
             if not verify:
                 raise _Moved
-            raise duckdb.TransactionException(f"concurrent writer moved rows during {what}")
+            raise duck.TransactionException(f"concurrent writer moved rows during {what}")
         return stale
 
     def _update_states(self, tx: Any, state_rows: Sequence[Sequence[object]]) -> None:
@@ -510,7 +508,7 @@ class Ledger(SqlLedger, DuckBulk):
             return self._accept_batch_in(tx, items)
 
     def _accept_batch_in(
-        self, tx: duckdb.DuckDBPyConnection, items: Sequence[tuple[Transition, Json | None]]
+        self, tx: duck.Connection, items: Sequence[tuple[Transition, Json | None]]
     ) -> Sequence[BatchOutcome]:
         errors, seen = repeated_acceptances(items)
         tx.register("wanted_ops", pa.table({"operation_id": pa.array(sorted(seen), pa.string())}))

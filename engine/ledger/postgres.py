@@ -15,7 +15,7 @@ raised. See docs/postgres.md.
 ``PgLedger`` is composed of the shared SQL ledger (``engine.ledger.base``) and three parts of its
 own, each in its module: leases (``pg_leases``), fencing (``pg_fencing``) and the shared QPS send
 slots (``pg_slots``). This module keeps the connection pool, the migrations and the row-locking
-write paths, and it is the only one of them that imports psycopg.
+write paths; it reaches psycopg through ``engine.ledger.pg_client``, as its parts do.
 """
 
 from __future__ import annotations
@@ -26,13 +26,7 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any, ClassVar, Final, TypeVar
 
-import psycopg
 import pyarrow as pa
-from psycopg import errors as pg_errors
-from psycopg import sql as pg_sql
-from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import TupleRow, dict_row
-from psycopg_pool import ConnectionPool, PoolTimeout
 
 from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import (
@@ -45,6 +39,7 @@ from engine.errors import (
     SchemaTooNew,
     StaleWrite,
 )
+from engine.ledger import pg_client as pg
 from engine.ledger import rows as codec
 from engine.ledger import sql
 from engine.ledger.analyst import run_query
@@ -52,6 +47,9 @@ from engine.ledger.base import SqlLedger
 from engine.ledger.core import cas_params
 from engine.ledger.export import BATCH_ROWS
 from engine.ledger.gate_sql import gate_inputs_from_values, gate_inputs_sql
+from engine.ledger.pg_client import ConnectionPool, PoolTimeout, TupleRow, conninfo_to_dict, dict_row
+from engine.ledger.pg_client import errors as pg_errors
+from engine.ledger.pg_client import sql as pg_sql
 from engine.ledger.pg_fencing import PgFencing
 from engine.ledger.pg_leases import PgLeases
 from engine.ledger.pg_slots import PgSendSlots
@@ -95,8 +93,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-Connection = psycopg.Connection[TupleRow]
-Cursor = psycopg.Cursor[TupleRow]
+Connection = pg.Connection[TupleRow]
+Cursor = pg.Cursor[TupleRow]
 T = TypeVar("T")
 
 ANALYST_ROLE: Final = "finality_analyst"
@@ -128,7 +126,7 @@ def redact(url: str) -> str:
     """A connection URL without its password, for messages."""
     try:
         parts = conninfo_to_dict(url)
-    except psycopg.ProgrammingError:
+    except pg.ProgrammingError:
         return "postgresql://?"
     host = parts.get("host") or "localhost"
     port = parts.get("port") or "5432"
@@ -137,10 +135,10 @@ def redact(url: str) -> str:
     return f"postgresql://{f'{user}@' if user else ''}{host}:{port}/{db}"
 
 
-def _is_connection_error(exc: psycopg.Error) -> bool:
+def _is_connection_error(exc: pg.Error) -> bool:
     state = exc.sqlstate
     return isinstance(exc, PoolTimeout) or (
-        isinstance(exc, psycopg.OperationalError) and (state is None or state.startswith(("08", "57P")))
+        isinstance(exc, pg.OperationalError) and (state is None or state.startswith(("08", "57P")))
     )
 
 
@@ -198,13 +196,13 @@ class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
         """
         where = redact(url)
         try:
-            con = psycopg.connect(url, autocommit=True, connect_timeout=connect_timeout_s)
-        except psycopg.Error as exc:
+            con = pg.connect(url, autocommit=True, connect_timeout=connect_timeout_s)
+        except pg.Error as exc:
             raise LedgerUnavailable(f"cannot connect to the PostgreSQL ledger {where}: {exc}") from exc
         try:
             _configure(con, read_only=False)
             _migrate(con, where, read_only=read_only, analyst_role=analyst_role)
-        except psycopg.Error as exc:
+        except pg.Error as exc:
             raise LedgerUnavailable(f"PostgreSQL ledger {where}: {exc}") from exc
         finally:
             con.close()
@@ -274,7 +272,7 @@ class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
         try:
             with self._pool.connection() as conn:
                 yield conn
-        except psycopg.Error as exc:
+        except pg.Error as exc:
             if _is_connection_error(exc):
                 raise LedgerUnavailable(f"PostgreSQL ledger {self.path}: {exc}") from exc
             raise
@@ -599,7 +597,7 @@ class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             try:
                 conn.execute(pg_sql.SQL("SET LOCAL ROLE {}").format(pg_sql.Identifier(self.analyst_role)))
-            except psycopg.Error as exc:
+            except pg.Error as exc:
                 raise LedgerUnavailable(
                     f"PostgreSQL ledger {self.path}: cannot read as the analyst role {self.analyst_role}: {exc}"
                 ) from exc
@@ -655,7 +653,7 @@ def _pg_batches(conn: Connection, query: str) -> pa.RecordBatchReader:
     cur = conn.cursor(name="finality_export")
     try:
         cur.execute(query)
-    except psycopg.Error as exc:
+    except pg.Error as exc:
         cur.close()
         raise LedgerUnavailable(f"cannot read for export ({query}): {exc}") from exc
     schema = pa.schema(

@@ -32,10 +32,10 @@ from datetime import date, datetime, timedelta
 from decimal import Decimal
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 
 from engine.errors import SqlRefused
+from engine.ledger import duckdb_client as duck
 
 _ALLOWED = {"StatementType.SELECT", "StatementType.EXPLAIN"}
 _WHAT = {
@@ -118,7 +118,7 @@ def check_query(query: str) -> None:
     text = query_text(query)
     try:
         statements = _parser().extract_statements(text)
-    except duckdb.Error as exc:
+    except duck.Error as exc:
         raise SqlRefused(f"cannot parse the query: {exc}") from exc
     if len(statements) != 1:
         raise SqlRefused(f"one statement at a time, got {len(statements)}")
@@ -212,40 +212,40 @@ def run_arrow(
 
 
 @contextmanager
-def _deadline(con: duckdb.DuckDBPyConnection, timeout: timedelta, limits: SandboxLimits) -> Iterator[None]:
+def _deadline(con: duck.Connection, timeout: timedelta, limits: SandboxLimits) -> Iterator[None]:
     """Interrupt the query at ``timeout``; turn DuckDB's limit errors into refusals naming the limit."""
     timer = threading.Timer(timeout.total_seconds(), con.interrupt)
     timer.start()
     try:
         yield
-    except duckdb.InterruptException as exc:
+    except duck.InterruptException as exc:
         close_sandboxes()
         raise SqlRefused(
             f"query stopped after {timeout.total_seconds():g} s (the time limit for one query)"
         ) from exc
-    except duckdb.OutOfMemoryException as exc:
+    except duck.OutOfMemoryException as exc:
         close_sandboxes()
         raise SqlRefused(
             f"query needs more memory than the sandbox's memory_limit of {limits.memory_limit_mb} MB "
             f"(threads={limits.threads}); narrow it or aggregate first: {str(exc).splitlines()[0]}"
         ) from exc
-    except duckdb.Error as exc:
+    except duck.Error as exc:
         raise SqlRefused(f"query failed: {exc}") from exc
     finally:
         timer.cancel()
         _finish(con)
 
 
-def _finish(con: duckdb.DuckDBPyConnection) -> None:
+def _finish(con: duck.Connection) -> None:
     """Drop a result left part-read (rows past max_rows), so a reused sandbox takes the next query."""
     abort = getattr(con, "abort", None)  # DuckDB >= 2 insists; older versions drop it on the next execute
     if abort is not None:
-        with suppress(duckdb.Error):
+        with suppress(duck.Error):
             abort()
 
 
 def _run(
-    con: duckdb.DuckDBPyConnection, query: str, max_rows: int, timeout: timedelta, limits: SandboxLimits
+    con: duck.Connection, query: str, max_rows: int, timeout: timedelta, limits: SandboxLimits
 ) -> QueryResult:
     started = time.perf_counter()
     with _deadline(con, timeout, limits):
@@ -260,11 +260,11 @@ def _run(
 _local = threading.local()
 
 
-def _parser() -> duckdb.DuckDBPyConnection:
+def _parser() -> duck.Connection:
     """A connection used only to split and classify statements (no data, reused per thread)."""
-    con: duckdb.DuckDBPyConnection | None = getattr(_local, "parser", None)
+    con: duck.Connection | None = getattr(_local, "parser", None)
     if con is None:
-        con = duckdb.connect(":memory:")
+        con = duck.connect(":memory:")
         _local.parser = con
     return con
 
@@ -277,10 +277,10 @@ def _identity(path: Path) -> tuple[str, int, int, int]:
     return (str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _sandbox(path: Path, limits: SandboxLimits) -> duckdb.DuckDBPyConnection:
+def _sandbox(path: Path, limits: SandboxLimits) -> duck.Connection:
     """This thread's sandbox on ``path``: reused while the file (and the limits) are unchanged."""
     identity = (*_identity(path), limits.memory_limit_mb, limits.threads)
-    cached: tuple[tuple[object, ...], duckdb.DuckDBPyConnection] | None = getattr(_local, "sandbox", None)
+    cached: tuple[tuple[object, ...], duck.Connection] | None = getattr(_local, "sandbox", None)
     if cached is not None and cached[0] == identity:
         return cached[1]
     close_sandboxes()
@@ -289,10 +289,10 @@ def _sandbox(path: Path, limits: SandboxLimits) -> duckdb.DuckDBPyConnection:
     return con
 
 
-def _attach(path: Path, limits: SandboxLimits) -> duckdb.DuckDBPyConnection:
+def _attach(path: Path, limits: SandboxLimits) -> duck.Connection:
     """A fresh in-memory DuckDB with ``path`` attached read-only as ``ledger``, its limits set and locked."""
     _identity(path)  # a missing file is refused in the sandbox's words
-    con = duckdb.connect(":memory:")
+    con = duck.connect(":memory:")
     try:
         quoted = str(path).replace("'", "''")
         con.execute(f"ATTACH '{quoted}' AS ledger (READ_ONLY)")
@@ -304,11 +304,11 @@ def _attach(path: Path, limits: SandboxLimits) -> duckdb.DuckDBPyConnection:
         # No progress bar: it prints from the query's thread into the service's own output.
         # In a Jupyter kernel (the analysts' notebook) DuckDB refuses to change the setting without
         # ipywidgets; nothing prints into a service there, so the default stands.
-        with suppress(duckdb.InvalidInputException):
+        with suppress(duck.InvalidInputException):
             con.execute("SET enable_progress_bar = false")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
-    except duckdb.Error as exc:
+    except duck.Error as exc:
         con.close()
         raise SqlRefused(f"cannot open the ledger for reading: {exc}") from exc
     return con
@@ -330,7 +330,7 @@ class SharedSandbox:
         self.path = Path(path)
         self.limits = limits
         self._lock = threading.Lock()
-        self._con: duckdb.DuckDBPyConnection | None = None
+        self._con: duck.Connection | None = None
         self._users = 0
 
     @contextmanager
@@ -359,7 +359,7 @@ class SharedSandbox:
             finally:
                 con.close()
 
-    def _attached(self) -> duckdb.DuckDBPyConnection:
+    def _attached(self) -> duck.Connection:
         # Attached by the first read, not by ``held``: a render whose reads all come from a cache
         # attaches nothing.
         with self._lock:
@@ -392,7 +392,7 @@ SNAPSHOT_INFO_TABLE = "snapshot_info"
 
 def stamp_snapshot(path: str | Path, as_of: datetime, source: str) -> None:
     """Record a snapshot file's as-of instant inside it (table ``snapshot_info``), before it is published."""
-    con = duckdb.connect(str(path))
+    con = duck.connect(str(path))
     try:
         con.execute(
             f"CREATE OR REPLACE TABLE {SNAPSHOT_INFO_TABLE} (as_of TIMESTAMPTZ NOT NULL, source VARCHAR)"

@@ -23,10 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-import psycopg
-from psycopg import sql
-
 from engine.errors import ClusterError
+from engine.ledger import pg_client as pg
+from engine.ledger.pg_client import sql
 
 WANTED_MAJOR: Final = 15
 """The major version the project tests against; another one is used only when 15 is absent."""
@@ -204,9 +203,9 @@ class TemporaryPostgres:
         try:
             self._initdb()
             self._launch()
-            with psycopg.connect(self.url(), connect_timeout=30) as con:
+            with pg.connect(self.url(), connect_timeout=30) as con:
                 con.execute("SELECT 1")
-        except psycopg.Error as exc:
+        except pg.Error as exc:
             self.stop()
             raise ClusterError(f"PostgreSQL started but does not accept connections: {exc}") from exc
         except BaseException:
@@ -282,7 +281,7 @@ class TemporaryPostgres:
 
     def create_database(self, name: str) -> str:
         """Create an empty database and return its URL."""
-        with psycopg.connect(self.url(), autocommit=True) as con:
+        with pg.connect(self.url(), autocommit=True) as con:
             con.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         return self.url(name)
 
