@@ -187,6 +187,9 @@ class ExecutorState(abc.ABC):
     _running: dict[str, asyncio.Future[Wake]] = field(default_factory=dict)
     _finished: list[Wake] = field(default_factory=list)
     _finished_since: datetime = NEVER
+    _committing: asyncio.Future[None] | None = None
+    """The group commit running on the writer thread while the loop goes on launching due
+    operations (None: none running)."""
     _rerun: set[str] = field(default_factory=set)
     _dirty: set[str] = field(default_factory=set)
     _budget_flagged: set[str] = field(default_factory=set)

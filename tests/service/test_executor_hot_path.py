@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 import time
 import tomllib
 from collections.abc import Callable, Sequence
@@ -13,6 +14,7 @@ from pathlib import Path
 from engine.adapters.base import Json
 from engine.clock import SystemClock
 from engine.ledger.duckdb import Ledger
+from engine.ledger.port import GroupOutcome, WriteGroup
 from engine.model import Operation
 from engine.testing import FakeClock
 from refserver.testing import RefServer
@@ -47,6 +49,21 @@ class CountingLedger(Ledger):
     def record_assignments(self, rows: Sequence[dict[str, object]]) -> None:
         self.arm_writes += 1
         super().record_assignments(rows)
+
+
+class HeldCommitLedger(Ledger):
+    """A real DuckDB ledger whose group commits can be held on the writer thread until released."""
+
+    hold: threading.Event
+    entered: threading.Event
+    release: threading.Event
+
+    def commit_group(self, group: WriteGroup) -> GroupOutcome:
+        if self.hold.is_set():
+            self.hold.clear()
+            self.entered.set()
+            self.release.wait(timeout=60)
+        return super().commit_group(group)
 
 
 class SweepCountingLedger(Ledger):
@@ -183,4 +200,48 @@ async def test_every_advance_of_a_completing_call_sends_a_request_the_local_step
         assert {node: ops[node].state.value for node in nodes} == dict.fromkeys(nodes, "ACCEPTED")
         assert len(ledger.polls()) == executor.stats["advances"]
     finally:
+        await stopped(executor, ledger, runner)
+
+
+async def test_due_polls_go_out_while_a_group_commit_is_still_running(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """A group commit held on the writer thread does not hold back the poll of an operation whose
+    last change is already durable: it is sent meanwhile (the loop used to wait for each commit
+    before launching anything, so every poll due during it went out late)."""
+    config = parse_config(tomllib.loads(config_text(servers, global_qps=200)))
+    ledger = HeldCommitLedger.open(tmp_path / "held.duckdb")
+    ledger.hold, ledger.entered, ledger.release = threading.Event(), threading.Event(), threading.Event()
+    executor = Executor(ledger=ledger, config=config, clock=SystemClock(), rng=random.Random(3))
+    await executor.start()
+    runner = asyncio.create_task(executor.run())
+    try:
+        # The servers run at a time scale of 0.05: polled every 0.2 s, 0.2 s and 0.6 s of real time.
+        for node, interval_ms in (("fast-1", 4_000), ("fast-2", 4_000), ("slow", 12_000)):
+            sim = {"duration_ms": 60_000_000, "poll_interval_ms": interval_ms, "ttl_ms": 72_000_000}
+            await executor.submit(call_node=node, tool="generate_report", arguments={"n": node, "_sim": sim})
+        slow = ledger.by_call_node("slow")
+        assert slow is not None
+        await settle(
+            lambda: sum(1 for row in ledger.polls() if row["operation_id"] == slow.operation_id) >= 2,
+            within=60,
+            what="the slow call polling",
+        )
+        for _ in range(10):  # until the held group finds the slow call between two polls
+            ledger.entered.clear()
+            ledger.release = threading.Event()
+            ledger.hold.set()
+            await settle(ledger.entered.is_set, within=30, what="a group commit to be held")
+            between = slow.operation_id in executor._due_at and slow.operation_id not in executor._running
+            if between:
+                break
+            ledger.release.set()
+        assert between, "the slow call was never found between two polls while a commit was held"
+        polls = executor.stats["advances"]
+        await settle(
+            lambda: executor.stats["advances"] > polls, within=20, what="a poll sent during the commit"
+        )
+        assert not ledger.release.is_set()
+    finally:
+        ledger.release.set()
         await stopped(executor, ledger, runner)
