@@ -6,8 +6,11 @@ per run ``--calls`` callers, each on its own kept-alive HTTP/1.1 connection, sen
 all at once. The baseline, measured in the same run on the same connections just before, is
 ``GET /api/v1/health`` at the same concurrency: what the HTTP stack alone costs. The callers are raw
 asyncio streams writing pre-encoded requests (an HTTP client library would add its own milliseconds to
-every figure); each latency runs from writing the request to reading the whole reply. Every run
-checks each call got 201 and that the ledger holds exactly one operation per call node.
+every figure); each latency runs from writing the request to reading the whole reply. The service
+process's CPU over each burst (from the first request written to the last reply read), divided by the
+callers, is each route's CPU per request: on one event loop, 200 requests at once cannot all be
+answered sooner than 200 times that. Every run checks each call got 201 and that the ledger holds
+exactly one operation per call node.
 
     python bench/submit.py [--runs 3] [--calls 200] [--json]
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.fastmcp_compare import proc_cpu_s
 from bench.figures import Report
 from engine import run_query
 from refserver.testing import RefServer
@@ -93,28 +97,44 @@ def arguments(key: str) -> dict[str, object]:
     return {"report": key, "_sim": {"duration_ms": 60_000, "poll_interval_ms": 5_000, "ttl_ms": 3_600_000}}
 
 
-async def one_run(port: int, calls: int, run: int) -> tuple[list[float], list[float], list[str]]:
-    """(health latencies, submission latencies, problems) of one run."""
+class Burst:
+    """One burst's latencies and the service process's CPU seconds over it."""
+
+    def __init__(self, latencies: list[float], cpu_s: float) -> None:
+        self.latencies = latencies
+        self.cpu_s = cpu_s
+
+
+async def one_run(port: int, pid: int, calls: int, run: int) -> tuple[Burst, Burst, list[str]]:
+    """(health burst, submission burst, problems) of one run; ``pid`` is the service's process."""
     callers = [Caller(*await asyncio.open_connection("127.0.0.1", port)) for _ in range(calls)]
     problems: list[str] = []
     try:
         health = request("GET", "/api/v1/health", port)
         for caller in callers:  # every connection accepted and warm before anything is timed
             await caller.exchange(health)
+        cpu = proc_cpu_s(pid)
         baseline = await asyncio.gather(*(c.exchange(health) for c in callers))
+        health_cpu = proc_cpu_s(pid) - cpu
         keys = [f"submit-{run}-{i}" for i in range(calls)]
         posts = [
             request("POST", "/api/v1/calls", port, {"call_node": k, "tool": TOOL, "arguments": arguments(k)})
             for k in keys
         ]
+        cpu = proc_cpu_s(pid)
         submitted = await asyncio.gather(*(c.exchange(p) for c, p in zip(callers, posts, strict=True)))
+        submit_cpu = proc_cpu_s(pid) - cpu
     finally:
         for caller in callers:
             caller.close()
     for key, (_, status, body) in zip(keys, submitted, strict=True):
         if status != 201:
             problems.append(f"{key}: HTTP {status} {body[:200]!r}")
-    return [s for s, _, _ in baseline], [s for s, _, _ in submitted], problems
+    return (
+        Burst([s for s, _, _ in baseline], health_cpu),
+        Burst([s for s, _, _ in submitted], submit_cpu),
+        problems,
+    )
 
 
 def main() -> int:
@@ -127,6 +147,8 @@ def main() -> int:
     p99s: list[float] = []
     base50: list[float] = []
     base99: list[float] = []
+    health_cpu: list[float] = []
+    submit_cpu: list[float] = []
     problems: list[str] = []
     with RefServer("aip-151") as server, tempfile.TemporaryDirectory() as tmp:
         for run in range(args.runs):
@@ -137,7 +159,8 @@ def main() -> int:
             service = ServiceProcess(ledger, config, seed=run)
             service.start()
             try:
-                health, posts, found = asyncio.run(one_run(service.port, args.calls, run))
+                assert service.pid is not None
+                health, posts, found = asyncio.run(one_run(service.port, service.pid, args.calls, run))
             finally:
                 service.stop()
             problems += found
@@ -149,15 +172,18 @@ def main() -> int:
             ).rows
             if tuple(rows[0]) != (args.calls, args.calls):
                 problems.append(f"run {run}: the ledger holds {rows[0]} operations for {args.calls} calls")
-            ms = sorted(1000 * s for s in posts)
-            base = sorted(1000 * s for s in health)
+            ms = sorted(1000 * s for s in posts.latencies)
+            base = sorted(1000 * s for s in health.latencies)
+            health_cpu.append(1000 * health.cpu_s / args.calls)
+            submit_cpu.append(1000 * posts.cpu_s / args.calls)
             p50s.append(statistics.median(ms))
             p99s.append(quantile(ms, 99))
             base50.append(statistics.median(base))
             base99.append(quantile(base, 99))
             print(
                 f"run {run + 1}/{args.runs}: POST p50 {p50s[-1]:.1f} ms, p99 {p99s[-1]:.1f} ms; "
-                f"GET health p50 {base50[-1]:.1f} ms, p99 {base99[-1]:.1f} ms",
+                f"GET health p50 {base50[-1]:.1f} ms, p99 {base99[-1]:.1f} ms; CPU per request "
+                f"POST {submit_cpu[-1]:.2f} ms, health {health_cpu[-1]:.2f} ms",
                 file=sys.stderr,
                 flush=True,
             )
@@ -176,6 +202,19 @@ def main() -> int:
         "ms",
         p99s,
         baseline="GET /api/v1/health p99 (baseline)",
+        better="lower",
+    )
+    report.add(
+        "GET /api/v1/health: service CPU per request over the burst (baseline)",
+        "ms",
+        health_cpu,
+        better="lower",
+    )
+    report.add(
+        "POST /api/v1/calls: service CPU per request over the burst",
+        "ms",
+        submit_cpu,
+        baseline="GET /api/v1/health: service CPU per request over the burst (baseline)",
         better="lower",
     )
     report.notes += [

@@ -150,3 +150,23 @@ def test_a_groups_event_details_keep_each_events_class_and_order_when_classes_in
         orjson.dumps(t.event, option=orjson.OPT_SORT_KEYS).decode() for t in mixed
     ]
     assert rows.event_details([]) == []
+
+
+def test_equal_values_of_other_types_or_offsets_keep_their_own_spelling_in_a_group() -> None:
+    """Events whose fields are equal but spelled apart (one instant in two zones, an empty and a set
+    cursor, a value shared by many events) each keep orjson's spelling of themselves."""
+    base = _transitions()[0]
+    at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    other_zone = at.astimezone(timezone(timedelta(hours=1)))
+    assert at == other_zone
+    events = [
+        StatusObserved(TaskId("t-1"), ServerStatus.WORKING, Epoch(1), poll_cursor="c", expires_at=at),
+        StatusObserved(TaskId("t-2"), ServerStatus.WORKING, Epoch(1), poll_cursor="c", expires_at=other_zone),
+        StatusObserved(
+            TaskId('t-"3"'), ServerStatus.INPUT_REQUIRED, Epoch(2), poll_cursor=None, expires_at=at
+        ),
+    ]
+    group = [dataclasses.replace(base, event=e) for e in events * 2]
+    texts = rows.event_details(group)
+    assert texts == [orjson.dumps(t.event, option=orjson.OPT_SORT_KEYS).decode() for t in group]
+    assert texts[0] != texts[1]
