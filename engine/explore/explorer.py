@@ -254,35 +254,43 @@ def _explore_merged(
     if code not in CODES:
         raise ValueError(f"unknown code {code!r}; choose one of {', '.join(CODES)}")
     results = []
+    duck: list[tuple[PairResult, PairExplorer, int]] = []
     remaining = permutations
     for index, (scenario, protocol) in enumerate(pairs):
         share = max(2, remaining // (len(pairs) - index))
         # The real DuckDB ledger costs some 300 ms a run (every write a SQL transaction), about
         # fifteen in-memory runs: a sampled share of it, one run in every fourth pair plus one in
-        # MERGE_DUCKDB_SHARE of each pair's budget.
+        # MERGE_DUCKDB_SHARE of each pair's budget. They run after every pair's merging search:
+        # DuckDB starts worker threads, and a process with threads is not forked (``prune``).
         on_duckdb = min(share - 1, (1 if index % 4 == 0 else 0) + share // MERGE_DUCKDB_SHARE)
         result = explore_merged(scenario, protocol, max_runs=share - on_duckdb, max_steps=max_steps)
         result.seed = seed
         sampler = PairExplorer(scenario, protocol, seed=seed, max_steps=max_steps, ledger="duckdb")
+        duck.append((result, sampler, on_duckdb))
+        remaining = max(0, remaining - result.runs - on_duckdb)
+        results.append(result)
+    for result, sampler, on_duckdb in duck:
         if on_duckdb:
             sampler.run(on_duckdb)
-        duck = sampler.result
-        result.runs += duck.runs
-        result.seconds += duck.seconds
-        result.divergent += duck.divergent
-        for kind, n in duck.kinds.items():
+        sampled = sampler.result
+        result.runs += sampled.runs
+        result.seconds += sampled.seconds
+        result.divergent += sampled.divergent
+        for kind, n in sampled.kinds.items():
             result.kinds[kind] = result.kinds.get(kind, 0) + n
-        if duck.shortest is not None and (
-            result.shortest is None or len(duck.shortest.choices) < len(result.shortest.choices)
+        if sampled.shortest is not None and (
+            result.shortest is None or len(sampled.shortest.choices) < len(result.shortest.choices)
         ):
-            result.shortest = duck.shortest
+            result.shortest = sampled.shortest
         if result.shortest is not None:
             shortest = result.shortest
             result.trace = render_trace(
-                scenario, protocol, shortest.choices, shortest.findings, ledger=shortest.ledger
+                sampler.scenario,
+                sampler.protocol,
+                shortest.choices,
+                shortest.findings,
+                ledger=shortest.ledger,
             )
-        remaining = max(0, remaining - result.runs)
-        results.append(result)
     return results
 
 

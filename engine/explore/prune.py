@@ -10,8 +10,14 @@ counts of distinct interleavings, though only distinct states are executed; the 
 against running every interleaving one by one.
 
 The shipped code's state cannot be copied (it lives in coroutines), so the walk continues the run
-it has in hand into the first branch and reaches each other branch by running its prefix again from
-the start (``runs`` counts every run started). A state that repeats on its own path is a cycle:
+it has in hand into the last branch and reaches each other branch from a copy of the whole process:
+``os.fork`` at the branching point, the child takes its branch and the parent waits for it (one
+core: never two at once), then reads back the child's summary, the states it keyed and its runs.
+Where a process cannot be forked safely (no ``fork``, or a second thread in the process: the DuckDB
+ledger's worker threads would be lost, and a lock one of them held would never be released in the
+child) every other branch is reached by running its prefix again from the start, as before. Either
+way the same code runs the same steps: a forked child is the same run continued, not a model of it
+(``runs`` counts every run started, from the start or from a fork). A state that repeats on its own path is a cycle:
 that interleaving never settles and counts as divergent. When the run budget ends first, the
 result counts the interleavings below the subtrees completed so far (all distinct, all judged) and
 says ``exhaustive=False``. Deterministic; no I/O.
@@ -19,6 +25,10 @@ says ``exhaustive=False``. Deterministic; no I/O.
 
 from __future__ import annotations
 
+import gc
+import hashlib
+import os
+import pickle
 import sys
 from dataclasses import dataclass, field
 
@@ -31,6 +41,53 @@ from engine.model import Protocol
 MAX_STEPS = 250
 """Steps after which a run counts as unsettled (as in the sampling walk)."""
 UNSETTLED = "unsettled"
+MAX_FORK_DEPTH = 96
+"""Forked processes waiting on one another at most (each keeps the pages its run touched); deeper
+branches are reached by replaying their prefix."""
+FORK_AFTER = 12
+"""Branches after this many steps are reached by forking, shorter ones by replaying their prefix:
+a fork costs about as much as replaying a dozen steps (it copies the process's page tables, and
+the child its pages as it writes them)."""
+Fingerprint = bytes
+
+
+def fingerprint(key: tuple[object, ...]) -> Fingerprint:
+    """A 128-bit digest of a state key, the memo's key (a forked child sends back digests, not keys).
+
+    Pickled without its memo (``fast``), so equal keys give equal bytes however their parts are
+    shared; keys that are equal but pickle differently (``1`` and ``1.0``) only merge less. Two
+    different keys with the same digest would merge wrongly; at 2**-128 a pair that is not a risk
+    (TLC's model checker keys its states by 64-bit fingerprints).
+    """
+    buf = _Sink()
+    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
+    pickler.fast = True  # no memo: the bytes depend on the values only
+    pickler.dump(key)
+    return buf.digest.digest()
+
+
+class _Sink:
+    """A file-like object that hashes what is written to it."""
+
+    __slots__ = ("digest",)
+
+    def __init__(self) -> None:
+        self.digest = hashlib.blake2b(digest_size=16)
+
+    def write(self, data: bytes) -> int:
+        self.digest.update(data)
+        return len(data)
+
+
+def can_fork() -> bool:
+    """Whether this process may fork a copy of itself for a branch: POSIX ``fork`` and no second
+    thread (on Linux counted from ``/proc``, which also sees threads no Python code started)."""
+    if not hasattr(os, "fork"):
+        return False
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
 
 
 @dataclass(slots=True)
@@ -91,17 +148,34 @@ class MergingSearch:
     """The merging walk of one pair; ``run`` may be called once."""
 
     def __init__(
-        self, scenario: Scenario, protocol: Protocol, *, max_runs: int, max_steps: int = MAX_STEPS
+        self,
+        scenario: Scenario,
+        protocol: Protocol,
+        *,
+        max_runs: int,
+        max_steps: int = MAX_STEPS,
+        fork: bool | None = None,
+        fork_after: int = FORK_AFTER,
     ) -> None:
+        """``fork``: reach branches by forking (``None``: where ``can_fork`` says it is safe), those
+        after ``fork_after`` steps."""
         self.scenario = scenario
         self.protocol = protocol
         self.max_runs = max_runs
         self.max_steps = max_steps
-        self.memo: dict[tuple[object, ...], Summary] = {}
-        self.on_path: set[tuple[object, ...]] = set()
+        self.memo: dict[Fingerprint, Summary] = {}
+        self.on_path: set[Fingerprint] = set()
         self.runs = 0
         self.merged = 0
         """Times a state was found in the memo (a subtree not run again)."""
+        self.forks = 0
+        """Runs started from a fork (the others from the start)."""
+        self.fork = fork
+        self.fork_after = fork_after
+        self._depth = 0
+        """Forked ancestors of this process waiting on it."""
+        self._added: list[tuple[Fingerprint, Summary]] = []
+        """Memo entries made in this process since it was forked (sent back to its parent)."""
 
     def _start(self, prefix: list[int]) -> object:
         if self.runs >= self.max_runs:
@@ -121,7 +195,8 @@ class MergingSearch:
         from engine.explore.shipped import WireWorld
 
         assert isinstance(world, WireWorld)
-        key = world.state_key()
+        state = world.state_key()
+        key = None if state is None else fingerprint(state)
         if key is not None:
             hit = self.memo.get(key)
             if hit is not None:
@@ -141,10 +216,18 @@ class MergingSearch:
             summary = Summary()
             if key is not None:
                 self.on_path.add(key)
+            forking = self._forking(prefix)
             try:
                 for i in range(n):
-                    child = world if i == 0 else self._start(prefix)
-                    if i:
+                    if forking and i < n - 1:
+                        prefix.append(i)
+                        try:
+                            summary.add(i, self._forked(world, enabled[i], prefix))
+                        finally:
+                            prefix.pop()
+                        continue
+                    child = world if i == (n - 1 if forking else 0) else self._start(prefix)
+                    if child is not world:
                         again = child.enabled()  # type: ignore[attr-defined]
                         if len(again) != n:
                             raise Nondeterminism(
@@ -152,7 +235,7 @@ class MergingSearch:
                             )
                         child.perform(again[i])  # type: ignore[attr-defined]
                     else:
-                        child.perform(enabled[0])  # type: ignore[attr-defined]
+                        world.perform(enabled[i])
                     prefix.append(i)
                     try:
                         summary.add(i, self.visit(child, prefix))
@@ -160,13 +243,98 @@ class MergingSearch:
                         prefix.pop()
             except OutOfRuns as out:
                 out.take(prefix, summary)
+                world.close()  # the run in hand, if no branch took it (closing twice does nothing)
                 raise
             finally:
                 if key is not None:
                     self.on_path.discard(key)
         if key is not None:
             self.memo[key] = summary
+            self._added.append((key, summary))
         return summary
+
+    def _forking(self, prefix: list[int]) -> bool:
+        if len(prefix) < self.fork_after or self._depth >= MAX_FORK_DEPTH:
+            return False
+        if self.fork is None:
+            self.fork = can_fork()
+        return self.fork
+
+    def _forked(self, world: object, action: object, prefix: list[int]) -> Summary:
+        """The summary below ``action`` taken in ``world`` (after ``prefix``), from a forked copy of
+        this process; the child's keyed states and runs are taken over when it ends."""
+        if self.runs >= self.max_runs:
+            raise OutOfRuns
+        from engine.explore import checks
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        read_end, write_end = os.pipe()
+        gc.freeze()  # the child's collections then leave the shared pages alone (fewer copies)
+        try:
+            pid = os.fork()
+        except OSError:
+            gc.unfreeze()
+            os.close(read_end)
+            os.close(write_end)
+            self.fork = False
+            raise
+        if pid == 0:  # the child: take the branch, send back what it found, leave without cleanup
+            os.close(read_end)
+            code = 0
+            try:
+                self._depth += 1
+                self._added = []
+                judged = set(checks._JUDGED)
+                self.runs += 1
+                self.forks += 1
+                outcome: tuple[object, ...]
+                try:
+                    world.perform(action)  # type: ignore[attr-defined]
+                    outcome = ("done", self.visit(world, prefix))
+                except OutOfRuns as out:
+                    outcome = ("out", out.partial)
+                except BaseException as exc:
+                    outcome = ("error", _portable(exc))
+                new = {k: v for k, v in checks._JUDGED.items() if k not in judged}
+                data = pickle.dumps(
+                    (outcome, self._added, self.runs, self.forks, self.merged, new),
+                    protocol=pickle.HIGHEST_PROTOCOL,
+                )
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(write_end, view) :]
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(write_end)
+        chunks = []
+        try:
+            while chunk := os.read(read_end, 1 << 20):
+                chunks.append(chunk)
+        finally:
+            os.close(read_end)
+            os.waitpid(pid, 0)
+            gc.unfreeze()
+        if not chunks:
+            raise Nondeterminism(f"{self.scenario.name}/{self.protocol}: the forked run at {prefix} died")
+        outcome, added, self.runs, self.forks, self.merged, judged = pickle.loads(b"".join(chunks))
+        for key, summary in added:
+            self.memo[key] = summary
+        self._added.extend(added)
+        checks._JUDGED.update(judged)
+        kind, value = outcome
+        if kind == "out":
+            assert isinstance(value, Summary)
+            spent = OutOfRuns()
+            spent.partial = value
+            raise spent
+        if kind == "error":
+            assert isinstance(value, BaseException)
+            raise value
+        assert isinstance(value, Summary)
+        return value
 
     def run(self) -> tuple[Summary, bool]:
         """(the summary, whether it covers every interleaving)."""
@@ -180,15 +348,29 @@ class MergingSearch:
             sys.setrecursionlimit(limit)
 
 
+def _portable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling, else a ``RuntimeError`` saying what it was."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return RuntimeError(f"{type(exc).__name__} in a forked run: {exc}")
+    return exc
+
+
 def explore_merged(
-    scenario: Scenario, protocol: Protocol, *, max_runs: int, max_steps: int = MAX_STEPS
+    scenario: Scenario,
+    protocol: Protocol,
+    *,
+    max_runs: int,
+    max_steps: int = MAX_STEPS,
+    fork: bool | None = None,
 ) -> PairResult:
     """Every interleaving of ``scenario`` under ``protocol`` (each distinct state run once), within
     ``max_runs`` runs; ``explored`` is the interleavings covered, ``runs`` the runs it took,
     ``states`` the distinct quiet states keyed.
     """
     started = monotonic_seconds()
-    search = MergingSearch(scenario, protocol, max_runs=max_runs, max_steps=max_steps)
+    search = MergingSearch(scenario, protocol, max_runs=max_runs, max_steps=max_steps, fork=fork)
     summary, complete = search.run()
     result = PairResult(scenario.name, protocol, RULES, 0)
     result.explored = summary.paths
@@ -205,4 +387,4 @@ def explore_merged(
     return result
 
 
-__all__ = ["MAX_STEPS", "MergingSearch", "OutOfRuns", "Summary", "explore_merged"]
+__all__ = ["MAX_STEPS", "MergingSearch", "OutOfRuns", "Summary", "can_fork", "explore_merged", "fingerprint"]

@@ -33,8 +33,9 @@ from typing import Any
 from engine.adapters import AdapterOptions, open_backend
 from engine.adapters.base import Backend
 from engine.adapters.config import Timeouts
-from engine.adapters.transport import HttpClient
 from engine.errors import BackendError, EngineError, LedgerError, NegotiationError, ReceiptConflict
+from engine.explore.checks import PRINCIPAL, Action, Finding, Kinds, RunChecks, S
+from engine.explore.keys import StateKeys
 from engine.explore.scenario import Scenario
 from engine.explore.wire import (
     EngineClock,
@@ -43,8 +44,6 @@ from engine.explore.wire import (
     Network,
     Recording,
     Write,
-    canon,
-    message_key,
     ref_server,
     settle,
 )
@@ -53,18 +52,9 @@ from engine.model import (
     RECEIPT_STATES,
     CallNodeId,
     CallRequest,
-    CancelAcknowledged,
-    CancelConfirmed,
-    CancelRefusedTerminal,
     Epoch,
-    EpochRaised,
-    LocalState,
-    Operation,
     OperationId,
-    Principal,
     Protocol,
-    ResultVerified,
-    ServerStatus,
     new_operation,
 )
 from engine.runtime.driver import Driver, Wake
@@ -72,14 +62,8 @@ from engine.runtime.epochs import adoption, behind, startup_epoch
 from engine.schedule import PollPolicy
 from engine.testing import BATCH_TOOL, REPORT_TOOL
 from refserver.context import Protocol as ServerProtocol
-from refserver.task import Status as ServerTaskStatus
-
-S = LocalState
-Action = tuple[str, str, object]
-Finding = tuple[str, str]
 
 LEDGERS = ("memory", "duckdb")
-PRINCIPAL = Principal("anonymous")
 DURATION_MS = 10_000
 """The tool's work, in virtual milliseconds (long enough that no protocol answers synchronously)."""
 MAX_UNKNOWNS = 3
@@ -106,24 +90,6 @@ _OPTIONS_TIMEOUTS = Timeouts(
 )
 
 
-class Kinds:
-    """The names of what a run can get wrong (the seed's invariants)."""
-
-    TERMINAL = "terminal"
-    DOUBLE_RECEIPT = "double-receipt"
-    SECOND_OPERATION = "second-operation"
-    UNFETCHED = "unfetched"
-    AFTER_CANCEL = "after-cancel"
-    WRONG_ROUND = "wrong-round"
-    FENCE = "fence"
-    LOST = "lost"
-    REFUSED = "refused"
-    UNVERSIONED = "unversioned"
-    UNSETTLED = "unsettled"
-    CRASHED = "crashed"
-    STUCK = "stuck"
-
-
 def _fault_kinds(scenario: Scenario) -> frozenset[Kind] | None:
     if scenario.fault_kinds is None:
         return None
@@ -142,7 +108,7 @@ class Incarnation:
         self.idle_at: object = None
         """The world's fingerprint when an advance last changed nothing (no use asking again until it moves)."""
         self.parked = False
-        self.client = HttpClient(transport=world.net.gate(index, epoch), base_url="http://sim")
+        self.client = world.net.client(index, epoch)
         self.backend: Backend = open_backend(
             world.protocol, world.url, client=self.client, token=None, options=world.options
         )
@@ -161,8 +127,9 @@ class Incarnation:
         return self.task is not None and not self.task.done()
 
 
-class WireWorld:
-    """The state of one run of the shipped code, and the steps that may change it."""
+class WireWorld(RunChecks, StateKeys):
+    """The state of one run of the shipped code, and the steps that may change it (its checks are
+    ``checks.RunChecks``, its state key ``keys.StateKeys``)."""
 
     def __init__(
         self, scenario: Scenario, protocol: Protocol, *, trace: bool = False, ledger: str = "memory"
@@ -284,74 +251,6 @@ class WireWorld:
                 self.aborted = True
 
         inc.task = self.loop.create_task(guarded())
-
-    def fingerprint(self, op: Operation | None = None) -> tuple[object, ...]:
-        """What an advance could see change; ``op`` is the row as just read (a DuckDB read is a
-        query: the explorer's own reads of it were most of a DuckDB run's cost)."""
-        if op is None:
-            op = self.ledger.get(self.op_id)
-        tasks = tuple(
-            (t.task_id, t.status, t.rounds_answered, t.deleted_at is not None, t.cancel_at)
-            for t in self.store._tasks.values()
-        )
-        # The executor's memory (what ``Driver`` keeps between actions: a refetch due, an answer to
-        # re-send) decides its next action as much as the ledger does. Not the server's advised poll
-        # interval: it only says when to wake, and the explorer decides that (a 2026-07-28 server
-        # jitters it on every read, which made every poll look new and a run poll for ever).
-        memory = canon(self.executors[self.active].driver._memory, _WAKE_ONLY)
-        net = self.net
-        return (op, tasks, self.vt.seconds, len(net.inflight), net.failures, memory)
-
-    def state_key(self) -> tuple[object, ...] | None:
-        """Everything the run's future depends on, at a quiet point; ``None`` elsewhere.
-
-        Quiet: no coroutine of the driver or of the server is running (every exchange in flight has
-        been given up by its sender), so what the next steps do is a function of data alone: the
-        ledger (rows, receipts, held outcomes, answers, open items), the server's task records,
-        keys and seeded generator, the messages still in flight, the virtual time, what the active
-        executor's ``Driver`` keeps in memory (and its adapter's negotiated state and request
-        numbering), the fault budgets left and what was found so far. Two runs with equal keys have
-        the same futures (``engine.explore.prune`` merges them). Mid-exchange a coroutine's place in
-        the code is not data, so those states are never merged. In-memory ledger only.
-        """
-        if self.ledger_kind != "memory":
-            return None
-        if any(inc.busy for inc in self.executors) or (
-            self.answering is not None and not self.answering.done()
-        ):
-            return None
-        net = self.net
-        if net.busy or any(m.waiting for m in net.inflight):
-            return None
-        found = list(self.findings)
-        self._check_writes(found)
-        inc = self.executors[self.active]
-        fingerprint = self.fingerprint()
-        memory = fingerprint[-1]
-        idle = None if inc.idle_at is None else (True if inc.idle_at == fingerprint else inc.idle_at)
-        ledger = self.ledger
-        return (
-            canon(ledger.mem, _LEDGER_HISTORY),
-            canon(
-                [
-                    {k: v for k, v in a.items() if k not in _ROUND_HISTORY}
-                    for a in ledger.approvals(pending_only=False)
-                ]
-            ),
-            canon(self.store, _SERVER_HISTORY),
-            self.ref.protocol_state(),
-            tuple(message_key(m) for m in net.inflight),
-            self.vt.seconds,
-            self.active,
-            tuple((i.alive, i.epoch) for i in self.executors),
-            (inc.negotiated, inc.parked, idle),
-            memory,
-            canon(inc.backend, _ADAPTER_CONNECTION),
-            (self.drops, self.delays, self.dups, self.throttles, self.corrupts),
-            (self.crashes, self.raises, self.passes, self.cancels, self.max_generation),
-            tuple(found),
-            (self.faulted, self.aborted, self.submitted, self._unknowns(), self.recorded_epoch),
-        )
 
     # ----------------------------------------------------------------------------- stepping
 
@@ -630,197 +529,6 @@ class WireWorld:
 
     # -------------------------------------------------------------------------------- checks
 
-    def finish(self, *, unsettled: bool = False) -> list[Finding]:
-        """Everything wrong with the run, from the ledger's writes and the server's own records."""
-        findings = list(self.findings)
-        try:
-            findings.extend(self._judge(unsettled))
-        finally:
-            self.close()
-        return findings
-
-    def _judge(self, unsettled: bool) -> list[Finding]:
-        out: list[Finding] = []
-        op = self.ledger.get(self.op_id)
-        if op is None:
-            return out
-        ours = [t for t in self.store._tasks.values() if t.echo.get("node") == self.node]
-        if len(ours) > 1:
-            names = ", ".join(t.task_id for t in ours)
-            out.append((Kinds.SECOND_OPERATION, f"the server created {len(ours)} operations: {names}"))
-        task = ours[0] if ours else None
-        if task is not None:
-            task.advance(self.store.now())
-        self._check_writes(out)
-        self._check_rounds(ours, out)
-        receipt = self.ledger.receipt(self.node)
-        if self.aborted:
-            pass
-        elif op.state in RECEIPT_STATES:
-            truth = _truth(task)
-            if receipt is None:
-                out.append((Kinds.REFUSED, f"{op.state} without a receipt row"))
-            elif truth is None:
-                out.append((Kinds.TERMINAL, f"accepted {receipt.status}; the server never ended the task"))
-            elif receipt.status is not truth:
-                out.append((Kinds.TERMINAL, f"accepted {receipt.status}; the server's truth is {truth}"))
-            elif truth is not ServerStatus.CANCELLED:
-                expected = self._server_digest(op)
-                if expected is not None and receipt.result_digest != expected:
-                    out.append(
-                        (
-                            Kinds.UNFETCHED,
-                            f"accepted {truth} with result digest {receipt.result_digest}; the server's "
-                            f"result has digest {expected}",
-                        )
-                    )
-        elif unsettled:
-            out.append((Kinds.UNSETTLED, f"still {op.state} after {self.steps} steps"))
-        elif op.state is S.UNKNOWN:
-            if not self.faulted:
-                out.append((Kinds.STUCK, "parked in UNKNOWN though nothing went wrong in the run"))
-            if not any(
-                r["operation_id"] == self.op_id and r["kind"] == "unknown"
-                for r in self.ledger.reconciliation(open_only=True)
-            ):
-                out.append((Kinds.LOST, "UNKNOWN without a reconciliation item"))
-            if op.task_id is None and not op.idempotency_key:
-                out.append((Kinds.LOST, "UNKNOWN with neither task id nor key to find it by"))
-        elif op.state is S.INPUT_REQUIRED:
-            if self._round_message(op.input_round) is None:
-                out.append((Kinds.LOST, f"INPUT_REQUIRED round {op.input_round} without an approval item"))
-        else:
-            out.append((Kinds.LOST, f"ended in {op.state} with nothing left to do"))
-        if self.recorded_epoch is not None and op.epoch < self.recorded_epoch:
-            out.append(
-                (
-                    Kinds.FENCE,
-                    f"the ledger recorded epoch {self.recorded_epoch} (a rollback), yet the operation is "
-                    f"still driven at epoch {op.epoch}: replies of the older epoch are accepted",
-                )
-            )
-        if op.cancel_generation < self.max_generation:
-            out.append((Kinds.LOST, f"cancel generation {self.max_generation} was recorded, then lost"))
-        return out
-
-    def _check_writes(self, out: list[Finding]) -> None:
-        for w in self.writes:
-            t = w.transition
-            before, after = t.before, t.after
-            if not t.accepted or after == before:
-                continue
-            if after.row_version != before.row_version + 1:
-                out.append(
-                    (
-                        Kinds.UNVERSIONED,
-                        f"{type(t.event).__name__} moved {before.state} -> {after.state} at row version "
-                        f"{before.row_version} -> {after.row_version}",
-                    )
-                )
-            if before.state in RECEIPT_STATES and after.state is not before.state:
-                out.append((Kinds.AFTER_CANCEL, f"a receipt was moved on: {before.state} -> {after.state}"))
-            if w.writer >= 0 and w.writer_epoch != before.epoch:
-                out.append(
-                    (
-                        Kinds.FENCE,
-                        f"executor {w.writer} at epoch {w.writer_epoch} recorded {type(t.event).__name__} "
-                        f"on an operation at epoch {before.epoch}",
-                    )
-                )
-            stamped = None if isinstance(t.event, EpochRaised) else getattr(t.event, "epoch", None)
-            if isinstance(stamped, int) and stamped != before.epoch:
-                out.append(
-                    (
-                        Kinds.FENCE,
-                        f"{type(t.event).__name__} stamped epoch {stamped} changed an operation at epoch {before.epoch}",
-                    )
-                )
-            generation = getattr(t.event, "generation", None)
-            if (
-                isinstance(t.event, CancelConfirmed | CancelAcknowledged | CancelRefusedTerminal)
-                and generation != before.cancel_generation
-            ):
-                out.append(
-                    (
-                        Kinds.FENCE,
-                        f"a reply to cancel generation {generation} changed an operation at generation "
-                        f"{before.cancel_generation}",
-                    )
-                )
-            if (
-                w.receipt
-                and after.state is S.ACCEPTED
-                and (not isinstance(t.event, ResultVerified) or w.payload is None)
-            ):
-                out.append(
-                    (
-                        Kinds.UNFETCHED,
-                        f"{after.server_status} accepted by {type(t.event).__name__} without a fetched result",
-                    )
-                )
-
-    def _check_rounds(self, tasks: list[Any], out: list[Finding]) -> None:
-        """Every answer the server took must have been given for the question of that round."""
-        for task in tasks:
-            for number in range(1, task.sim.input_rounds + 1):
-                question = task._round(number)
-                answer = task.answers.get(question.key)
-                if answer is None:
-                    continue
-                content = answer.get("content") if isinstance(answer, dict) else None
-                note = content.get("note") if isinstance(content, dict) else None
-                if note != question.message:
-                    out.append(
-                        (
-                            Kinds.WRONG_ROUND,
-                            f"round {number} ({question.message!r}) got the answer given for {note!r}",
-                        )
-                    )
-
-    def _server_digest(self, op: Operation) -> str | None:
-        """The digest of the result the server holds, read by a fresh adapter (the judge).
-
-        Kept per protocol, scenario, call node (the arguments), task and epochs: the server's result is
-        planned from the arguments alone, so every run that ends the same task the same way reads the
-        same result.
-        """
-        task = self._main_task()
-        memo = (
-            self.protocol,
-            self.scenario,
-            self.node,
-            task.task_id,
-            task.status,
-            task.result_epoch,
-            op.epoch,
-        )
-        if memo in _JUDGED:
-            return _JUDGED[memo]
-        found = self._read_digest(op)
-        if found is not None:
-            _JUDGED[memo] = found
-        return found
-
-    def _read_digest(self, op: Operation) -> str | None:
-        judge_net = Network(self.loop, self.app, passthrough=frozenset(Kind))
-        digest: list[str] = []
-
-        async def read() -> None:
-            async with HttpClient(transport=judge_net.gate(-1, int(op.epoch))) as client:
-                backend = open_backend(
-                    self.protocol, self.url, client=client, token=None, options=self.options
-                )
-                try:
-                    await backend.negotiate(PRINCIPAL)
-                    outcome = await backend.fetch_result(op)
-                except (BackendError, NegotiationError):
-                    return
-                digest.append(outcome.digest)
-            await judge_net.close()
-
-        self._run(read())
-        return digest[0] if digest else None
-
     def close(self) -> None:
         if self.closed:
             return
@@ -846,54 +554,7 @@ class WireWorld:
         op = self.ledger.get(self.op_id)
         return op is not None and op.state in (S.UNKNOWN, S.INPUT_REQUIRED)
 
-    # ------------------------------------------------------------------------------- traces
 
-    def label(self, action: Action) -> str:
-        actor, verb, arg = action
-        if actor == "network":
-            assert isinstance(arg, int)
-            msg = self.net.inflight[arg]
-            what = f"{msg.kind}#{msg.rid} from executor {msg.owner} (epoch {msg.epoch})"
-            if msg.reply is not None:
-                what = f"{msg.kind}#{msg.rid} reply HTTP {msg.reply.status}: {_peek(msg)}"
-            return f"{verb} {what}"
-        if actor == "executor" and verb != "crash":
-            inc = self.executors[self.active]
-            return f"executor {inc.index} (epoch {inc.epoch}): {verb}"
-        if actor == "server":
-            return "server work moves on (clock to its next event)"
-        return verb if arg is None else f"{verb} {arg}"
-
-    def state_text(self) -> str:
-        op = self.ledger.get(self.op_id)
-        local = "-" if op is None else f"{op.state} e{op.epoch} g{op.cancel_generation}"
-        task = self._main_task()
-        remote = (
-            "no task"
-            if task is None
-            else f"{task.task_id} {task.status}" + (" (deleted)" if task.deleted else "")
-        )
-        return f"{local} / {remote} @{self.vt.seconds:.1f}s"
-
-
-_LEDGER_HISTORY = frozenset({"writes", "rejected"})
-"""MemLedger counters of writes made: history, not state (the row versions say what changed). The
-port's transition log, poll records and the instants its entries were opened at are history too:
-the key reads the operations and entries from ``MemoryPort.mem``, the approval rounds without
-``_ROUND_HISTORY``."""
-_ROUND_HISTORY = frozenset({"opened_at", "answered_at", "closed_at"})
-"""When an approval round was opened, answered or closed: recorded, never read by the driver."""
-_SERVER_HISTORY = frozenset({"_log", "anchor", "clock", "config", "_new_id"})
-"""The task store's request counters and its fixed wiring."""
-_WAKE_ONLY = frozenset({"advised"})
-"""What a ``Driver`` keeps only to say when to wake (the server's advised poll interval): the explorer
-decides when an executor advances, so it changes no outcome (its generator, which only jitters the
-wake time, is left out of the key for the same reason)."""
-_ADAPTER_CONNECTION = frozenset({"session_id", "_client", "_options", "_token", "_ids", "_lock"})
-"""An adapter's connection: the session id is the server's name for a connection (one per process,
-reused by every run), the client and options are the same in every run, and the JSON-RPC request
-numbering is a renaming (``wire.without_rpc_ids``)."""
-_JUDGED: dict[tuple[object, ...], str] = {}
 _DUCK_RUNS = itertools.count(1)
 _DUCK: list[Any] = []
 
@@ -904,22 +565,6 @@ def _duck_ledger() -> Any:
 
         _DUCK.append(Ledger.open(":memory:"))
     return _DUCK[0]
-
-
-def _truth(task: Any) -> ServerStatus | None:
-    if task is None or task.status not in (
-        ServerTaskStatus.COMPLETED,
-        ServerTaskStatus.FAILED,
-        ServerTaskStatus.CANCELLED,
-    ):
-        return None
-    return ServerStatus(task.status.value)
-
-
-def _peek(msg: Message) -> str:
-    assert msg.reply is not None
-    text = msg.reply.body().decode("utf-8", "replace")
-    return (text[:60] + "...") if len(text) > 60 else text
 
 
 __all__ = [

@@ -28,6 +28,7 @@ from typing import Any
 
 from engine.adapters.transport import (
     HttpByteStream,
+    HttpClient,
     HttpRequest,
     HttpResponse,
     HttpTransport,
@@ -244,6 +245,10 @@ class Network:
 
     def gate(self, owner: int, epoch: int) -> Gate:
         return Gate(self, owner, epoch)
+
+    def client(self, owner: int, epoch: int) -> HttpClient:
+        """An HTTP client whose every request goes through this network as ``owner`` at ``epoch``."""
+        return HttpClient(transport=self.gate(owner, epoch), base_url="http://sim")
 
     # ------------------------------------------------------------------------- client side
 

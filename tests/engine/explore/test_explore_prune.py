@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.explore.explorer import explore_pair
-from engine.explore.prune import explore_merged
+from engine.explore.prune import MergingSearch, explore_merged
 from engine.explore.result import render_trace
 from engine.explore.scenario import scenario_named
 from engine.model import Protocol
@@ -63,6 +63,38 @@ def test_states_that_differ_only_in_when_the_driver_would_wake_merge_and_count_e
     scenario = scenario_named("failure")
     merged = explore_merged(scenario, P.MCP_2025_11_25, max_runs=1_000)
     one_by_one = explore_pair(scenario, P.MCP_2025_11_25, budget=1_000, strategy="dfs")
+    assert merged.exhaustive
+    assert one_by_one.exhaustive
+    assert _counts(merged) == _counts(one_by_one)
+    assert merged.runs < one_by_one.explored
+
+
+def test_branches_reached_by_forking_count_exactly_what_replaying_their_prefix_counts() -> None:
+    """A branch taken in a forked copy of the process is the same run continued: the search counts
+    the same interleavings, states and runs as when it replays every branch's prefix."""
+    scenario = scenario_named("complete-vs-cancel")
+    forked = MergingSearch(scenario, P.AIP_151, max_runs=1_000, fork=True, fork_after=0)
+    replayed = MergingSearch(scenario, P.AIP_151, max_runs=1_000, fork=False)
+    (by_fork, complete), (by_replay, _) = forked.run(), replayed.run()
+    assert complete
+    assert forked.forks == forked.runs - 1 > 0
+    assert replayed.forks == 0
+    assert (by_fork.paths, by_fork.receipts, by_fork.parked, by_fork.divergent) == (
+        by_replay.paths,
+        by_replay.receipts,
+        by_replay.parked,
+        by_replay.divergent,
+    )
+    assert (forked.runs, len(forked.memo)) == (replayed.runs, len(replayed.memo))
+
+
+def test_states_that_differ_only_in_the_servers_interval_jitter_merge_and_count_exactly() -> None:
+    """On MCP 2026-07-28 the server draws every advised poll interval from its seeded generator;
+    once the task exists the generator is out of the key, and the merged counts still equal
+    running every interleaving one by one."""
+    scenario = scenario_named("failure")
+    merged = explore_merged(scenario, P.MCP_2026_07_28, max_runs=1_000)
+    one_by_one = explore_pair(scenario, P.MCP_2026_07_28, budget=1_000, strategy="dfs")
     assert merged.exhaustive
     assert one_by_one.exhaustive
     assert _counts(merged) == _counts(one_by_one)
