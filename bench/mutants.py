@@ -370,6 +370,25 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/engine/ledger/test_ledger.py::test_acceptance_under_a_raised_epoch_is_refused",),
         duckdb=True,
     ),
+    Mutant(
+        "plan-fence-reversed",
+        "driver",
+        "engine/runtime/plan.py",
+        "    if op.epoch != epoch:\n        return Step.FENCED",
+        "    if op.epoch < epoch:\n        return Step.FENCED",
+        "the fence compares the wrong way: an executor a rollback replaced keeps driving the adopted "
+        "operation (FENCED only for operations behind it)",
+        False,
+        "fenced-advance",
+        (
+            "tests/engine/runtime/test_plan_fenced.py",
+            "tests/engine/explore/test_explore_shipped.py::"
+            "test_an_executor_replaced_by_a_rollback_is_fenced_and_sends_nothing_for_the_operation",
+        ),
+        why_not="the replaced driver's requests go out, but every event their replies become is stamped "
+        "with its old epoch and refused by step, so no outcome changes; the explorer catches it all the "
+        "same (a request sent by a fenced advance is a fence divergence)",
+    ),
     # ----------------------------------------------- service executor (engine/runtime/epochs.py)
     Mutant(
         "executor-old-epoch-kept",

@@ -166,6 +166,10 @@ class RunChecks:
         return out
 
     def _check_writes(self, out: list[Finding]) -> None:
+        for sent in self.net.fenced_sends:
+            out.append(
+                (Kinds.FENCE, f"{sent} sent for an operation another epoch owns: the fenced driver talked")
+            )
         for w in self.writes:
             t = w.transition
             before, after = t.before, t.after

@@ -37,6 +37,7 @@ class StateKeys:
     corrupts: int
     crashes: int
     raises: int
+    stale_advances: int
     passes: int
     cancels: int
     max_generation: int
@@ -117,7 +118,7 @@ class StateKeys:
             memory,
             canon(inc.backend, _ADAPTER_CONNECTION),
             (self.drops, self.delays, self.dups, self.throttles, self.corrupts),
-            (self.crashes, self.raises, self.passes, self.cancels, self.max_generation),
+            (self.crashes, self.raises, self.passes, self.cancels, self.max_generation, self.stale_advances),
             tuple(found),
             (self.faulted, self.aborted, self.submitted, self._unknowns(), self.recorded_epoch),
         )

@@ -50,6 +50,9 @@ class Scenario:
     """Local states (``LocalState`` values) a crash may happen in (None: any state before a receipt)."""
     epoch_raises: int = 0
     """Rollbacks: an operator raises the execution epoch and a new executor takes over."""
+    stale_advances: int = 0
+    """Advances the executor a rollback replaced may still make (a process that has not heard of
+    the rollback yet): its driver must find the operation FENCED and send nothing for it."""
     pollers: int = 1
     """Status reads one executor may have in flight at once (2: replies can overtake each other)."""
     evict: bool = False
@@ -199,6 +202,13 @@ SCENARIOS: tuple[Scenario, ...] = (
         protocols=MCP,
         script=("input", "complete"),
         epoch_raises=1,
+    ),
+    Scenario(
+        "fenced-advance",
+        "rollback, then the replaced executor advances the operation again: it is fenced and sends "
+        "nothing, while its earlier requests may still be answered",
+        epoch_raises=1,
+        stale_advances=2,
     ),
     Scenario(
         "task-id-reused",

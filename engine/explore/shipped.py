@@ -173,6 +173,7 @@ class WireWorld(RunChecks, StateKeys):
         self.corrupts = scenario.corrupts
         self.crashes = scenario.crashes
         self.raises = scenario.epoch_raises
+        self.stale_advances = scenario.stale_advances
         self.passes = 1 if scenario.expire else 0
         self.cancels = scenario.cancels
         self.max_generation = 0
@@ -271,6 +272,10 @@ class WireWorld(RunChecks, StateKeys):
             and inc.idle_at != self.fingerprint(op)
         ):
             out.append(("executor", "advance", self.active))
+        if self.stale_advances and op.state not in RECEIPT_STATES:
+            for old in self.executors:
+                if old.alive and not old.busy and old.index != self.active and old.negotiated:
+                    out.append(("executor", "advance-stale", old.index))
         kinds = self.fault_kinds
         faults = self.drops or self.delays or self.dups or self.throttles or self.corrupts
         for i, msg in enumerate(self.net.inflight):
@@ -342,6 +347,10 @@ class WireWorld(RunChecks, StateKeys):
         if actor == "executor":
             if verb == "crash":
                 self._crash()
+            elif verb == "advance-stale":
+                assert isinstance(arg, int)
+                self.stale_advances -= 1
+                self._run(self._start_advance(self.executors[arg], submit=False))
             else:
                 inc = self.executors[self.active]
                 self._run(self._start_advance(inc, submit=verb == "submit"))
@@ -394,7 +403,15 @@ class WireWorld(RunChecks, StateKeys):
             else:
                 current = self.ledger.get(self.op_id)
                 assert current is not None
-                wake = await inc.driver.advance(current)
+                # An advance begun on an operation another epoch owns must send nothing (FENCED):
+                # the network reports any request it sends while this mark is set.
+                fenced = current.epoch != inc.epoch
+                if fenced:
+                    self.net.fenced.add(inc.index)
+                try:
+                    wake = await inc.driver.advance(current)
+                finally:
+                    self.net.fenced.discard(inc.index)
             self._after_advance(inc, before, wake)
 
         self._spawn(inc, work)

@@ -240,6 +240,10 @@ class Network:
         self.failures = 0
         """Exchanges that ended without a reply (lost, timed out, throttled, cut): a retry may do better."""
         self._rid = 0
+        self.fenced: set[int] = set()
+        """Senders in an advance begun on an operation another epoch owns (they must send nothing)."""
+        self.fenced_sends: list[str] = []
+        """What such senders sent anyway (a divergence: the FENCED path talked to the server)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._disconnect = asyncio.Event()
 
@@ -257,6 +261,8 @@ class Network:
         self._rid += 1
         waiter: asyncio.Future[HttpResponse] = self.loop.create_future()
         msg = Message(self._rid, kind_of(request, body), owner, epoch, request, body, waiter)
+        if owner in self.fenced:
+            self.fenced_sends.append(f"{msg.kind} from executor {owner} (epoch {epoch})")
         if msg.kind in self.passthrough:
             self.deliver(msg)
         else:

@@ -173,3 +173,14 @@ def test_an_answer_the_server_took_for_another_rounds_question_is_a_wrong_round_
     for answer in tampered._main_task().answers.values():
         answer["content"]["note"] = "a question of another round"
     assert Kinds.WRONG_ROUND in {kind for kind, _ in tampered.finish()}
+
+
+def test_an_executor_replaced_by_a_rollback_is_fenced_and_sends_nothing_for_the_operation() -> None:
+    """The replaced executor advances the adopted operation again (it has not heard of the
+    rollback): the shipped driver finds it FENCED and sends no request; its earlier requests may
+    still be answered, and none of their replies is accepted."""
+    from engine.explore.prune import explore_merged
+
+    result = explore_merged(scenario_named("fenced-advance"), Protocol.AIP_151, max_runs=60)
+    assert result.explored > 60
+    assert result.divergent == 0, result.shortest
