@@ -105,9 +105,9 @@ def main() -> int:
         "commits run: on a machine shared with other work it moves less than the wall-clock rate. "
         "What bounds the rate (a phase split, bench/results/latest.md): the Python that reads the "
         "transitions into Arrow columns (rows.state_changes, transition_table with event_details: about "
-        "9 of some 21 CPU-us per transition on this shared machine), the per-transition checks and outcome "
-        "objects (about 2 us), then DuckDB's set-based UPDATE, log INSERT and COMMIT (about 6 us of CPU, "
-        "and the WAL's fsync in wall time)."
+        "8.5 of some 16 CPU-us per transition on this shared machine), then DuckDB's set-based UPDATE, "
+        "log INSERT and COMMIT (about 6 us of CPU, and the WAL's fsync in wall time), then the chaining, "
+        "checks and outcomes (about 2 us); on a loaded machine, the CPU share the process gets."
     )
     if args.json:
         report.emit()
