@@ -96,6 +96,10 @@ async def serve(
         explorer.cancel()
         await executor.aclose()
         runner.cancel()
+        # A cancelled task leaves the statement it handed to a worker thread running (the gate
+        # evaluation's scan, a snapshot): the ledger closed under it refused ("connection is busy")
+        # and the service died with a traceback. Those threads end first.
+        await loop.shutdown_default_executor()
     readers.close()
     if reader_ledger is not None:
         reader_ledger.close()

@@ -133,13 +133,14 @@ class ServiceProcess:
         """SIGKILL: no shutdown code runs, exactly like a crash."""
         self._end(signal.SIGKILL)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        self._end(signal.SIGTERM, timeout)
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; the exit status (None if it was not running)."""
+        return self._end(signal.SIGTERM, timeout)
 
-    def _end(self, sig: signal.Signals, timeout: float = 10.0) -> None:
+    def _end(self, sig: signal.Signals, timeout: float = 10.0) -> int | None:
         process, self._process = self._process, None
         if process is None:
-            return
+            return None
         if process.poll() is None:
             process.send_signal(sig)
             try:
@@ -149,6 +150,7 @@ class ServiceProcess:
                 process.wait(timeout=timeout)
         if process.stdout is not None:
             process.stdout.close()
+        return process.returncode
 
     def close(self) -> None:
         """Stop the process if running, and release its captured stderr."""
