@@ -204,7 +204,7 @@ class Loop(ExecutorState):
     async def run(self) -> None:
         """Loop until ``aclose``: commit, release finished operations, run person actions, launch due ones."""
         while not self._stopping:
-            await self.tick()
+            await self._tick()
             await self._idle()
         if self._running:
             await asyncio.wait(self._running.values(), timeout=30)
@@ -293,6 +293,14 @@ class Loop(ExecutorState):
             waker.cancel()
 
     async def tick(self) -> int:
+        """One round as ``run`` makes it, then until the group commit it started is durable and its
+        advances are back on the heap (for a caller that drives the loop by hand, as tests do);
+        returns how many operations were launched."""
+        launched = await self._tick()
+        await self.settled()
+        return launched
+
+    async def _tick(self) -> int:
         """One round; returns how many operations were launched.
 
         1. when a person action waits, commit everything buffered first (waited for here), then
