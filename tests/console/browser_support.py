@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-import httpx
+import http_kit
 
 from demo.seed import seed_ledger
 from refserver.testing import RefServer
@@ -41,9 +41,9 @@ DIVERGED_NODE = "report-diverged-7"
 def add_diverged_shadow_pair(ledger: Path) -> None:
     """One diverged shadow pair between two seeded operations (the service records these as it runs;
     here the ledger has one before the service opens it, so the panel has a pair to show)."""
-    import duckdb
+    from engine.ledger import duckdb_client
 
-    with duckdb.connect(str(ledger)) as con:
+    with duckdb_client.connect(str(ledger)) as con:
         (old, new) = (
             r[0]
             for r in con.execute(
@@ -97,8 +97,8 @@ def streamlit_console(
             if process.poll() is not None:
                 return True
             try:
-                return httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200
-            except httpx.HTTPError:
+                return http_kit.get(f"{url}/_stcore/health", timeout=2).status_code == 200
+            except http_kit.HTTPError:
                 return False
 
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+import http_kit
 import pytest
 from browser_support import (
     ARTIFACTS,
@@ -46,7 +46,7 @@ def test_rollback_from_the_browser_raises_the_epoch(console: str, service: Servi
     """Rollout control at stage off; a shadow started elsewhere enables Roll back… by the page's own
     refresh; Roll back… -> type a reason -> Roll back now: the page shows the epoch raised."""
     sync_api = pytest.importorskip("playwright.sync_api")
-    status = httpx.get(f"{service.url}/api/v1/rollout/status", timeout=30)
+    status = http_kit.get(f"{service.url}/api/v1/rollout/status", timeout=30)
     if status.status_code == 404:
         pytest.skip("this service has no rollout routes yet")
     assert status.json()["stage"] == "off"
@@ -90,7 +90,7 @@ def test_rollback_from_the_browser_raises_the_epoch(console: str, service: Servi
             raise
         finally:
             browser.close()
-    after = httpx.get(f"{service.url}/api/v1/rollout/status", timeout=30).json()
+    after = http_kit.get(f"{service.url}/api/v1/rollout/status", timeout=30).json()
     assert after["epoch"] == before + 1
 
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
+import http_kit
 import pytest
 from browser_support import ARTIFACTS, CHROMIUM, FLAGS, ROUND_TTL_MS, streamlit_console
 
@@ -141,10 +141,10 @@ def _open(page: Any, title: str) -> None:
 
 def test_metrics_need_a_token_when_open_metrics_is_false(service: ServiceProcess) -> None:
     """auth.open_metrics = false: /metrics answers 401 without a token and the metrics with a viewer's."""
-    anonymous = httpx.get(f"{service.url}/metrics", timeout=30)
+    anonymous = http_kit.get(f"{service.url}/metrics", timeout=30)
     assert anonymous.status_code == 401
     assert anonymous.headers.get("www-authenticate", "").lower().startswith("bearer")
-    signed = httpx.get(
+    signed = http_kit.get(
         f"{service.url}/metrics", headers={"Authorization": f"Bearer {_secret('analyst')}"}, timeout=30
     )
     assert signed.status_code == 200
@@ -157,8 +157,8 @@ def test_the_service_maps_a_verified_id_token_to_its_principal_and_refuses_other
     """The provider's ID token for a mapped email is that principal with its roles; an unmapped
     identity, another audience and a token signed by another key are 401."""
 
-    def whoami(token: str) -> httpx.Response:
-        return httpx.get(
+    def whoami(token: str) -> http_kit.Response:
+        return http_kit.get(
             f"{service.url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=30
         )
 

@@ -13,12 +13,13 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import httpx
+import http_kit
 import pytest
 from streamlit.testing.v1 import AppTest
 
 from console.insights import Insights
 from console.sources import FileSource, ServiceSource
+from engine.clock import SystemClock
 from engine.ledger.duckdb import Ledger
 from engine.ledger.gate_sql import gate_inputs_from_recorded
 from engine.ledger.port import ExplorerRun
@@ -165,7 +166,7 @@ def test_a_write_after_the_run_makes_the_page_evaluate_afresh(
     run_id, at, _ = latest_run(ledger_copy)
     with Ledger.open(ledger_copy) as ledger:
         if write.startswith("a setting"):
-            ledger.put_setting("note", "written after the gate run", datetime.now(UTC))
+            ledger.put_setting("note", "written after the gate run", SystemClock().now())
         else:  # stamped an hour before the run, so only the count gives it away
             earlier = at - timedelta(hours=1)
             ledger.record_explorer_run(
@@ -237,14 +238,14 @@ class FakeService:
         self.path = path
         self.calls: list[str] = []
 
-    def __call__(self, request: httpx.Request) -> httpx.Response:
+    def __call__(self, request: http_kit.Request) -> http_kit.Response:
         self.calls.append(f"{request.method} {request.url.path}")
         if request.url.path == "/api/v1/sql":
             body = json.loads(request.content)
             result = run_query(self.path, body["query"], max_rows=body["max_rows"]).as_json()
-            return httpx.Response(200, content=json.dumps(result, default=str))
+            return http_kit.Response(200, content=json.dumps(result, default=str))
         if request.url.path == "/api/v1/gates" and request.method == "POST":
-            now = datetime.now(UTC)
+            now = SystemClock().now()
             with Ledger.open(self.path) as ledger:
                 report = evaluate(ledger.gate_inputs(now), Thresholds())
                 run_id = ledger.record_gate_run(report.results, now)
@@ -254,14 +255,14 @@ class FakeService:
                 for r in report.results
             ]  # fmt: skip
             body = {"run_id": run_id, "passed": report.passed, "gates": gates}
-            return httpx.Response(200, content=json.dumps(body, default=str))
-        return httpx.Response(404, json={"error": "not here"})
+            return http_kit.Response(200, content=json.dumps(body, default=str))
+        return http_kit.Response(404, json={"error": "not here"})
 
 
 @pytest.fixture
 def service(ledger_copy: Path) -> Iterator[tuple[Insights, FakeService]]:
     fake = FakeService(ledger_copy)
-    client = ServiceClient("http://service.test", transport=httpx.MockTransport(fake))
+    client = ServiceClient("http://service.test", transport=http_kit.MockTransport(fake))
     insights = Insights(ServiceSource(client), cache_s=0, gate_interval_s=10)
     yield insights, fake
     client.close()
@@ -294,7 +295,7 @@ class _Later:
         self.ahead = ahead
 
     def now(self) -> datetime:
-        return datetime.now(UTC) + self.ahead
+        return SystemClock().now() + self.ahead
 
     async def sleep(self, delay: timedelta) -> None:  # pragma: no cover - not used by the console
         raise NotImplementedError

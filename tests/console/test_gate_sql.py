@@ -7,9 +7,9 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-import duckdb
 import pytest
 
+from engine.ledger import duckdb_client
 from engine.ledger.duckdb import Ledger
 from engine.ledger.gate_sql import COLUMNS, gate_inputs_from_row, gate_inputs_sql
 from engine.ledger.port import ExplorerRun
@@ -23,7 +23,7 @@ SHIPPED = "rules = 'engine' AND code = 'shipped' AND revision = ?"
 """The runs the divergence gate counts: the shipped code's, with the engine's rules, at this revision."""
 
 
-def _reference(con: duckdb.DuckDBPyConnection, now: datetime) -> dict[str, object]:
+def _reference(con: duckdb_client.Connection, now: datetime) -> dict[str, object]:
     """Each input by the simplest SQL that states it (no pruning, one query each)."""
 
     def one(sql: str, *params: object) -> object:
@@ -94,7 +94,7 @@ def test_the_statement_agrees_with_a_plain_reference_on_a_ledger_connection_and_
 ) -> None:
     """Same row on a ledger connection and through the sandbox, and each input equals its plain definition."""
     sql = gate_inputs_sql(NOW)
-    con = duckdb.connect(str(seeded_ledger), read_only=True)
+    con = duckdb_client.connect(str(seeded_ledger), read_only=True)
     try:
         cursor = con.execute(sql)
         columns = [d[0] for d in cursor.description or ()]
@@ -126,7 +126,7 @@ def test_the_busiest_window_is_exact_when_it_straddles_two_seconds(
     """Polls bunched across a second boundary: the pruned count finds the window no single bucket holds."""
     path = tmp_path / "polls.duckdb"
     path.write_bytes(seeded_ledger.read_bytes())
-    con = duckdb.connect(str(path))
+    con = duckdb_client.connect(str(path))
     try:
         con.execute("DELETE FROM polls")
         # 3 polls late in second 10, 3 early in second 11 (6 within 0.2 s), 5 spread over second 20.

@@ -119,11 +119,11 @@ def test_approvals_list_only_answerable_rounds_newest_first(seeded_ledger: Path,
     """A pending round whose operation moved on (here: accepted) or whose deadline passed is not offered."""
     import shutil
 
-    import duckdb
+    from engine.ledger import duckdb_client
 
     path = tmp_path / "approvals.duckdb"
     shutil.copy(seeded_ledger, path)
-    with duckdb.connect(str(path)) as con:
+    with duckdb_client.connect(str(path)) as con:
         pending = con.execute(
             "SELECT operation_id FROM approvals WHERE status = 'pending' ORDER BY operation_id LIMIT 2"
         ).fetchall()
@@ -157,11 +157,11 @@ def test_the_duplicated_filter_lists_exactly_the_operations_the_duplicate_gate_c
     """Two operations bound to a second server task: the gate counts 2 and the Operations filter lists those two."""
     import shutil
 
-    import duckdb
+    from engine.ledger import duckdb_client
 
     path = tmp_path / "duplicated.duckdb"
     shutil.copy(seeded_ledger, path)
-    with duckdb.connect(str(path)) as con:
+    with duckdb_client.connect(str(path)) as con:
         bound = con.execute(
             "SELECT server, task_id, operation_id FROM task_bindings ORDER BY operation_id LIMIT 2"
         ).fetchall()
@@ -203,11 +203,11 @@ def test_alerts_count_approvals_about_to_expire_and_expired_in_the_last_hour(
     """A round due in 2 minutes is "expiring"; one expired 10 minutes ago counts, one expired 3 hours ago does not."""
     import shutil
 
-    import duckdb
+    from engine.ledger import duckdb_client
 
     path = tmp_path / "expiring.duckdb"
     shutil.copy(seeded_ledger, path)
-    with duckdb.connect(str(path)) as con:
+    with duckdb_client.connect(str(path)) as con:
         con.execute("UPDATE approvals SET deadline = now() + INTERVAL 1 DAY WHERE status = 'pending'")
         con.execute("UPDATE approvals SET status = 'answered' WHERE status = 'expired'")
         ids = [

@@ -9,10 +9,7 @@ from dataclasses import asdict
 from datetime import datetime
 from typing import TypeVar
 
-import duckdb
-import psycopg
-
-from engine.ledger import is_postgres, open_ledger
+from engine.ledger import duckdb_client, is_postgres, open_ledger, pg_client
 from engine.ledger.duckdb import Ledger
 from engine.ledger.port import LedgerPort
 from engine.ledger.postgres import PgLedger
@@ -54,7 +51,7 @@ def raw(ledger: Ledger | PgLedger, statement: str) -> list[tuple[object, ...]]:
                 return list(cur.fetchall()) if cur.description else []
         cur_d = ledger._con.execute(statement)
         return [tuple(r) for r in cur_d.fetchall()] if cur_d.description else []
-    except (duckdb.Error, psycopg.Error) as exc:
+    except (duckdb_client.Error, pg_client.Error) as exc:
         raise RawError(str(exc)) from exc
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
-import httpx
+import http_kit
 import pytest
 
 from console.insights import Insights
@@ -267,7 +267,7 @@ def test_every_console_chart_has_data_within_30_seconds_and_sigint_stops_every_p
         )
         empty = sorted(name for name, rows in sizes.items() if not rows)
         assert not empty, f"after {took:.0f} s these console charts have no data: {empty}"
-        assert httpx.get(f"{console_url}/_stcore/health", timeout=10).status_code == 200
+        assert http_kit.get(f"{console_url}/_stcore/health", timeout=10).status_code == 200
         for title, sql in SQL_EXAMPLES.items():
             if MUST_BE_EMPTY in title:
                 assert insights.run_sql(sql).frame.empty, title

@@ -7,7 +7,7 @@ import asyncio
 import random
 from datetime import datetime, timedelta
 
-import httpx
+import http_kit
 import pytest
 from race_kit import OPTIONS, PLAIN, POLICY, QUICK, call, engine_url, invariants
 
@@ -21,7 +21,7 @@ from refserver.testing import RefServer
 
 async def two_pollers(server: RefServer, ledger: Ledger, op: Operation) -> None:
     """Two drivers (own HTTP clients, one ledger) poll the same operation at the same time."""
-    async with httpx.AsyncClient() as client_a, httpx.AsyncClient() as client_b:
+    async with http_kit.AsyncClient() as client_a, http_kit.AsyncClient() as client_b:
         drivers = [
             Driver(
                 ledger=ledger,

@@ -28,9 +28,8 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg
-
 from engine.errors import ServiceRefused, ServiceUnavailable
+from engine.ledger import pg_client
 from refserver.testing import RefServer
 from service.client import ServiceClient
 from service.testing import ServiceProcess, start_all, wait_until
@@ -136,26 +135,26 @@ def _submit(executors: list[ServiceProcess], nodes: list[str], sim: Sim) -> None
     assert not errors, errors[0]
 
 
-def _count(con: psycopg.Connection[tuple[object, ...]], sql: str, params: list[object]) -> int:
+def _count(con: pg_client.Connection[tuple[object, ...]], sql: str, params: list[object]) -> int:
     row = con.execute(sql, params).fetchone()  # type: ignore[arg-type]
     assert row is not None
     return int(str(row[0]))
 
 
-def _routed_new_since(con: psycopg.Connection[tuple[object, ...]], new_url: str, since: datetime) -> int:
+def _routed_new_since(con: pg_client.Connection[tuple[object, ...]], new_url: str, since: datetime) -> int:
     """Operations created on the new path after ``since`` (wall clock: the processes share the host)."""
     return _count(
         con, "SELECT count(*) FROM op_identity WHERE server = %s AND created_at > %s", [new_url, since]
     )
 
 
-def _canary_after(con: psycopg.Connection[tuple[object, ...]], seq: int) -> int:
+def _canary_after(con: pg_client.Connection[tuple[object, ...]], seq: int) -> int:
     return _count(
         con, "SELECT count(*) FROM rollout_assignments WHERE arm = 'canary' AND rollout_seq >= %s", [seq]
     )
 
 
-def _accepted_behind(con: psycopg.Connection[tuple[object, ...]], epoch: int, since: datetime) -> int:
+def _accepted_behind(con: pg_client.Connection[tuple[object, ...]], epoch: int, since: datetime) -> int:
     """Receipts accepted at an epoch older than ``epoch`` after ``since`` (none: the fence refuses them)."""
     return _count(con, "SELECT count(*) FROM receipts WHERE epoch < %s AND accepted_at > %s", [epoch, since])
 
@@ -163,13 +162,13 @@ def _accepted_behind(con: psycopg.Connection[tuple[object, ...]], epoch: int, si
 _LIVE = "NOT EXISTS (SELECT 1 FROM receipts r WHERE r.operation_id = s.operation_id)"
 
 
-def _in_flight(con: psycopg.Connection[tuple[object, ...]]) -> int:
+def _in_flight(con: pg_client.Connection[tuple[object, ...]]) -> int:
     return _count(con, f"SELECT count(*) FROM op_state s WHERE {_LIVE}", [])
 
 
 def _live_behind(pg_url: str, epoch: int) -> int:
     """Operations without a receipt still at an epoch older than ``epoch`` (not yet adopted)."""
-    with psycopg.connect(pg_url) as con:
+    with pg_client.connect(pg_url) as con:
         return _count(con, f"SELECT count(*) FROM op_state s WHERE s.epoch < %s AND {_LIVE}", [epoch])
 
 
@@ -178,7 +177,7 @@ def _stuck(pg_url: str, executors: list[ServiceProcess], servers: list[RefServer
     as the servers hold them, and what the executors logged about them."""
     lines: list[str] = []
     tasks = {str(t["id"]): t for server in servers for t in server.stats()["tasks"]}
-    with psycopg.connect(pg_url) as con:
+    with pg_client.connect(pg_url) as con:
         live = con.execute(
             "SELECT s.operation_id, i.call_node_id, s.state, s.epoch, s.row_version, s.lease_owner, s.task_id, "
             f"s.lease_expires_at, s.updated_at FROM op_state s JOIN op_identity i USING (operation_id) WHERE {_LIVE} "
@@ -258,7 +257,7 @@ def test_a_rollback_through_one_executor_stops_the_new_path_on_every_executor_be
             assert (by - datetime.now(UTC)).total_seconds() <= 1.0
             wait_until(lambda: datetime.now(UTC) >= by, timeout=5, what="the stated bound")
             _submit([executors[2]], [f"busy-{i}" for i in range(BUSY)], _fixed(BUSY_SIM))
-            with psycopg.connect(pg_url) as con:
+            with pg_client.connect(pg_url) as con:
                 assert _canary_after(con, int(str(canary["seq"]))) > 0, "executor 2 ignored the canary"
                 in_flight_at_first = _in_flight(con)
             assert in_flight_at_first >= 1000, in_flight_at_first
@@ -267,7 +266,7 @@ def test_a_rollback_through_one_executor_stops_the_new_path_on_every_executor_be
             first, first_returned = _rollback(executors[1], "first rollback")
             assert first["cluster"]["effective_everywhere"] is True  # type: ignore[index]
             _submit(executors, [f"b-{i:05d}" for i in range(AFTER)], _fixed(SHORT))
-            with psycopg.connect(pg_url) as con:
+            with pg_client.connect(pg_url) as con:
                 assert _routed_new_since(con, new.url, first_returned) == 0
                 assert _canary_after(con, int(str(first["seq"]))) == 0
             # Each executor adopts what it holds (the others within the bound the answer states).
@@ -288,14 +287,14 @@ def test_a_rollback_through_one_executor_stops_the_new_path_on_every_executor_be
             killer.join(timeout=10)
             survivors = executors[:2]
             _submit(survivors, [f"d-{i:05d}" for i in range(AFTER)], _fixed(SHORT))
-            with psycopg.connect(pg_url) as con:
+            with pg_client.connect(pg_url) as con:
                 assert _routed_new_since(con, new.url, returned) == 0
                 assert _canary_after(con, int(str(second["seq"]))) == 0
 
             total = HELD + BUSY + AFTER + SECOND + AFTER
 
             def finished() -> bool:
-                with psycopg.connect(pg_url) as con:
+                with pg_client.connect(pg_url) as con:
                     return _count(con, "SELECT count(*) FROM receipts", []) == total
 
             try:
@@ -304,7 +303,7 @@ def test_a_rollback_through_one_executor_stops_the_new_path_on_every_executor_be
                 raise AssertionError(f"{exc}\n{_stuck(pg_url, executors, [old, new])}") from None
             for executor in survivors:
                 assert executor.running, executor.stderr()
-            with psycopg.connect(pg_url) as con:
+            with pg_client.connect(pg_url) as con:
                 epochs = Counter(
                     (str(r[0]).split("-")[0], int(str(r[1])))
                     for r in con.execute(

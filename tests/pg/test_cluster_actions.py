@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 import pytest
 
 from console.insights import Insights
 from console.sources import ServiceSource
+from engine.ledger import pg_client
 from engine.testing.postgres import TemporaryPostgres
 from refserver.testing import RefServer
 from service.client import ServiceClient
@@ -117,7 +117,7 @@ def _unknown_entry(client: ServiceClient, node: str) -> dict[str, Any] | None:
 
 
 def _holder(pg_url: str, node: str) -> str | None:
-    with psycopg.connect(pg_url) as con:
+    with pg_client.connect(pg_url) as con:
         row = con.execute(
             "SELECT s.lease_owner FROM op_state s JOIN op_identity i USING (operation_id) "
             "WHERE i.call_node_id = %s",
@@ -208,7 +208,7 @@ def test_the_console_through_either_executor_reads_the_one_gate_run_the_cluster_
 
         wait_until(same_run, timeout=30, every=0.2, what="both consoles on one recorded run")
         assert len(cb.gates()["gates"]) == 6
-    with psycopg.connect(cluster.url) as con:
+    with pg_client.connect(cluster.url) as con:
         runs = con.execute(
             "SELECT DISTINCT run_id, evaluated_at FROM gate_runs ORDER BY evaluated_at"
         ).fetchall()

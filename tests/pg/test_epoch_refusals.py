@@ -19,10 +19,9 @@ from collections.abc import Awaitable, Callable, Iterator
 from datetime import timedelta
 from typing import TypeVar
 
-import psycopg
 import pytest
 
-from engine.ledger import open_ledger
+from engine.ledger import open_ledger, pg_client
 from engine.model import LocalState, Operation
 from engine.testing import FakeClock
 from refserver.testing import RefServer
@@ -135,7 +134,7 @@ class Driven:
 
 def _row(pg_url: str, op_id: str) -> tuple[str, int, str | None, bool]:
     """(state, epoch, lease owner, has a receipt) as the ledger holds them."""
-    with psycopg.connect(pg_url) as con:
+    with pg_client.connect(pg_url) as con:
         row = con.execute(
             "SELECT s.state, s.epoch, s.lease_owner, "
             "EXISTS (SELECT 1 FROM receipts r WHERE r.operation_id = s.operation_id) "
@@ -148,7 +147,7 @@ def _row(pg_url: str, op_id: str) -> tuple[str, int, str | None, bool]:
 
 def _fenced(pg_url: str, op_id: str) -> int:
     """Replies refused (and logged) for their stale epoch."""
-    with psycopg.connect(pg_url) as con:
+    with pg_client.connect(pg_url) as con:
         row = con.execute(
             "SELECT count(*) FROM transitions WHERE operation_id = %s AND NOT accepted AND cause LIKE %s",
             [op_id, "stale epoch%"],

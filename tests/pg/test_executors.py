@@ -16,11 +16,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from engine.errors import ServiceRefused, ServiceUnavailable
-from engine.ledger import open_ledger
+from engine.ledger import open_ledger, pg_client
 from engine.model import RECEIPT_STATES
 from engine.schedule import busiest_window
 from refserver.testing import RefServer
@@ -157,7 +156,7 @@ def test_three_executors_one_killed_nothing_doubled_every_operation_terminal(
                 assert executor.running, executor.stderr()
             # Read before the survivors stop: a clean stop releases their leases.
             victim_owner = f":{victim.pid}"
-            with psycopg.connect(pg_url) as con:
+            with pg_client.connect(pg_url) as con:
                 owners = Counter(
                     str(row[0]).rsplit(":", 1)[-1]
                     for row in con.execute("SELECT lease_owner FROM op_state WHERE lease_owner IS NOT NULL")

@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import cast
 
 import pandas as pd
-import psycopg
 import pyarrow as pa
 import pyarrow.dataset as pa_ds
 import pyarrow.parquet as pq
 import pytest
 
 from demo.seed import seed_ledger
-from engine.ledger import open_ledger
+from engine.ledger import open_ledger, pg_client
 from engine.ledger.export import DAY, PARTITIONED
 from engine.ledger.postgres import ANALYST_ROLE
 from engine.testing import make_operation
@@ -159,7 +158,7 @@ def test_the_postgres_export_reads_as_the_analyst_role_and_fails_clearly_without
     led = open_ledger(pg_url)
     led.create_operation(make_operation("n1"), {"report": "n1"})
     led.close()
-    with psycopg.connect(pg_url, autocommit=True) as conn:
+    with pg_client.connect(pg_url, autocommit=True) as conn:
         conn.execute(f"REVOKE SELECT ON receipts FROM {ANALYST_ROLE}")
     code, _, err = export(pg_url, tmp_path / "p")
     assert code != 0

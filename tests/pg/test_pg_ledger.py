@@ -9,12 +9,11 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psycopg
 import pyarrow as pa
 import pytest
 
 from engine.errors import ClusterError, LedgerCorrupt, LedgerError, LedgerUnavailable
-from engine.ledger import is_postgres, open_ledger
+from engine.ledger import is_postgres, open_ledger, pg_client
 from engine.ledger import postgres as pg_ledger
 from engine.ledger.duckdb import Ledger
 from engine.ledger.port import Fence
@@ -68,7 +67,7 @@ def test_read_only_open_of_an_empty_database_is_refused(pg_url: str) -> None:
 def test_read_only_open_of_a_ledger_needing_a_migration_is_refused(pg_url: str) -> None:
     """A reader never migrates: it names the migration that is missing."""
     pg_open(pg_url).close()
-    with psycopg.connect(pg_url, autocommit=True) as con:
+    with pg_client.connect(pg_url, autocommit=True) as con:
         con.execute("DELETE FROM schema_migrations WHERE version = %s", [SUPPORTED_SCHEMA])
     with pytest.raises(LedgerUnavailable, match=f"needs migration {SUPPORTED_SCHEMA}"):
         open_ledger(pg_url, read_only=True)
@@ -108,7 +107,7 @@ def test_executors_opening_a_new_ledger_at_once_migrate_it_once(pg_url: str) -> 
     for led in opened:
         led.close()
     assert not errors, errors
-    with psycopg.connect(pg_url) as con:
+    with pg_client.connect(pg_url) as con:
         versions = [r[0] for r in con.execute("SELECT version FROM schema_migrations ORDER BY version")]
     assert versions == list(range(1, SUPPORTED_SCHEMA + 1))
 
@@ -127,7 +126,7 @@ def test_a_failing_migration_leaves_nothing_half_applied(
     monkeypatch.setattr(pg_ledger, "SUPPORTED_SCHEMA", SUPPORTED_SCHEMA + 1)
     with pytest.raises(LedgerUnavailable, match="no_such_table"):
         open_ledger(pg_url)
-    with psycopg.connect(pg_url) as con:
+    with pg_client.connect(pg_url) as con:
         assert con.execute("SELECT to_regclass('half_done')").fetchone() == (None,)
         assert con.execute("SELECT max(version) FROM schema_migrations").fetchone() == (SUPPORTED_SCHEMA,)
 
@@ -135,7 +134,7 @@ def test_a_failing_migration_leaves_nothing_half_applied(
 def test_the_analyst_role_can_only_read_the_ledger(pg_url: str) -> None:
     """Opening creates a NOLOGIN role with SELECT on the ledger's tables and no other right."""
     pg_open(pg_url).close()
-    with psycopg.connect(pg_url) as con:
+    with pg_client.connect(pg_url) as con:
         role = con.execute(
             "SELECT rolcanlogin, rolsuper, rolcreaterole, rolcreatedb, rolbypassrls FROM pg_roles WHERE rolname = %s",
             [ANALYST_ROLE],
@@ -164,7 +163,7 @@ def test_lost_connections_are_replaced(pg_url: str, pg_cluster: TemporaryPostgre
     """The server drops every ledger connection: at most one call fails (LedgerUnavailable), then the pool reconnects."""
     with pg_open(pg_url) as led:
         led.create_operation(make_operation("n1"), {})
-        with psycopg.connect(pg_cluster.url(), autocommit=True) as admin:
+        with pg_client.connect(pg_cluster.url(), autocommit=True) as admin:
             admin.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
                 [pg_url.rsplit("/", 1)[1]],
@@ -257,7 +256,7 @@ def test_bulk_import_numbers_sequenced_rows_and_leaves_leases_free(pg_url: str) 
             led.import_rows({"rollout_events": log})
         with pytest.raises(LedgerError, match="missing"):
             led.import_rows({"op_state": state.drop_columns(["state"])})
-        with pytest.raises(psycopg.errors.UniqueViolation):
+        with pytest.raises(pg_client.errors.UniqueViolation):
             led.import_rows({"op_identity": identity})
         assert led.count("op_identity") == 2  # the seeded one and "after"; the failed import left nothing
 
@@ -279,7 +278,7 @@ def test_a_fenced_handle_shares_the_pool_and_closing_it_leaves_the_ledger_open(p
 
 def test_the_test_server_listens_on_loopback_only_and_not_as_root(pg_cluster: TemporaryPostgres) -> None:
     """initdb refuses root: under root the server runs as an unprivileged user; it listens on 127.0.0.1 only."""
-    with psycopg.connect(pg_cluster.url()) as con:
+    with pg_client.connect(pg_cluster.url()) as con:
         assert con.execute("SHOW listen_addresses").fetchone() == ("127.0.0.1",)
         assert con.execute("SHOW unix_socket_directories").fetchone() == ("",)
         version = con.execute("SHOW server_version_num").fetchone()

@@ -13,11 +13,10 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import psycopg
 import pytest
 
 from engine.errors import SqlRefused
-from engine.ledger import open_ledger
+from engine.ledger import open_ledger, pg_client
 from engine.ledger.analyst import check_query, run_query
 from engine.ledger.postgres import ANALYST_ROLE, PgLedger
 from engine.testing import make_operation
@@ -169,7 +168,7 @@ def test_files_and_secrets_are_out_of_the_roles_reach(ledger: PgLedger, query: s
 
 def test_the_role_alone_refuses_writes(pg_url: str, ledger: PgLedger) -> None:
     """Without the check and outside a read-only transaction, the analyst role still cannot write or read files."""
-    with psycopg.connect(pg_url) as con:
+    with pg_client.connect(pg_url) as con:
         for statement in (
             "INSERT INTO settings VALUES ('k', 'v', now())",
             "DELETE FROM receipts",
@@ -179,18 +178,18 @@ def test_the_role_alone_refuses_writes(pg_url: str, ledger: PgLedger) -> None:
         ):
             with con.transaction(force_rollback=True):
                 con.execute(f"SET LOCAL ROLE {ANALYST_ROLE}")
-                with pytest.raises(psycopg.errors.InsufficientPrivilege), con.transaction():
+                with pytest.raises(pg_client.errors.InsufficientPrivilege), con.transaction():
                     con.execute(statement)
     assert settings_intact(ledger)
 
 
 def test_the_read_only_transaction_alone_refuses_writes(pg_url: str, ledger: PgLedger) -> None:
     """Even the ledger's own login cannot write inside the READ ONLY transaction analyst SQL runs in."""
-    with psycopg.connect(pg_url) as con:
+    with pg_client.connect(pg_url) as con:
         for statement in ("INSERT INTO settings VALUES ('k', 'v', now())", "DELETE FROM receipts"):
             with con.transaction(force_rollback=True):
                 con.execute("SET TRANSACTION READ ONLY")
-                with pytest.raises(psycopg.errors.ReadOnlySqlTransaction), con.transaction():
+                with pytest.raises(pg_client.errors.ReadOnlySqlTransaction), con.transaction():
                     con.execute(statement)
     assert settings_intact(ledger)
 
@@ -249,7 +248,7 @@ def test_a_query_over_the_servers_temporary_space_limit_fails_naming_work_mem_an
     pg_url: str, ledger: PgLedger
 ) -> None:
     """A sort past work_mem spills; past the server's temp_file_limit it is refused naming the limits."""
-    with psycopg.connect(pg_url, autocommit=True) as admin:
+    with pg_client.connect(pg_url, autocommit=True) as admin:
         database = admin.info.dbname
         admin.execute(f"ALTER DATABASE \"{database}\" SET temp_file_limit = '1MB'")
     limited = PgLedger.open(pg_url, pool_size=1)
@@ -327,7 +326,7 @@ def test_the_services_analyst_queries_hold_no_connection_of_the_executors_pool(
             refused.append(str(exc))
 
     def sleeping() -> list[int]:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
+        with pg_client.connect(pg_url, autocommit=True) as conn:
             rows = conn.execute(
                 # The query runs in the FETCH from its server-side cursor.
                 "SELECT pid FROM pg_stat_activity WHERE state = 'active' "
@@ -351,7 +350,7 @@ def test_the_services_analyst_queries_hold_no_connection_of_the_executors_pool(
         assert executor_side.setting("probe") == "written"
         assert len(sleeping()) == 2
     finally:
-        with psycopg.connect(pg_url, autocommit=True) as conn:
+        with pg_client.connect(pg_url, autocommit=True) as conn:
             for pid in sleeping():
                 conn.execute("SELECT pg_cancel_backend(%s)", [pid])
         for t in threads:

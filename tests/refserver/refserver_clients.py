@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import httpx
+import http_kit
 import pytest
 
 from refserver.testing import RefServer
@@ -32,7 +32,7 @@ def wait_until(predicate: Callable[[], Any], timeout_s: float = DEADLINE_S, step
         time.sleep(step_s)
 
 
-def sse_messages(response: httpx.Response) -> Iterator[dict[str, Any]]:
+def sse_messages(response: http_kit.Response) -> Iterator[dict[str, Any]]:
     for line in response.iter_lines():
         if line.startswith("data:"):
             yield json.loads(line[5:])
@@ -44,7 +44,7 @@ class Mcp2025Client:
     def __init__(
         self, server: RefServer, token: str | None = None, accept: str = "application/json, text/event-stream"
     ) -> None:
-        self.http = httpx.Client(base_url=server.url, timeout=10)
+        self.http = http_kit.Client(base_url=server.url, timeout=10)
         self.headers = {"accept": accept, "content-type": "application/json"}
         if token is not None:
             self.headers["authorization"] = f"Bearer {token}"
@@ -71,12 +71,12 @@ class Mcp2025Client:
         self.next_id += 1
         return self.next_id
 
-    def post(self, message: object, headers: dict[str, str] | None = None) -> httpx.Response:
+    def post(self, message: object, headers: dict[str, str] | None = None) -> http_kit.Response:
         return self.http.post(
             "/mcp", content=json.dumps(message), headers={**self.headers, **(headers or {})}
         )
 
-    def rpc(self, method: str, params: dict[str, Any] | None = None) -> httpx.Response:
+    def rpc(self, method: str, params: dict[str, Any] | None = None) -> http_kit.Response:
         return self.post({"jsonrpc": "2.0", "id": self._id(), "method": method, "params": params or {}})
 
     def result(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -94,11 +94,11 @@ class Mcp2025Client:
 
     def stream(
         self, method: str, params: dict[str, Any]
-    ) -> contextlib.AbstractContextManager[httpx.Response]:
+    ) -> contextlib.AbstractContextManager[http_kit.Response]:
         message = {"jsonrpc": "2.0", "id": self._id(), "method": method, "params": params}
         return self.http.stream("POST", "/mcp", content=json.dumps(message), headers=self.headers)
 
-    def answer(self, request_id: str | int, action: str = "accept") -> httpx.Response:
+    def answer(self, request_id: str | int, action: str = "accept") -> http_kit.Response:
         result: dict[str, Any] = {"action": action}
         if action == "accept":
             result["content"] = {"approve": True}
@@ -122,7 +122,7 @@ class Mcp2026Client:
     """Stateless requests to an MCP 2026-07-28 server with the tasks extension."""
 
     def __init__(self, server: RefServer, token: str | None = None) -> None:
-        self.http = httpx.Client(base_url=server.url, timeout=10)
+        self.http = http_kit.Client(base_url=server.url, timeout=10)
         self.token = token
         self.next_id = 0
 
@@ -134,7 +134,7 @@ class Mcp2026Client:
         opt_in: bool = True,
         version: str = "2026-07-28",
         headers: dict[str, str | None] | None = None,
-    ) -> httpx.Response:
+    ) -> http_kit.Response:
         self.next_id += 1
         extensions: dict[str, Any] = {"io.modelcontextprotocol/tasks": {}} if opt_in else {}
         meta = {
@@ -197,9 +197,9 @@ class Mcp2026Client:
 class AipClient:
     def __init__(self, server: RefServer, token: str | None = None) -> None:
         headers = {"authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=server.url, timeout=10, headers=headers)
+        self.http = http_kit.Client(base_url=server.url, timeout=10, headers=headers)
 
-    def run(self, tool: str, arguments: dict[str, Any] | None = None, **body: Any) -> httpx.Response:
+    def run(self, tool: str, arguments: dict[str, Any] | None = None, **body: Any) -> http_kit.Response:
         return self.http.post(f"/v1/tools/{tool}:run", json={"arguments": arguments or {}, **body})
 
     def start(self, tool: str, arguments: dict[str, Any] | None = None, **body: Any) -> str:
@@ -207,7 +207,7 @@ class AipClient:
         assert response.status_code == 200, response.text
         return response.json()["name"]  # type: ignore[no-any-return]
 
-    def get(self, name: str) -> httpx.Response:
+    def get(self, name: str) -> http_kit.Response:
         return self.http.get(f"/v1/{name}")
 
     def wait_done(self, name: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
+import http_kit
 import pytest
 from refserver_clients import wait_until
 
@@ -30,7 +30,7 @@ def sim(**fields):
     return {"_sim": fields}
 
 
-def assert_aip_error(response: httpx.Response, http_status: int, status: str) -> dict[str, Any]:
+def assert_aip_error(response: http_kit.Response, http_status: int, status: str) -> dict[str, Any]:
     assert response.status_code == http_status, response.text
     error: dict[str, Any] = response.json()["error"]
     assert error["code"] == http_status
@@ -155,7 +155,7 @@ def test_poll_503_answers_with_retry_after(aip):
 
 def test_create_response_lost_still_creates_the_operation_found_by_request_id(server, aip):
     """The run's response breaks, but ListOperations by request_id finds the operation it created."""
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(http_kit.RemoteProtocolError):
         aip.run("apply_batch_change", sim(faults=["create_response_lost"]), request_id="lost-1")
     found = aip.http.get("/v1/operations", params={"filter": 'request_id="lost-1"'}).json()["operations"]
     assert len(found) == 1
@@ -169,7 +169,7 @@ def test_result_lost_breaks_the_done_get_once(aip):
     def broke():
         try:
             aip.get(name)
-        except httpx.RemoteProtocolError:
+        except http_kit.RemoteProtocolError:
             return True
         return False
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
+import http_kit
 import jsonschema
 import pytest
 from mcp_types import _v2025_11_25 as wire
@@ -60,9 +60,9 @@ def test_requests_need_a_known_session(server, mcp):
     """Without Mcp-Session-Id the answer is 400; with an unknown one, 404."""
     message = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
     headers = {"accept": "application/json, text/event-stream"}
-    assert httpx.post(f"{server.url}/mcp", json=message, headers=headers).status_code == 400
+    assert http_kit.post(f"{server.url}/mcp", json=message, headers=headers).status_code == 400
     unknown = {**headers, "mcp-session-id": "nope"}
-    assert httpx.post(f"{server.url}/mcp", json=message, headers=unknown).status_code == 404
+    assert http_kit.post(f"{server.url}/mcp", json=message, headers=unknown).status_code == 404
 
 
 def test_tools_list_publishes_task_support_and_an_output_schema(mcp):
@@ -245,7 +245,7 @@ def test_sse_is_used_when_the_client_prefers_it(mcp):
 
 def test_create_response_lost_breaks_the_reply_but_creates_the_task(server, mcp):
     """The creating response is cut mid-body, yet the task exists and its work ran once."""
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(http_kit.RemoteProtocolError):
         mcp.rpc(
             "tools/call",
             {"name": "apply_batch_change", "arguments": sim(faults=["create_response_lost"]), "task": {}},
@@ -277,7 +277,7 @@ def test_result_lost_breaks_tasks_result_then_recovers(mcp):
     task_id = mcp.start("generate_report", sim(faults=[{"name": "result_lost", "times": 2}]))
     mcp.wait_status(task_id, "completed")
     for _ in range(2):
-        with pytest.raises(httpx.RemoteProtocolError):
+        with pytest.raises(http_kit.RemoteProtocolError):
             mcp.rpc("tasks/result", {"taskId": task_id})
     assert mcp.result("tasks/result", {"taskId": task_id})["isError"] is False
 
@@ -304,7 +304,7 @@ def test_complete_on_cancel_makes_the_cancel_fail_with_32602(mcp):
 def test_cancel_ack_lost_cancels_but_breaks_the_reply(mcp):
     """The cancel takes effect; only its response is lost."""
     task_id = mcp.start("generate_report", {"_sim": {"duration_ms": 100_000, "faults": ["cancel_ack_lost"]}})
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(http_kit.RemoteProtocolError):
         mcp.rpc("tasks/cancel", {"taskId": task_id})
     assert mcp.status(task_id) == "cancelled"
 
@@ -370,7 +370,7 @@ def test_malformed_body_and_connection_reset_hit_one_later_response_each(mcp):
         "generate_report",
         {"_sim": {"duration_ms": 100_000, "faults": ["connection_reset", "malformed_body"]}},
     )
-    with pytest.raises(httpx.RemoteProtocolError):
+    with pytest.raises(http_kit.RemoteProtocolError):
         mcp.rpc("tasks/get", {"taskId": task_id})
     garbage = mcp.rpc("tasks/get", {"taskId": task_id})
     assert garbage.status_code == 200
@@ -403,7 +403,7 @@ def test_admin_fault_plan_applies_to_new_tasks(server, mcp):
 
 def test_requests_without_a_valid_token_get_401(secure_server):
     """With --token configured, a request without a bearer token is 401 with WWW-Authenticate."""
-    response = httpx.post(
+    response = http_kit.post(
         f"{secure_server.url}/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
     )
     assert response.status_code == 401

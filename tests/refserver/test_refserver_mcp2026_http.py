@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
+import http_kit
 import pytest
 from refserver_clients import wait_until
 
@@ -70,7 +70,7 @@ def test_missing_envelope_is_32602(server):
     """A request without the _meta envelope is invalid params."""
     message = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
     headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"}
-    response = httpx.post(f"{server.url}/mcp", json=message, headers=headers)
+    response = http_kit.post(f"{server.url}/mcp", json=message, headers=headers)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == -32602
 
@@ -201,7 +201,7 @@ def test_result_lost_breaks_the_get_that_carries_the_result(mcp):
     def broke():
         try:
             mcp.get(task_id)
-        except httpx.RemoteProtocolError:
+        except http_kit.RemoteProtocolError:
             return True
         return False
 

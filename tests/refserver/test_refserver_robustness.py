@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-import httpx
+import http_kit
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -52,14 +52,14 @@ def servers():
     ):
         session = Mcp2025Client(legacy)
         with (
-            httpx.Client(base_url=modern.url, timeout=10) as modern_http,
-            httpx.Client(base_url=aip.url, timeout=10) as aip_http,
+            http_kit.Client(base_url=modern.url, timeout=10) as modern_http,
+            http_kit.Client(base_url=aip.url, timeout=10) as aip_http,
         ):
             yield session, modern_http, aip_http
         session.close()
 
 
-def assert_clean(response: httpx.Response) -> None:
+def assert_clean(response: http_kit.Response) -> None:
     assert response.status_code < 500, response.text
     if response.content:
         assert response.headers["content-type"].startswith(("application/json", "text/event-stream"))

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 
-import httpx
+import http_kit
 import pytest
 
 from refserver.cli import parse_options
@@ -84,7 +84,7 @@ def test_ref_server_reports_its_url_and_health_and_stops():
     with server:
         assert server.url.startswith("http://127.0.0.1:")
         assert server.endpoint == f"{server.url}/v1"
-        assert httpx.get(f"{server.url}/healthz").json() == {"status": "ok", "protocol": "aip-151"}
+        assert http_kit.get(f"{server.url}/healthz").json() == {"status": "ok", "protocol": "aip-151"}
         assert server.stats()["operations_created"] == {"total": 0, "by_tool": {}}
     with pytest.raises(RefServerError):
         _ = server.url
@@ -95,7 +95,7 @@ async def test_ref_server_works_as_an_async_context_manager():
     """``async with`` starts and stops the server without blocking the event loop."""
     async with RefServer("mcp-2026-07-28", time_scale=0.01) as server:
         assert server.endpoint.endswith("/mcp")
-        async with httpx.AsyncClient() as client:
+        async with http_kit.AsyncClient() as client:
             assert (await client.get(f"{server.url}/healthz")).status_code == 200
 
 

@@ -8,12 +8,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import duckdb
-import httpx
+import http_kit
 import pytest
 from rollout_kit import TIME_SCALE, created, executions
 
 from engine.errors import ServiceRefused
+from engine.ledger import duckdb_client
 from engine.ledger.duckdb import Ledger
 from engine.model import Role
 from refserver.testing import RefServer
@@ -183,7 +183,7 @@ def test_promotion_is_blocked_while_a_gate_fails_and_an_override_is_recorded(
 ) -> None:
     """409 with the failing gates and their raw values; --override with a reason goes ahead and says so."""
     act(service, capsys, "shadow")
-    response = httpx.post(
+    response = http_kit.post(
         f"{service.url}/api/v1/rollout/canary",
         json={"actor": "rm", "reason": "go", "percentage": 5},
         timeout=30,
@@ -310,7 +310,7 @@ def test_rollback_through_the_cli_adopts_in_flight_calls_and_sends_new_ones_to_t
 
 def tamper(source: Path, target: Path, *statements: str) -> Path:
     shutil.copy(source, target)
-    con = duckdb.connect(str(target))
+    con = duckdb_client.connect(str(target))
     try:
         for sql in statements:
             con.execute(sql)

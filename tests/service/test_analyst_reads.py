@@ -16,11 +16,11 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import duckdb
-import httpx
+import http_kit
 import pandas as pd
 import pytest
 
+from engine.ledger import duckdb_client
 from refserver.testing import RefServer
 from service.cli import main
 from service.client import ServiceClient, ServiceRefused
@@ -99,12 +99,12 @@ def test_twenty_concurrent_slow_queries_end_at_the_time_limit_or_get_503_with_re
     """With 2 workers and a queue of 2, twenty slow queries: at most four run (each stopped at the limit), the rest get 503."""
     svc = start("workers = 2\nqueue = 2\ntimeout_s = 1")
     barrier = threading.Barrier(20)
-    answers: list[httpx.Response] = []
+    answers: list[http_kit.Response] = []
     lock = threading.Lock()
 
     def ask() -> None:
         barrier.wait(timeout=30)
-        response = httpx.post(f"{svc.url}/api/v1/sql", json={"query": SLOW}, timeout=60)
+        response = http_kit.post(f"{svc.url}/api/v1/sql", json={"query": SLOW}, timeout=60)
         with lock:
             answers.append(response)
 
@@ -136,8 +136,8 @@ def test_health_and_the_executor_answer_while_a_slow_query_runs(
 
     def slow() -> None:
         try:
-            httpx.post(f"{svc.url}/api/v1/sql", json={"query": SLOW}, timeout=90)
-        except httpx.HTTPError:
+            http_kit.post(f"{svc.url}/api/v1/sql", json={"query": SLOW}, timeout=90)
+        except http_kit.HTTPError:
             pass  # the service is stopped under it at the end of the test
         finally:
             finished.set()
@@ -199,7 +199,7 @@ def test_a_snapshot_opens_with_plain_duckdb_while_the_service_writes_and_holds_t
             check=False,
         )
         assert done.returncode == 0, done.stderr
-        con = duckdb.connect(str(out), read_only=True)
+        con = duckdb_client.connect(str(out), read_only=True)
         try:
             (as_of,) = con.execute("SELECT as_of FROM snapshot_info").fetchone() or (None,)
             assert as_of is not None
@@ -229,7 +229,7 @@ def test_a_snapshot_opens_with_plain_duckdb_while_the_service_writes_and_holds_t
         wait_until(lambda: all_terminal(client, busy), what="busy calls terminal after the snapshot")
         for _ in range(2):
             client.publish_snapshot()
-        kept = httpx.get(f"{svc.url}/api/v1/snapshots", timeout=10).json()["snapshots"]
+        kept = http_kit.get(f"{svc.url}/api/v1/snapshots", timeout=10).json()["snapshots"]
         assert len(kept) == 2
 
 
@@ -242,8 +242,8 @@ def test_console_reads_rollout_status_gates_and_metrics_go_through_the_readers_p
 
     def slow() -> None:
         try:
-            httpx.post(f"{svc.url}/api/v1/sql", json={"query": SLOW}, timeout=90)
-        except httpx.HTTPError:
+            http_kit.post(f"{svc.url}/api/v1/sql", json={"query": SLOW}, timeout=90)
+        except http_kit.HTTPError:
             pass  # the service is stopped under it at the end of the test
         finally:
             finished.set()
@@ -264,7 +264,7 @@ def test_console_reads_rollout_status_gates_and_metrics_go_through_the_readers_p
             "/api/v1/gates",
             "/metrics",
         ):
-            answer = httpx.get(f"{svc.url}{path}", timeout=30)
+            answer = http_kit.get(f"{svc.url}{path}", timeout=30)
             assert answer.status_code == 503, (path, answer.text)
             assert int(answer.headers["Retry-After"]) >= 1
         # The executor's own answers do not queue: health and a submission go on.

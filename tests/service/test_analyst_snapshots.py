@@ -14,9 +14,9 @@ import sys
 import threading
 from pathlib import Path
 
-import duckdb
 import pytest
 
+from engine.ledger import duckdb_client
 from engine.ledger.duckdb import Ledger
 from engine.testing import FakeClock
 from service.analysis import SNAPSHOT_DUTY, DuckDbReads
@@ -43,7 +43,7 @@ def test_a_snapshot_of_the_services_ledger_spends_its_cpu_on_the_thread_that_ask
     """A snapshot made on a reader thread runs there alone: no DuckDB worker at the executor's priority helps."""
     path = tmp_path / "ledger.duckdb"
     Ledger.open(path).close()
-    with duckdb.connect(str(path)) as con:
+    with duckdb_client.connect(str(path)) as con:
         # Several of DuckDB's row groups (122,880 rows each): enough for a parallel copy.
         con.execute("CREATE TABLE filler AS SELECT range AS a, range::VARCHAR AS b FROM range(400000)")
     ledger = open_service_ledger(str(path))

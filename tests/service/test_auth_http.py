@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
+import http_kit
 import pytest
 
 from engine.errors import ConfigError, ServiceRefused
@@ -51,9 +51,9 @@ def service(config_path: Path) -> Iterator[ServiceProcess]:
         yield svc
 
 
-def _as(service: ServiceProcess, token: str | None) -> httpx.Client:
+def _as(service: ServiceProcess, token: str | None) -> http_kit.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=service.url, headers=headers, timeout=60)
+    return http_kit.Client(base_url=service.url, headers=headers, timeout=60)
 
 
 # Every route, with a body its lowest allowed role gets past the door with (then refused, if at all,
@@ -85,7 +85,9 @@ ROUTES: list[tuple[str, str, dict[str, object] | None, str]] = [
 ]
 
 
-def _send(client: httpx.Client, method: str, path: str, body: dict[str, object] | None) -> httpx.Response:
+def _send(
+    client: http_kit.Client, method: str, path: str, body: dict[str, object] | None
+) -> http_kit.Response:
     return client.request(method, path, json=body) if body is not None else client.request(method, path)
 
 
@@ -348,10 +350,10 @@ def test_the_service_keeps_answering_while_the_identity_providers_keys_are_slow(
         with ServiceProcess(tmp_path / "ledger.duckdb", config, startup_timeout=120) as svc:
             provider.keys_released.clear()
             token = provider.id_token("olga@example.com")
-            answer: dict[str, httpx.Response] = {}
+            answer: dict[str, http_kit.Response] = {}
 
             def ask() -> None:
-                answer["whoami"] = httpx.get(
+                answer["whoami"] = http_kit.get(
                     f"{svc.url}/api/v1/whoami", headers={"Authorization": f"Bearer {token}"}, timeout=60
                 )
 
@@ -361,7 +363,7 @@ def test_the_service_keeps_answering_while_the_identity_providers_keys_are_slow(
                 # The service is fetching the keys and the provider holds them: health must still
                 # answer meanwhile.
                 assert provider.keys_asked.wait(timeout=60), "the service never asked for the keys"
-                health = httpx.get(
+                health = http_kit.get(
                     f"{svc.url}/api/v1/health", headers={"Authorization": "Bearer viewer-token"}, timeout=3
                 )
                 assert health.status_code == 200

@@ -6,7 +6,7 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
+import http_kit
 import pytest
 
 from engine.errors import ConfigError, ServiceRefused, TooMany
@@ -36,9 +36,9 @@ def service(
         yield svc
 
 
-def _post(service: ServiceProcess, path: str, body: object | bytes) -> httpx.Response:
+def _post(service: ServiceProcess, path: str, body: object | bytes) -> http_kit.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return httpx.post(
+    return http_kit.post(
         f"{service.url}{path}", content=content, headers={"content-type": "application/json"}, timeout=60
     )
 
@@ -127,7 +127,7 @@ def test_a_body_without_declared_length_is_cut_at_the_limit(service: ServiceProc
             yield b"x" * (64 << 10)
         yield b'"}}'
 
-    response = httpx.post(f"{service.url}/api/v1/calls", content=chunks(), timeout=60)
+    response = http_kit.post(f"{service.url}/api/v1/calls", content=chunks(), timeout=60)
     assert response.status_code == 413
     assert _stored_operations(service) == 0
 
@@ -257,7 +257,7 @@ def test_unknown_or_bad_limit_keys_are_refused_naming_the_key(servers: dict[str,
 
 def test_the_ledger_refuses_what_breaks_an_identifier_rule_even_bypassing_the_api(tmp_path: Path) -> None:
     """DuckDB ledger: CHECK constraints refuse a NUL call node id, a long one and a principal with a space."""
-    import duckdb
+    from engine.ledger import duckdb_client
 
     with Ledger.open(tmp_path / "l.duckdb") as ledger:
         con = ledger._con
@@ -272,7 +272,7 @@ def test_the_ledger_refuses_what_breaks_an_identifier_rule_even_bypassing_the_ap
                 "call_node_id": f"c{i}",
                 column: value,
             }
-            with pytest.raises(duckdb.ConstraintException):
+            with pytest.raises(duckdb_client.ConstraintException):
                 con.execute(
                     f"INSERT INTO op_identity ({', '.join(row)}) VALUES ({', '.join('?' * len(row))})",
                     list(row.values()),

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
+import http_kit
 import pytest
 
 from demo.living import DOWNSTREAM, Shared, downstream
@@ -136,7 +136,7 @@ def test_submit_with_wait_returns_the_receipt_and_a_repeat_returns_the_same(serv
 
 def test_a_wait_that_ends_first_answers_202_with_the_current_state(service: ServiceProcess) -> None:
     """A call still running when wait_s ends: 202 with the operation as it is, no receipt; nothing cancelled."""
-    with httpx.Client(base_url=service.url, timeout=30) as http:
+    with http_kit.Client(base_url=service.url, timeout=30) as http:
         answer = http.post(
             "/api/v1/calls",
             json={"call_node": "slow-1", "tool": "generate_report", "arguments": SLOW, "wait_s": 0.3},
@@ -153,7 +153,7 @@ def test_a_wait_that_ends_first_answers_202_with_the_current_state(service: Serv
 def test_a_caller_that_disconnects_while_waiting_cancels_nothing(service: ServiceProcess) -> None:
     """The caller goes away mid-wait; the call still reaches its receipt, and submitting again returns it."""
     arguments = {"_sim": {"duration_ms": 20_000}}
-    with httpx.Client(base_url=service.url, timeout=0.3) as http, pytest.raises(httpx.ReadTimeout):
+    with http_kit.Client(base_url=service.url, timeout=0.3) as http, pytest.raises(http_kit.ReadTimeout):
         http.post(
             "/api/v1/calls",
             json={"call_node": "gone-1", "tool": "generate_report", "arguments": arguments, "wait_s": 30},

@@ -73,9 +73,9 @@ def test_bad_requests_get_clear_errors(service: ServiceProcess) -> None:
         assert missing.value.status == 404
         with pytest.raises(ServiceRefused, match="actor"):
             client.resolve(1, actor=" ", reason="because")
-    import httpx
+    import http_kit
 
-    response = httpx.post(f"{service.url}/api/v1/calls", content=b"{not json", timeout=10)
+    response = http_kit.post(f"{service.url}/api/v1/calls", content=b"{not json", timeout=10)
     assert response.status_code == 400
     assert "not JSON" in response.json()["error"]
 

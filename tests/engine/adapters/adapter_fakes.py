@@ -1,4 +1,4 @@
-"""Scripted HTTP peers for the adapter tests: handwritten wire payloads served through httpx.MockTransport.
+"""Scripted HTTP peers for the adapter tests: handwritten wire payloads served through http_kit.MockTransport.
 
 A ``FakeMcp`` answers JSON-RPC by method with responders; a ``FakeHttp`` answers plain requests by
 method and path. Both record every request so tests can assert on what was sent.
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
+import http_kit
 
 from engine.adapters.config import AdapterOptions
 from engine.model import (
@@ -148,12 +148,12 @@ def sse_event(message: dict[str, Any]) -> bytes:
 
 # ------------------------------------------------------------------------------------ responders
 
-Responder = Callable[[dict[str, Any], httpx.Request], httpx.Response]
+Responder = Callable[[dict[str, Any], http_kit.Request], http_kit.Response]
 
 
 def result(body: dict[str, Any], *, headers: dict[str, str] | None = None) -> Responder:
-    def respond(message: dict[str, Any], request: httpx.Request) -> httpx.Response:
-        return httpx.Response(
+    def respond(message: dict[str, Any], request: http_kit.Request) -> http_kit.Response:
+        return http_kit.Response(
             200, json={"jsonrpc": "2.0", "id": message["id"], "result": body}, headers=headers
         )
 
@@ -161,11 +161,11 @@ def result(body: dict[str, Any], *, headers: dict[str, str] | None = None) -> Re
 
 
 def error(code: int, text: str = "error", data: Any = None, *, status: int = 200) -> Responder:
-    def respond(message: dict[str, Any], request: httpx.Request) -> httpx.Response:
+    def respond(message: dict[str, Any], request: http_kit.Request) -> http_kit.Response:
         err: dict[str, Any] = {"code": code, "message": text}
         if data is not None:
             err["data"] = data
-        return httpx.Response(status, json={"jsonrpc": "2.0", "id": message["id"], "error": err})
+        return http_kit.Response(status, json={"jsonrpc": "2.0", "id": message["id"], "error": err})
 
     return respond
 
@@ -175,32 +175,32 @@ def sse(
 ) -> Responder:
     """An event stream: ``before`` messages (requests, notifications), then the reply if given."""
 
-    def respond(message: dict[str, Any], request: httpx.Request) -> httpx.Response:
+    def respond(message: dict[str, Any], request: http_kit.Request) -> http_kit.Response:
         chunks = [sse_event(m) for m in before]
         if final is not None:
             chunks.append(sse_event({"jsonrpc": "2.0", "id": message["id"], "result": final}))
         if final_error is not None:
             chunks.append(sse_event({"jsonrpc": "2.0", "id": message["id"], "error": final_error}))
-        return httpx.Response(200, content=b"".join(chunks), headers={"content-type": "text/event-stream"})
+        return http_kit.Response(200, content=b"".join(chunks), headers={"content-type": "text/event-stream"})
 
     return respond
 
 
 def raw(status: int, content: bytes, content_type: str = "application/json", **headers: str) -> Responder:
-    def respond(message: dict[str, Any], request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, content=content, headers={"content-type": content_type, **headers})
+    def respond(message: dict[str, Any], request: http_kit.Request) -> http_kit.Response:
+        return http_kit.Response(status, content=content, headers={"content-type": content_type, **headers})
 
     return respond
 
 
 def raises(exc: Exception) -> Responder:
-    def respond(message: dict[str, Any], request: httpx.Request) -> httpx.Response:
+    def respond(message: dict[str, Any], request: http_kit.Request) -> http_kit.Response:
         raise exc
 
     return respond
 
 
-class BrokenStream(httpx.AsyncByteStream):
+class BrokenStream(http_kit.AsyncByteStream):
     """Yields ``parts``, then fails the way a dropped connection does."""
 
     def __init__(self, *parts: bytes) -> None:
@@ -209,12 +209,12 @@ class BrokenStream(httpx.AsyncByteStream):
     async def __aiter__(self) -> AsyncIterator[bytes]:
         for part in self._parts:
             yield part
-        raise httpx.RemoteProtocolError("peer closed connection without sending complete message body")
+        raise http_kit.RemoteProtocolError("peer closed connection without sending complete message body")
 
 
 def broken(*parts: bytes, content_type: str = "text/event-stream") -> Responder:
-    def respond(message: dict[str, Any], request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, stream=BrokenStream(*parts), headers={"content-type": content_type})
+    def respond(message: dict[str, Any], request: http_kit.Request) -> http_kit.Response:
+        return http_kit.Response(200, stream=BrokenStream(*parts), headers={"content-type": content_type})
 
     return respond
 
@@ -223,7 +223,7 @@ def sequence(*responders: Responder) -> Responder:
     """Answer the n-th call with the n-th responder (the last one repeats)."""
     remaining = list(responders)
 
-    def respond(message: dict[str, Any], request: httpx.Request) -> httpx.Response:
+    def respond(message: dict[str, Any], request: http_kit.Request) -> http_kit.Response:
         current = remaining.pop(0) if len(remaining) > 1 else remaining[0]
         return current(message, request)
 
@@ -235,7 +235,7 @@ def sequence(*responders: Responder) -> Responder:
 
 @dataclass
 class Sent:
-    request: httpx.Request
+    request: http_kit.Request
     body: Any
 
     @property
@@ -258,16 +258,16 @@ class FakeMcp:
         self.routes[method] = responder
         return self
 
-    def handler(self, request: httpx.Request) -> httpx.Response:
+    def handler(self, request: http_kit.Request) -> http_kit.Response:
         body: Any = json.loads(request.content) if request.content else None
         self.sent.append(Sent(request, body))
         if request.method != "POST":
-            return httpx.Response(200)
+            return http_kit.Response(200)
         if "method" not in body or "id" not in body:
-            return httpx.Response(202)
+            return http_kit.Response(202)
         responder = self.routes.get(body["method"])
         if responder is None:
-            return httpx.Response(
+            return http_kit.Response(
                 200,
                 json={
                     "jsonrpc": "2.0",
@@ -277,8 +277,8 @@ class FakeMcp:
             )
         return responder(body, request)
 
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
+    def client(self) -> http_kit.AsyncClient:
+        return http_kit.AsyncClient(transport=http_kit.MockTransport(self.handler))
 
     def calls(self, method: str) -> list[Sent]:
         return [s for s in self.sent if s.method == method]
@@ -314,7 +314,7 @@ def mcp_2025(
     return fake
 
 
-HttpResponder = Callable[[httpx.Request], httpx.Response]
+HttpResponder = Callable[[http_kit.Request], http_kit.Response]
 
 
 @dataclass
@@ -322,27 +322,27 @@ class FakeHttp:
     """A REST endpoint answering by (method, path)."""
 
     routes: dict[tuple[str, str], HttpResponder] = field(default_factory=dict)
-    sent: list[httpx.Request] = field(default_factory=list)
+    sent: list[http_kit.Request] = field(default_factory=list)
 
     def on(self, method: str, path: str, responder: HttpResponder) -> FakeHttp:
         self.routes[(method, path)] = responder
         return self
 
-    def handler(self, request: httpx.Request) -> httpx.Response:
+    def handler(self, request: http_kit.Request) -> http_kit.Response:
         self.sent.append(request)
         responder = self.routes.get((request.method, request.url.path))
         if responder is None:
-            return httpx.Response(
+            return http_kit.Response(
                 404, json={"error": {"code": 404, "message": "no route", "status": "NOT_FOUND"}}
             )
         return responder(request)
 
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
+    def client(self) -> http_kit.AsyncClient:
+        return http_kit.AsyncClient(transport=http_kit.MockTransport(self.handler))
 
 
 def reply_json(body: Any, status: int = 200, **headers: str) -> HttpResponder:
-    def respond(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(status, json=body, headers=headers)
+    def respond(request: http_kit.Request) -> http_kit.Response:
+        return http_kit.Response(status, json=body, headers=headers)
 
     return respond

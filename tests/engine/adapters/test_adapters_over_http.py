@@ -11,7 +11,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-import httpx
+import http_kit
 import pytest
 from adapter_fakes import operation
 
@@ -68,8 +68,8 @@ def aip():
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as shared:
+async def client() -> AsyncIterator[http_kit.AsyncClient]:
+    async with http_kit.AsyncClient() as shared:
         yield shared
 
 
@@ -78,7 +78,7 @@ def url_of(server: RefServer) -> str:
 
 
 async def opened(
-    server: RefServer, client: httpx.AsyncClient, protocol: Protocol, token: str | None = None
+    server: RefServer, client: http_kit.AsyncClient, protocol: Protocol, token: str | None = None
 ) -> Backend:
     server.reset()
     options = replace(OPTIONS, request_id_dedupe=server.dedupes_request_id)

@@ -6,7 +6,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
-import httpx
+import http_kit
 import pytest
 from adapter_fakes import AIP_URL, FakeHttp, operation, options, reply_json
 
@@ -184,8 +184,8 @@ async def test_inconsistent_or_foreign_operations_are_violations(body):
 async def test_non_json_and_wrong_content_type_replies_are_violations():
     """A 200 that is not a JSON object is the peer's violation."""
 
-    def html(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=b"<html></html>", headers={"content-type": "text/html"})
+    def html(request: http_kit.Request) -> http_kit.Response:
+        return http_kit.Response(200, content=b"<html></html>", headers={"content-type": "text/html"})
 
     fake = FakeHttp().on("GET", "/v1/operations/op-1", html)
     with pytest.raises(ProtocolViolation, match="content type"):
@@ -245,8 +245,8 @@ async def test_candidates_filter_by_request_id_and_follow_page_tokens():
         ]
     )
 
-    def listing(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, json=next(pages))
+    def listing(request: http_kit.Request) -> http_kit.Response:
+        return http_kit.Response(200, json=next(pages))
 
     fake = FakeHttp().on("GET", "/v1/operations", listing)
     assert await backend(fake).candidates(op) == ["operations/op-1", "operations/op-2"]
@@ -260,10 +260,10 @@ async def test_candidates_fall_back_to_local_filtering_when_the_filter_is_refuse
     ours = {"name": "operations/a", "metadata": {"requestId": op.idempotency_key}}
     theirs = {"name": "operations/b", "metadata": {"requestId": "someone-else"}}
 
-    def listing(request: httpx.Request) -> httpx.Response:
+    def listing(request: http_kit.Request) -> http_kit.Response:
         if "filter" in request.url.params:
-            return httpx.Response(400, json=aip_error(400, "INVALID_ARGUMENT"))
-        return httpx.Response(200, json={"operations": [ours, theirs]})
+            return http_kit.Response(400, json=aip_error(400, "INVALID_ARGUMENT"))
+        return http_kit.Response(200, json={"operations": [ours, theirs]})
 
     fake = FakeHttp().on("GET", "/v1/operations", listing)
     assert await backend(fake).candidates(op) == ["operations/a"]

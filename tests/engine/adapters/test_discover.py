@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import httpx
+import http_kit
 import pytest
 from adapter_fakes import FakeMcp, init_result, options, result
 
@@ -23,15 +23,15 @@ DISCOVER = {
 }
 
 
-def client_for(fake: FakeMcp, aip_ok: bool = False) -> httpx.AsyncClient:
-    def handler(request: httpx.Request) -> httpx.Response:
+def client_for(fake: FakeMcp, aip_ok: bool = False) -> http_kit.AsyncClient:
+    def handler(request: http_kit.Request) -> http_kit.Response:
         if request.method == "GET" and request.url.path.endswith("/v1/operations"):
             if aip_ok:
-                return httpx.Response(200, json={"operations": []})
-            return httpx.Response(404, text="not found")
+                return http_kit.Response(200, json={"operations": []})
+            return http_kit.Response(404, text="not found")
         return fake.handler(request)
 
-    return httpx.AsyncClient(transport=httpx.MockTransport(handler))
+    return http_kit.AsyncClient(transport=http_kit.MockTransport(handler))
 
 
 async def test_a_2026_server_offering_the_tasks_extension_is_found_first():
@@ -60,10 +60,10 @@ async def test_an_mcp_server_without_tasks_falls_back_to_legacy_synchronous_call
 async def test_an_unreachable_server_is_unavailable_not_a_guess():
     """If nothing answered, discovery says so instead of picking a protocol."""
 
-    def down(request: httpx.Request) -> httpx.Response:
-        raise httpx.ConnectError("refused")
+    def down(request: http_kit.Request) -> http_kit.Response:
+        raise http_kit.ConnectError("refused")
 
-    client = httpx.AsyncClient(transport=httpx.MockTransport(down))
+    client = http_kit.AsyncClient(transport=http_kit.MockTransport(down))
     with pytest.raises(BackendUnavailable):
         await discover("http://x", client, None)
 
@@ -71,10 +71,10 @@ async def test_an_unreachable_server_is_unavailable_not_a_guess():
 async def test_a_server_refusing_the_token_is_rejected():
     """401 everywhere means the credentials are wrong, not that the protocol is unknown."""
 
-    def refuse(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(401, text="who are you")
+    def refuse(request: http_kit.Request) -> http_kit.Response:
+        return http_kit.Response(401, text="who are you")
 
-    client = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+    client = http_kit.AsyncClient(transport=http_kit.MockTransport(refuse))
     with pytest.raises(BackendRejected):
         await discover("http://x", client, "bad")
 
@@ -82,13 +82,13 @@ async def test_a_server_refusing_the_token_is_rejected():
 async def test_an_aip_service_refusing_the_token_is_rejected():
     """AIP-193 UNAUTHENTICATED counts as a refused credential too."""
 
-    def refuse(request: httpx.Request) -> httpx.Response:
+    def refuse(request: http_kit.Request) -> http_kit.Response:
         if request.method == "GET":
             body = {"error": {"code": 401, "status": "UNAUTHENTICATED", "message": "token"}}
-            return httpx.Response(401, json=body)
-        return httpx.Response(404, text="no")
+            return http_kit.Response(401, json=body)
+        return http_kit.Response(404, text="no")
 
-    client = httpx.AsyncClient(transport=httpx.MockTransport(refuse))
+    client = http_kit.AsyncClient(transport=http_kit.MockTransport(refuse))
     with pytest.raises(BackendRejected):
         await discover("http://x", client, "bad")
 
@@ -110,7 +110,7 @@ async def test_a_server_speaking_none_of_the_contracts_is_a_negotiation_error():
 )
 async def test_the_factory_opens_the_adapter_of_each_protocol(protocol, cls):
     """open_backend maps every Protocol to its adapter, which reports that protocol."""
-    async with httpx.AsyncClient() as client:
+    async with http_kit.AsyncClient() as client:
         backend = open_backend(protocol, "http://x", client=client, token=None, options=options())
     assert isinstance(backend, cls)
     assert backend.protocol is protocol

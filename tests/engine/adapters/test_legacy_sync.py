@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import httpx
+import http_kit
 import pytest
 from adapter_fakes import URL, error, init_result, mcp_2025, operation, options, raises, result, tool_result
 
@@ -60,7 +60,7 @@ async def test_a_tool_that_requires_a_task_is_refused():
 
 async def test_a_timed_out_synchronous_call_is_unavailable():
     """The call may have run; the error is retryable knowledge, not a verdict."""
-    fake = mcp_2025().on("tools/call", raises(httpx.ReadTimeout("slow tool")))
+    fake = mcp_2025().on("tools/call", raises(http_kit.ReadTimeout("slow tool")))
     with pytest.raises(BackendUnavailable):
         await backend(fake).submit(request())
 

@@ -390,10 +390,10 @@ async def test_an_error_for_a_completed_task_is_a_violation():
 
 async def test_a_blocking_result_that_times_out_is_unavailable_and_polling_goes_on():
     """The bounded tasks/result wait ends in ``BackendUnavailable``."""
-    import httpx
+    import http_kit
     from adapter_fakes import raises
 
-    fake = mcp_2025().on("tasks/result", raises(httpx.ReadTimeout("waited too long")))
+    fake = mcp_2025().on("tasks/result", raises(http_kit.ReadTimeout("waited too long")))
     with pytest.raises(BackendUnavailable):
         await backend(fake).fetch_result(operation(task_id="t-1", status=ServerStatus.COMPLETED))
 

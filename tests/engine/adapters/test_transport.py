@@ -7,7 +7,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
-import httpx
+import http_kit
 import pytest
 from adapter_fakes import (
     T0,
@@ -123,18 +123,18 @@ async def test_a_503_with_an_http_date_retry_after_counts_from_the_injected_cloc
 
 def test_retry_after_ignores_garbage_and_never_goes_negative():
     """A bad ``Retry-After`` means no hint; a date in the past means retry now."""
-    assert retry_after(httpx.Headers({"retry-after": "soon"}), T0) is None
-    assert retry_after(httpx.Headers({}), T0) is None
-    past = httpx.Headers({"retry-after": "Wed, 31 Dec 2025 23:00:00 GMT"})
+    assert retry_after(http_kit.Headers({"retry-after": "soon"}), T0) is None
+    assert retry_after(http_kit.Headers({}), T0) is None
+    past = http_kit.Headers({"retry-after": "Wed, 31 Dec 2025 23:00:00 GMT"})
     assert retry_after(past, T0) == timedelta(0)
 
 
 @pytest.mark.parametrize(
     "responder",
     [
-        raises(httpx.ConnectError("refused")),
-        raises(httpx.ReadTimeout("slow")),
-        raises(httpx.RemoteProtocolError("reset")),
+        raises(http_kit.ConnectError("refused")),
+        raises(http_kit.ReadTimeout("slow")),
+        raises(http_kit.RemoteProtocolError("reset")),
         broken(b'event: message\ndata: {"jsonrpc"'),
         broken(b'{"jsonrpc": "2.0", "id": 1, "res', content_type="application/json"),
         sse(),
@@ -171,13 +171,13 @@ async def test_a_trickling_stream_is_cut_off_by_the_overall_limit():
     """A server that never finishes its stream cannot hold the caller past the limit."""
     never = asyncio.Event()
 
-    class Trickle(httpx.AsyncByteStream):
+    class Trickle(http_kit.AsyncByteStream):
         async def __aiter__(self):
             yield b": keep-alive\n"
             await never.wait()
 
     def respond(message, request):
-        return httpx.Response(200, stream=Trickle(), headers={"content-type": "text/event-stream"})
+        return http_kit.Response(200, stream=Trickle(), headers={"content-type": "text/event-stream"})
 
     fake = FakeMcp().on("tasks/result", respond)
     with pytest.raises(BackendUnavailable, match="no complete reply"):
@@ -227,10 +227,10 @@ async def test_notifications_and_answers_accept_202_and_refuse_server_errors():
     assert fake.responses()[0].body == {"jsonrpc": "2.0", "id": 0, "result": {"action": "accept"}}
 
     def busy(request):
-        return httpx.Response(503, headers={"retry-after": "2"})
+        return http_kit.Response(503, headers={"retry-after": "2"})
 
     http = StreamableHttp(
-        httpx.AsyncClient(transport=httpx.MockTransport(busy)), URL, token=None, options=options()
+        http_kit.AsyncClient(transport=http_kit.MockTransport(busy)), URL, token=None, options=options()
     )
     with pytest.raises(BackendUnavailable) as caught:
         await http.respond(0, {})
@@ -239,7 +239,7 @@ async def test_notifications_and_answers_accept_202_and_refuse_server_errors():
 
 async def test_an_unsupported_url_scheme_is_a_configuration_error():
     """A URL httpx cannot speak to is the operator's mistake, not the server's."""
-    async with httpx.AsyncClient() as client:
+    async with http_kit.AsyncClient() as client:
         http = StreamableHttp(client, "ftp://example.invalid/mcp", token=None, options=options())
         with pytest.raises(ConfigError):
             await http.call("ping", {}, limit=LIMIT)
@@ -281,7 +281,7 @@ async def test_the_pooled_client_sends_no_cookie_back_and_reads_each_reply_whole
     """Over real HTTP: a server's Set-Cookie is never sent back (the protocols keep sessions in
     headers, and the pooled client hands requests straight to its transport); status, body and a
     streamed body arrive as sent, over one kept-alive connection pool."""
-    from aiohttp import web
+    from http_kit import aiohttp_web as web
 
     seen: list[str | None] = []
 

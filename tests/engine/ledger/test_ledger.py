@@ -10,7 +10,6 @@ from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
-import duckdb
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -26,6 +25,7 @@ from engine.errors import (
     SchemaTooNew,
     StaleWrite,
 )
+from engine.ledger import duckdb_client
 from engine.ledger.duckdb import Ledger
 from engine.ledger.rows import operation_from_record, operation_to_record
 from engine.ledger.schema import SUPPORTED_SCHEMA
@@ -123,7 +123,7 @@ def test_ledger_from_a_newer_schema_is_refused(tmp_path: Path) -> None:
     """A file written by a newer Finality is refused with both versions named."""
     path = tmp_path / "l.duckdb"
     Ledger.open(path).close()
-    con = duckdb.connect(str(path))
+    con = duckdb_client.connect(str(path))
     con.execute("INSERT INTO schema_migrations VALUES (999, 'future', now())")
     con.close()
     with pytest.raises(SchemaTooNew, match="999"):
@@ -460,9 +460,9 @@ def test_database_refuses_a_second_receipt_or_outbox_row(ledger: Ledger) -> None
     op = to_fetching(ledger)
     ledger.accept_terminal(verified(op), PAYLOAD)
     con = ledger._con
-    with pytest.raises(duckdb.ConstraintException):
+    with pytest.raises(duckdb_client.ConstraintException):
         con.execute("INSERT INTO receipts SELECT * FROM receipts")
-    with pytest.raises(duckdb.ConstraintException):
+    with pytest.raises(duckdb_client.ConstraintException):
         con.execute("INSERT INTO outbox SELECT * FROM outbox")
 
 
@@ -480,7 +480,7 @@ def test_concurrent_acceptances_write_exactly_one_receipt(tmp_path: Path) -> Non
         try:
             ledger.accept_terminal(t, PAYLOAD)
             wins.append("ok")
-        except (LedgerError, duckdb.Error) as exc:
+        except (LedgerError, duckdb_client.Error) as exc:
             losses.append(type(exc).__name__)
 
     threads = [threading.Thread(target=accept) for _ in range(6)]

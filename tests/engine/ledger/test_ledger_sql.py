@@ -6,10 +6,9 @@ import ast
 import re
 from pathlib import Path
 
-import duckdb
 import pytest
 
-from engine.ledger import sql
+from engine.ledger import duckdb_client, sql
 from engine.ledger.duckdb import Ledger
 
 LEDGER = Path(__file__).resolve().parents[3] / "engine" / "ledger"
@@ -56,7 +55,7 @@ def test_duckdb_prepares_every_shared_statement_on_a_migrated_ledger(tmp_path: P
     """Every shared statement that stands alone is valid SQL over the real DuckDB schema (prepared, not run)."""
     path = tmp_path / "ledger.duckdb"
     Ledger.open(path).close()
-    con = duckdb.connect(str(path))
+    con = duckdb_client.connect(str(path))
     try:
         for _, text in _STATEMENTS:
             con.execute(f"PREPARE probe AS {sql.render(text, 'duckdb')}")
