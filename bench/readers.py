@@ -48,10 +48,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import duckdb
-import psycopg
-
 from bench.figures import Report
+from engine.ledger import duckdb_client, pg_client
 from engine.testing.postgres import TemporaryPostgres
 from refserver.testing import RefServer
 from service.client import ServiceClient, ServiceRefused
@@ -131,10 +129,10 @@ def p99(values: list[float]) -> float:
 def query(ledger: str, text: str, params: list[object]) -> list[float]:
     """Run a measurement query on the stopped service's ledger (DuckDB file or PostgreSQL)."""
     if "://" in ledger:
-        with psycopg.connect(ledger) as conn:
+        with pg_client.connect(ledger) as conn:
             rows = conn.execute(text.replace("?", "%s"), params).fetchall()
     else:
-        con = duckdb.connect(ledger, read_only=True)
+        con = duckdb_client.connect(ledger, read_only=True)
         try:
             rows = con.execute(text, params).fetchall()
         finally:
