@@ -34,8 +34,14 @@ def monotonic_seconds() -> float:
     return time.monotonic()
 
 
+def thread_cpu_seconds() -> float:
+    """The calling thread's own CPU time: what work cost, not the time a starved thread waited."""
+    return time.thread_time()
+
+
 __all__ = [
     "Clock",
     "SystemClock",
     "monotonic_seconds",
+    "thread_cpu_seconds",
 ]

@@ -79,10 +79,14 @@ def test_a_snapshot_of_the_services_ledger_spends_its_cpu_on_the_thread_that_ask
 
 
 class _TimedSource:
-    """A real ledger whose snapshots take ``making_s`` on the injected monotonic clock."""
+    """A real ledger whose snapshots take ``making_s`` on the injected monotonic clock, of which
+    ``cpu_s`` (all of it unless said) on the injected CPU clock."""
 
-    def __init__(self, ledger: Ledger, now: list[float], making_s: float) -> None:
+    def __init__(
+        self, ledger: Ledger, now: list[float], making_s: float, cpu: list[float], cpu_s: float | None = None
+    ) -> None:
         self.ledger, self.now, self.making_s = ledger, now, making_s
+        self.cpu, self.cpu_s = cpu, making_s if cpu_s is None else cpu_s
         self.made = 0
 
     @property
@@ -92,14 +96,34 @@ class _TimedSource:
     def snapshot(self, dest: str | Path) -> Path:
         self.made += 1
         self.now[0] += self.making_s
+        self.cpu[0] += self.cpu_s
         return self.ledger.snapshot(dest)
 
 
-def _reads(tmp_path: Path, making_s: float) -> tuple[DuckDbReads, _TimedSource, list[float]]:
-    now = [1000.0]
-    source = _TimedSource(Ledger.open(tmp_path / "ledger.duckdb"), now, making_s)
-    reads = DuckDbReads(source, tmp_path, FakeClock(), AnalystConfig(), monotonic=lambda: now[0])
+def _reads(
+    tmp_path: Path, making_s: float, cpu_s: float | None = None
+) -> tuple[DuckDbReads, _TimedSource, list[float]]:
+    now, cpu = [1000.0], [50.0]
+    source = _TimedSource(Ledger.open(tmp_path / "ledger.duckdb"), now, making_s, cpu, cpu_s)
+    reads = DuckDbReads(
+        source, tmp_path, FakeClock(), AnalystConfig(), monotonic=lambda: now[0], cpu=lambda: cpu[0]
+    )
     return reads, source, now
+
+
+def test_a_snapshot_that_waited_for_cpu_is_kept_by_what_it_cost_not_by_how_long_it_waited(
+    tmp_path: Path,
+) -> None:
+    """20 s of wall time on a starved reader thread but 0.1 CPU-s: remade after max_age (5 s), not after 200 s."""
+    reads, source, now = _reads(tmp_path, making_s=20.0, cpu_s=0.1)
+    try:
+        reads.query("SELECT count(*) FROM operations", 10)
+        now[0] += 6.0
+        answer = reads.query("SELECT count(*) FROM operations", 10)
+        assert source.made == 2
+        assert answer["snapshot_age_s"] == 0.0
+    finally:
+        source.ledger.close()
 
 
 def test_a_snapshot_that_takes_two_seconds_to_make_is_kept_ten_times_as_long_before_the_next(
