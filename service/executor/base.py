@@ -256,6 +256,22 @@ class ExecutorState(abc.ABC):
         """(write groups) Group-commit on the writer thread."""
 
     @abc.abstractmethod
+    async def settled(self) -> None:
+        """(write groups) Until the group commit a tick started (if any) is durable."""
+
+    @abc.abstractmethod
+    def _commit_in_flight(self) -> bool:
+        """(write groups) Whether a started group commit still runs (a finished one is reaped)."""
+
+    @abc.abstractmethod
+    def _start_commit(self) -> None:
+        """(write groups) Start the group commit as a task of its own."""
+
+    @abc.abstractmethod
+    def _commit_due(self) -> bool:
+        """(write groups) Whether finished advances have waited long enough for company."""
+
+    @abc.abstractmethod
     def _flush(self) -> None:
         """(write groups) Commit what is buffered now, on the loop's thread."""
 

@@ -211,48 +211,6 @@ class Loop(ExecutorState):
         await self.settled()
         self._flush()
 
-    async def settled(self) -> None:
-        """Until the group commit started by a tick (if any) is durable and its advances followed."""
-        while self._commit_in_flight():
-            assert self._committing is not None
-            await asyncio.wait({self._committing})
-        self._commit_in_flight()
-
-    def _commit_in_flight(self) -> bool:
-        """Whether the group commit a tick started still runs; a finished one is reaped here, and
-        its failure raised (as it was from the tick that waited for it)."""
-        if self._committing is None:
-            return False
-        if not self._committing.done():
-            return True
-        finished, self._committing = self._committing, None
-        finished.result()
-        return False
-
-    def _start_commit(self) -> None:
-        """Run the group commit as its own task: the loop keeps launching due operations meanwhile.
-
-        Those operations' last changes are durable already (they were handed back to the heap by an
-        earlier commit), so sending their next request while this group commits keeps the rule
-        that a request only follows a durable change. A tick that waited for each commit sent
-        nothing while it ran: 119 s of a 153 s bench/scale.py run at 10,000 in flight, and every
-        poll due meanwhile went out late by up to a commit.
-        """
-
-        async def commit() -> None:
-            try:
-                await self._commit()
-            finally:
-                self._wake.set()
-
-        self._committing = asyncio.ensure_future(commit())
-
-    def _commit_due(self) -> bool:
-        """Whether finished advances have waited long enough for company (or there is a lot to write)."""
-        if self._store.pending >= FLUSH_BATCH or self._stopping:
-            return bool(self._finished or self._store.pending)
-        return bool(self._finished) and self.clock.now() >= self._finished_since + FLUSH_DELAY
-
     def _exclusive_due(self) -> bool:
         """Whether work is waiting that runs only when no group commit is in flight (person
         actions, submissions, cancels, leases, the rollout's follow-up): each of them commits on

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from engine.explore.explorer import explore_pair
@@ -11,6 +16,7 @@ from engine.explore.scenario import scenario_named
 from engine.model import Protocol
 
 P = Protocol
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _counts(result: object) -> tuple[object, ...]:
@@ -69,23 +75,40 @@ def test_states_that_differ_only_in_when_the_driver_would_wake_merge_and_count_e
     assert merged.runs < one_by_one.explored
 
 
+_FORKED = """
+import json
+from engine.explore.prune import MergingSearch
+from engine.explore.scenario import scenario_named
+from engine.model import Protocol
+search = MergingSearch(scenario_named("complete-vs-cancel"), Protocol.AIP_151, max_runs=1_000, fork=True, fork_after=0)
+summary, complete = search.run()
+print(json.dumps([summary.paths, summary.receipts, summary.parked, summary.divergent, complete,
+                  search.runs, search.forks, len(search.memo)]))
+"""
+
+
 def test_branches_reached_by_forking_count_exactly_what_replaying_their_prefix_counts() -> None:
     """A branch taken in a forked copy of the process is the same run continued: the search counts
     the same interleavings, states and runs as when it replays every branch's prefix."""
-    scenario = scenario_named("complete-vs-cancel")
-    forked = MergingSearch(scenario, P.AIP_151, max_runs=1_000, fork=True, fork_after=0)
-    replayed = MergingSearch(scenario, P.AIP_151, max_runs=1_000, fork=False)
-    (by_fork, complete), (by_replay, _) = forked.run(), replayed.run()
+    # The forking search runs in a fresh interpreter: this test's worker holds the native threads
+    # of the tests before it (DuckDB, pyarrow, the HTTP pools), and a fork of such a process is
+    # what can_fork() refuses; forced here, its child died in a CI run.
+    forked = subprocess.run(
+        [sys.executable, "-c", _FORKED], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True
+    )
+    paths, receipts, parked, divergent, complete, runs, forks, memo = json.loads(forked.stdout)
+    replayed = MergingSearch(scenario_named("complete-vs-cancel"), P.AIP_151, max_runs=1_000, fork=False)
+    by_replay, _ = replayed.run()
     assert complete
-    assert forked.forks == forked.runs - 1 > 0
+    assert forks == runs - 1 > 0
     assert replayed.forks == 0
-    assert (by_fork.paths, by_fork.receipts, by_fork.parked, by_fork.divergent) == (
+    assert (paths, receipts, parked, divergent) == (
         by_replay.paths,
         by_replay.receipts,
         by_replay.parked,
         by_replay.divergent,
     )
-    assert (forked.runs, len(forked.memo)) == (replayed.runs, len(replayed.memo))
+    assert (runs, memo) == (replayed.runs, len(replayed.memo))
 
 
 def test_states_that_differ_only_in_the_servers_interval_jitter_merge_and_count_exactly() -> None:
