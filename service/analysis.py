@@ -14,12 +14,21 @@ Two implementations of one shape, chosen by the ledger:
   pool of its own so a slow query never holds a connection the executor needs; there is no file
   to publish (analysts read the same data through the read-only role).
 
+On DuckDB the queries themselves run in reader processes (``service.reader_process``) when the
+service gives ``processes``: this process makes the snapshot (it alone may open the ledger file),
+the child runs the query on it and encodes the answer, and ``query_json`` / ``arrow_ipc`` hand its
+bytes on unread. Without ``processes`` (a library caller) the query runs on the calling thread.
+On PostgreSQL the query runs in the cluster's (niced) analyst backend and the calling thread only
+waits for its rows (psycopg releases the interpreter's lock meanwhile) and encodes at most
+``max_rows`` of them: no process of its own is needed to keep it off the loop.
+
 Every method blocks: callers run them on the readers' pool (``service.readers``), never on the
 executor's loop. Holds no limits of its own: they come from ``AnalystConfig``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable
@@ -35,8 +44,16 @@ from engine.errors import SqlRefused
 from engine.ledger.analyst import run_query as run_pg_query
 from engine.ledger.port import SnapshotSource
 from engine.ledger.postgres import PgLedger
-from engine.ledger.sandbox import QueryResult, SandboxLimits, run_arrow, run_query, stamp_snapshot
+from engine.ledger.sandbox import (
+    QueryResult,
+    SandboxLimits,
+    arrow_stream_bytes,
+    run_arrow,
+    run_query,
+    stamp_snapshot,
+)
 from service.config import AnalystConfig
+from service.reader_process import MB, ReaderProcesses, capped
 
 SNAPSHOT_MAX_AGE = timedelta(seconds=5)
 SNAPSHOT_DUTY = 10
@@ -50,7 +67,19 @@ class AnalystReads(Protocol):
 
     def query(self, query: str, max_rows: int) -> dict[str, object]: ...
 
+    def query_json(self, query: str, max_rows: int) -> bytes:
+        """The answer of ``POST /api/v1/sql``, encoded."""
+        ...
+
     def arrow(self, query: str, max_rows: int) -> pa.Table: ...
+
+    def arrow_ipc(self, query: str, max_rows: int) -> bytes:
+        """The answer of ``POST /api/v1/sql/arrow``: one Arrow IPC stream."""
+        ...
+
+    def reader_processes(self) -> list[dict[str, int]]:
+        """The reader processes running the queries now (pid and niceness); none on PostgreSQL."""
+        ...
 
     def publish(self) -> dict[str, object]: ...
 
@@ -77,6 +106,8 @@ class DuckDbReads:
     monotonic: Callable[[], float] = monotonic_seconds
     cpu: Callable[[], float] = thread_cpu_seconds
     """The making thread's CPU time (DuckDB runs a snapshot on its caller's thread: one thread)."""
+    processes: ReaderProcesses | None = None
+    """Where the queries run; None: on the calling thread."""
     _made_at: float | None = None
     _making_s: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -105,8 +136,36 @@ class DuckDbReads:
                 self._making_s = self.cpu() - spent
         return path
 
-    def query(self, query: str, max_rows: int) -> dict[str, object]:
+    def _age(self) -> float:
+        now = self.monotonic()
+        return round(now - (self._made_at or now), 3)
+
+    def _in_process(self, op: str, query: str, max_rows: int) -> bytes:
+        """The query run by a reader process on a fresh snapshot: the answer's bytes, unread."""
+        assert self.processes is not None
         path = self._fresh()
+        most = self.config.max_result_mb * MB
+        request: dict[str, object] = {
+            "op": op,
+            "path": str(path),
+            "query": query,
+            "max_rows": max_rows,
+            "timeout_s": self.config.timeout.total_seconds(),
+            "memory_limit_mb": self.config.memory_limit_mb,
+            "threads": self.config.threads,
+            "max_bytes": most,
+            "extra": {"snapshot_age_s": self._age()},
+        }
+        kind, body = self.processes.call(request, self.config.timeout.total_seconds(), most)
+        if kind == "E":
+            raise SqlRefused(str(json.loads(body)["message"]))
+        return body
+
+    def query_json(self, query: str, max_rows: int) -> bytes:
+        if self.processes is not None:
+            return self._in_process("query", query, max_rows)
+        path = self._fresh()
+        age = self._age()
         # The snapshot is ours alone and replaced by rename, so the sandbox may stay attached to it.
         result = run_query(
             path,
@@ -115,16 +174,28 @@ class DuckDbReads:
             timeout=self.config.timeout,
             keep_open=True,
             limits=self.limits,
-        ).as_json()
-        now = self.monotonic()
-        result["snapshot_age_s"] = round(now - (self._made_at or now), 3)
-        return result
+        )
+        return capped(result.json_bytes(snapshot_age_s=age), self.config.max_result_mb * MB)
+
+    def query(self, query: str, max_rows: int) -> dict[str, object]:
+        answer: dict[str, object] = json.loads(self.query_json(query, max_rows))
+        return answer
+
+    def arrow_ipc(self, query: str, max_rows: int) -> bytes:
+        if self.processes is not None:
+            return self._in_process("arrow", query, max_rows)
+        return capped(arrow_stream_bytes(self.arrow(query, max_rows)), self.config.max_result_mb * MB)
 
     def arrow(self, query: str, max_rows: int) -> pa.Table:
+        if self.processes is not None:
+            return pa.ipc.open_stream(self.arrow_ipc(query, max_rows)).read_all()
         path = self._fresh()
         return run_arrow(
             path, query, max_rows=max_rows, timeout=self.config.timeout, keep_open=True, limits=self.limits
         )
+
+    def reader_processes(self) -> list[dict[str, int]]:
+        return self.processes.processes() if self.processes is not None else []
 
     # ------------------------------------------------------------------------------- snapshots
 
@@ -196,6 +267,16 @@ class PgReads:
         result = self._run(query, max_rows).as_json()
         result["snapshot_age_s"] = 0.0
         return result
+
+    def query_json(self, query: str, max_rows: int) -> bytes:
+        answer = self._run(query, max_rows).json_bytes(snapshot_age_s=0.0)
+        return capped(answer, self.config.max_result_mb * MB)
+
+    def arrow_ipc(self, query: str, max_rows: int) -> bytes:
+        return capped(arrow_stream_bytes(self.arrow(query, max_rows)), self.config.max_result_mb * MB)
+
+    def reader_processes(self) -> list[dict[str, int]]:
+        return []
 
     def arrow(self, query: str, max_rows: int) -> pa.Table:
         result = self._run(query, max_rows)

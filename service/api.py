@@ -60,7 +60,8 @@ Limits).
 Presentation only: every decision is the executor's or the engine's. Every read that is not the
 executor's own (SQL, console lists, gates, rollout status, metrics, the audit check, snapshots)
 runs on the readers' pool (``service.readers``), off the executor's loop; a full pool answers 503
-with Retry-After. Where a read's result is the whole answer (SQL, snapshots, rollout status, the
+with Retry-After. Analyst SQL on a DuckDB ledger (the console's charts too) runs further off: in
+a reader process (``service.reader_process``), whose encoded answer the route sends unread. Where a read's result is the whole answer (SQL, snapshots, rollout status, the
 audit check) its JSON is encoded there too (``_read_json``): 100,000 rows take about 0.8 s to encode.
 """
 
@@ -72,7 +73,6 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
-import pyarrow as pa
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 from starlette.applications import Starlette
 from starlette.datastructures import State
@@ -240,13 +240,6 @@ def _has_receipt(report: dict[str, object] | None) -> bool:
     return report is not None and report.get("receipt") is not None
 
 
-def _arrow_bytes(table: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue())
-
-
 def build_api(
     executor: Executor,
     ledger: LedgerPort,
@@ -320,8 +313,12 @@ def build_api(
                 "servers": {name: protocol.value for name, protocol in executor.servers().items()},
                 # The SQL dialect POST /api/v1/sql speaks (the console picks its query variants by it).
                 "dialect": ledger.dialect,
-                # How busy the readers' pool is (it never holds this answer back: health is not a read).
-                "readers": pool.stats().as_json(),
+                # How busy the readers' pool is (it never holds this answer back: health is not a read),
+                # and the reader processes running analyst SQL (DuckDB), each with its niceness.
+                "readers": {
+                    **pool.stats().as_json(),
+                    "processes": sql.reader_processes() if sql is not None else [],
+                },
             }
         )
 
@@ -520,12 +517,14 @@ def build_api(
     async def run_sql(request: Request) -> Response:
         reads = _reads()
         query, max_rows = await _sql_request(request, 1000)
-        return await _read_json(pool, "analyst SQL", lambda: reads.query(query, max_rows))
+        # The answer arrives encoded (from a reader process on DuckDB): the loop only sends its bytes.
+        body = await pool.run("analyst SQL", lambda: reads.query_json(query, max_rows))
+        return Response(body, media_type="application/json")
 
     async def run_sql_arrow(request: Request) -> Response:
         reads = _reads()
         query, max_rows = await _sql_request(request, 10_000)
-        body = await pool.run("analyst SQL", lambda: _arrow_bytes(reads.arrow(query, max_rows)))
+        body = await pool.run("analyst SQL", lambda: reads.arrow_ipc(query, max_rows))
         return Response(body, media_type=ARROW_STREAM)
 
     async def publish_snapshot(request: Request) -> Response:

@@ -54,6 +54,7 @@ Example::
     nice = 19                                # CPU priority of reader threads (and a local PostgreSQL
                                              # analyst backend): 0-19, 19 yields to the executor
     max_rows = 100000                        # the most rows one result may carry
+    max_result_mb = 64                       # the most MB one result may carry
     snapshot_every_min = 0                   # publish a snapshot every N minutes (0: on request only)
     snapshot_keep = 3                        # snapshots kept (older ones deleted)
     snapshot_dir = "data/snapshots"          # where snapshots go (default: beside the ledger)
@@ -124,6 +125,7 @@ _ANALYST_KEYS = {
     "work_mem_mb",
     "nice",
     "max_rows",
+    "max_result_mb",
     "snapshot_every_min",
     "snapshot_keep",
     "snapshot_dir",
@@ -191,6 +193,8 @@ class AnalystConfig:
     machine with few cores a reader that burns a core takes CPU from the executor even though it
     never holds the loop; at 19 it runs on what the executor leaves."""
     max_rows: int = 100_000
+    max_result_mb: int = 64
+    """The most bytes (MiB) one analyst answer may carry, however few its rows."""
     snapshot_every: timedelta | None = None
     snapshot_keep: int = 3
     snapshot_dir: str | None = None
@@ -419,6 +423,7 @@ def _analyst(table: dict[str, object]) -> AnalystConfig:
         work_mem_mb=whole("work_mem_mb", d.work_mem_mb, 1),
         nice=_nice(whole("nice", d.nice, 0)),
         max_rows=whole("max_rows", d.max_rows, 1),
+        max_result_mb=whole("max_result_mb", d.max_result_mb, 1),
         snapshot_every=timedelta(minutes=every) if every else None,
         snapshot_keep=whole("snapshot_keep", d.snapshot_keep, 1),
         snapshot_dir=_string(table, "snapshot_dir", "analyst"),

@@ -10,10 +10,13 @@ sends polls and cancels. DuckDB and psycopg release the GIL while a query runs, 
 
 Not holding the loop is not enough on a machine with few cores: a worker that burns a core takes
 CPU from the executor's thread all the same. So each worker lowers its own scheduling priority
-when it starts (``nice``, 19 by default: Linux gives a thread its own nice value), and the DuckDB
-sandbox runs each query with ``threads=1``, on the worker's thread itself, so the query's CPU is
-the niced thread's. Where the platform refuses, the worker runs at normal priority and says so
-in ``stats().nice``.
+when it starts (``nice``, 19 by default: Linux gives a thread its own nice value). Where the
+platform refuses, the worker runs at normal priority and says so in ``stats().nice``. Niceness
+orders threads on the cores, not on the interpreter's lock they share with the loop: analyst SQL
+on DuckDB, the heaviest reads, therefore runs in reader processes (``service.reader_process``),
+one per worker, and its worker only waits for the answer's bytes. The reads that stay on the
+workers' threads read the live ledger, which only this process may open (snapshots, lists,
+gates, metrics, rollout status, the audit check), or wait on PostgreSQL's own processes.
 
 Holds no rules about what a read may do: the sandbox (``engine.ledger.sandbox``) and the
 PostgreSQL analyst path (``engine.ledger.analyst``) own the per-query limits.

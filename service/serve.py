@@ -5,7 +5,8 @@ On a DuckDB file this process owns the ledger (one writing process per file); ev
 URL any number of these processes share the ledger: each leases its work, fences its writes and
 books its requests in the shared QPS budget (see ``service.executor``); analyst SQL runs in
 place (``PgLedger.analyst_query``) instead of on a snapshot, on a connection pool of its own.
-Reads that are not the executor's run on a bounded readers' pool (``service.readers``).
+Reads that are not the executor's run on a bounded readers' pool (``service.readers``); on
+DuckDB, analyst SQL runs in reader processes of this one (``service.reader_process``).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import tempfile
 from dataclasses import fields
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Protocol
 
 import uvicorn
 
@@ -31,6 +33,7 @@ from service.analysis import AnalystReads, DuckDbReads, PgReads
 from service.api import build_api
 from service.config import AnalystConfig, ServiceConfig
 from service.executor import Executor
+from service.reader_process import ReaderProcesses
 from service.readers import ReaderPool
 
 logger = logging.getLogger(__name__)
@@ -66,7 +69,7 @@ async def serve(
     analyst = config.analyst
     readers = ReaderPool(analyst.workers, analyst.queue, nice=analyst.nice)
     with tempfile.TemporaryDirectory(prefix="finality-sql-") as folder:
-        sql, reader_ledger = analyst_reads(ledger, ledger_target, analyst, Path(folder), executor.clock)
+        sql, owned = analyst_reads(ledger, ledger_target, analyst, Path(folder), executor.clock)
         app = build_api(executor, ledger, sql=sql, readers=readers, analyst=analyst)
         server = uvicorn.Server(
             # httptools: the C parser (a dependency), not h11's pure Python, parses each request.
@@ -100,27 +103,34 @@ async def serve(
         # evaluation's scan, a snapshot): the ledger closed under it refused ("connection is busy")
         # and the service died with a traceback. Those threads end first.
         await loop.shutdown_default_executor()
-    readers.close()
-    if reader_ledger is not None:
-        reader_ledger.close()
+        readers.close()
+        # The reader processes end before the snapshot folder they read goes.
+        owned.close()
     ledger.close()
+
+
+class _Closes(Protocol):
+    def close(self) -> None: ...
 
 
 def analyst_reads(
     ledger: LedgerPort, target: str, analyst: AnalystConfig, folder: Path, clock: Clock
-) -> tuple[AnalystReads, PgLedger | None]:
-    """The analysts' reads over the service's ledger, and the pool they own (to close), if any.
+) -> tuple[AnalystReads, _Closes]:
+    """The analysts' reads over the service's ledger, and what they own (to close at the end).
 
     On PostgreSQL they read in place on a read-only pool of their own, ``analyst.workers``
     connections: an analyst's query never holds a connection the executor needs. On DuckDB they
-    read private snapshots in ``folder`` (``DuckDbReads``).
+    read private snapshots in ``folder`` (``DuckDbReads``), each query in one of ``analyst.workers``
+    reader processes at the readers' niceness (``service.reader_process``), started on first use.
     """
     source = ledger.snapshots
     if source is None:
         reader = PgLedger.open(target, read_only=True, pool_size=analyst.workers)
         return PgReads(reader, analyst), reader
     published = Path(analyst.snapshot_dir) if analyst.snapshot_dir else Path(source.path).parent / "snapshots"
-    return DuckDbReads(source, folder, clock, analyst, published=published), None
+    processes = ReaderProcesses(analyst.workers, analyst.nice)
+    reads = DuckDbReads(source, folder, clock, analyst, published=published, processes=processes)
+    return reads, processes
 
 
 def open_service_ledger(target: str) -> Ledger | PgLedger:

@@ -22,6 +22,7 @@ a sandbox holds it. ``close_sandboxes`` drops the calling thread's sandbox.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -79,6 +80,10 @@ class QueryResult:
             "row_count": len(self.rows),
             "elapsed_ms": round(self.elapsed_ms, 1),
         }
+
+    def json_bytes(self, **extra: object) -> bytes:
+        """The answer of ``POST /api/v1/sql``: ``as_json`` with ``extra`` keys, encoded."""
+        return json.dumps({**self.as_json(), **extra}, default=str).encode()
 
 
 def _plain(value: object) -> object:
@@ -209,6 +214,14 @@ def run_arrow(
     finally:
         if not keep_open:
             close_sandboxes()
+
+
+def arrow_stream_bytes(table: pa.Table) -> bytes:
+    """A table as the bytes of one Arrow IPC stream (what ``POST /api/v1/sql/arrow`` answers)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
 
 
 @contextmanager
@@ -409,6 +422,7 @@ __all__ = [
     "QueryResult",
     "SandboxLimits",
     "SharedSandbox",
+    "arrow_stream_bytes",
     "check_query",
     "close_sandboxes",
     "run_arrow",

@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -80,8 +82,9 @@ def test_a_query_over_the_memory_limit_fails_naming_it_and_the_service_goes_on(
 def test_a_query_returning_millions_of_rows_is_cut_at_max_rows_and_more_is_refused_naming_the_limit(
     start: Callable[[str], ServiceProcess],
 ) -> None:
-    """Five million rows come back as max_rows rows marked truncated; asking past the service's limit is refused."""
-    svc = start("max_rows = 100000")
+    """Five million rows come back as max_rows rows marked truncated; asking past the service's row or byte
+    limit is refused naming it."""
+    svc = start("max_rows = 100000\nmax_result_mb = 1")
     with svc.client() as client:
         result = client.sql("SELECT * FROM range(5000000) t(a)", max_rows=1000)
         assert (result["row_count"], result["truncated"]) == (1000, True)
@@ -90,6 +93,12 @@ def test_a_query_returning_millions_of_rows_is_cut_at_max_rows_and_more_is_refus
         assert over.value.status == 400
         with pytest.raises(ServiceRefused, match="more than max_rows=100,000 rows"):
             client.sql_frame("SELECT * FROM range(5000000) t(a)", max_rows=100_000)
+        wide = "SELECT repeat('x', 100) AS s FROM range(100000) t(a)"
+        with pytest.raises(ServiceRefused, match=r"over the service's result-size limit of 1 MB") as big:
+            client.sql(wide, max_rows=100_000)
+        assert big.value.status == 400
+        with pytest.raises(ServiceRefused, match=r"result-size limit of 1 MB"):
+            client.sql_frame(wide, max_rows=100_000)
         assert client.health()["status"] == "ok"
 
 
@@ -127,33 +136,65 @@ def test_twenty_concurrent_slow_queries_end_at_the_time_limit_or_get_503_with_re
         assert health["readers"]["refused"] == len(busy)
 
 
-def test_health_and_the_executor_answer_while_a_slow_query_runs(
+def _cpu_ticks(pid: int) -> int:
+    """A process's user + system CPU time so far, in clock ticks (``/proc/PID/stat``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _parent(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_a_slow_query_runs_in_a_niced_reader_process_and_one_killed_mid_query_fails_only_that_query(
     start: Callable[[str], ServiceProcess],
 ) -> None:
-    """While one analyst query is still running, health answers and a submitted call reaches its terminal state."""
+    """The query burns CPU in a child of the service at nice 19 while health and calls answer; kill -9
+    of that child answers its caller 503 naming the signal, and the next query runs in a new child."""
     svc = start("workers = 1\ntimeout_s = 60")
-    finished = threading.Event()
+    answers: list[http_kit.Response] = []
 
     def slow() -> None:
-        try:
-            http_kit.post(f"{svc.url}/api/v1/sql", json={"query": SLOW}, timeout=90)
-        except http_kit.HTTPError:
-            pass  # the service is stopped under it at the end of the test
-        finally:
-            finished.set()
+        # The service is stopped under it if the test fails.
+        with contextlib.suppress(http_kit.HTTPError):
+            answers.append(http_kit.post(f"{svc.url}/api/v1/sql", json={"query": SLOW}, timeout=90))
 
     reader = threading.Thread(target=slow)
     reader.start()
     with svc.client() as client:
-        wait_until(lambda: client.health()["readers"]["running"] == 1, what="the slow query running")
+
+        def running() -> list[dict[str, int]]:
+            readers = client.health()["readers"]
+            return list(readers["processes"]) if readers["running"] == 1 else []
+
+        wait_until(lambda: bool(running()), what="the slow query running in a reader process")
+        (process,) = running()
+        pid = process["pid"]
+        assert svc.pid is not None
+        assert _parent(pid) == svc.pid
+        assert process["nice"] == os.getpriority(os.PRIO_PROCESS, pid) == 19
+        # The query's CPU is the reader process's, not the service's.
+        spent = _cpu_ticks(pid)
+        wait_until(lambda: _cpu_ticks(pid) > spent, what="the reader process burning CPU")
         nodes = _submit(client, "during-query", 3)
         wait_until(lambda: all_terminal(client, nodes), what="calls terminal while the query runs")
-        health = client.health()
-        assert health["readers"]["running"] == 1
-        assert not finished.is_set(), "the slow query must still be running when the calls ended"
+        assert client.health()["readers"]["running"] == 1
+        assert not answers, "the slow query must still be running when the calls ended"
+        os.kill(pid, signal.SIGKILL)
+        reader.join(timeout=60)
+        assert len(answers) == 1
+        (lost,) = answers
+        assert lost.status_code == 503, lost.text
+        assert "reader process" in lost.json()["error"]
+        assert "killed by signal 9" in lost.json()["error"]
+        assert lost.headers["Retry-After"].isdigit()
+        assert client.sql("SELECT 41 + 1 AS n")["rows"] == [[42]]
+        (fresh,) = client.health()["readers"]["processes"]
+        assert fresh["pid"] != pid
+        assert client.health()["status"] == "ok"
     svc.close()
-    reader.join(timeout=30)
-    assert finished.is_set()
+    # The service ends its reader processes when it stops.
+    wait_until(lambda: not Path(f"/proc/{fresh['pid']}").exists(), what="the reader process ended")
 
 
 def test_the_dataframe_path_returns_100000_rows_as_arrow_and_refuses_more(

@@ -6,6 +6,7 @@ analyst reads are a stand-in whose answer records the thread that encodes it.
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 from pathlib import Path
@@ -41,8 +42,17 @@ class _Reads:
     def query(self, query: str, max_rows: int) -> dict[str, object]:
         return {"columns": ["v"], "rows": [[_Encoded(self.seen)]], "truncated": False, "row_count": 1}
 
+    def query_json(self, query: str, max_rows: int) -> bytes:
+        return json.dumps(self.query(query, max_rows), default=str).encode()
+
     def arrow(self, query: str, max_rows: int) -> pa.Table:
         raise NotImplementedError
+
+    def arrow_ipc(self, query: str, max_rows: int) -> bytes:
+        raise NotImplementedError
+
+    def reader_processes(self) -> list[dict[str, int]]:
+        return []
 
     def publish(self) -> dict[str, object]:
         return {"name": _Encoded(self.seen)}
