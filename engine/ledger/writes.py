@@ -38,6 +38,8 @@ __all__ = ["GroupWrites", "chain", "outcomes"]
 _AFTER: Final = attrgetter("after")
 _AFTER_ID: Final = attrgetter("after.operation_id")
 _BEFORE_ID: Final = attrgetter("before.operation_id")
+_AFTER_TASK: Final = attrgetter("after.task_id")
+_BEFORE_TASK: Final = attrgetter("before.task_id")
 
 
 def chain(
@@ -299,10 +301,18 @@ class GroupWrites(Receipts, EngineReads):
         refused: set[str],
     ) -> None:
         """A batch's new task bindings and log rows, for every operation not ``refused``."""
-        bound = sorted(
-            k
-            for k, t in last.items()
-            if t.after.task_id is not None and t.after.task_id != first[k].before.task_id and k not in refused
+        # A group of polls binds nothing: its task ids compared as two lists at C speed first, so
+        # that only a group where some operation got a new task id is walked in Python.
+        bound = (
+            []
+            if list(map(_AFTER_TASK, last.values())) == list(map(_BEFORE_TASK, first.values()))
+            else sorted(
+                k
+                for k, t in last.items()
+                if t.after.task_id is not None
+                and t.after.task_id != first[k].before.task_id
+                and k not in refused
+            )
         )
         bindings = [[last[k].after.server, last[k].after.task_id, k, last[k].at] for k in bound]
         if bindings:

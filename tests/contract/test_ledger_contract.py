@@ -388,6 +388,28 @@ def test_the_database_enforces_one_operation_per_call_node_and_task(ledger: Ledg
 # ---------------------------------------------------------------------------------- group commit
 
 
+def test_a_group_of_polls_and_one_submission_binds_only_the_submitted_task(ledger: LedgerPort) -> None:
+    """In one group commit, polls bind no task id and the one new task id is bound (a reuse is refused)."""
+    polled = [advance(ledger, created(ledger, f"p{i}"), Submitted(TaskId(f"tp{i}"), E)) for i in range(3)]
+    fresh = created(ledger, "fresh")
+    group = [
+        step(op, StatusObserved(op.task_id, ServerStatus.WORKING, E, poll_cursor="c"), NOW)  # type: ignore[arg-type]
+        for op in polled
+    ]
+    group.insert(1, step(fresh, Submitted(TaskId("tfresh"), E), NOW))
+    assert all(o.error is None for o in ledger.apply_many(group))
+    polls_only = [
+        step(t.after, StatusObserved(t.after.task_id, ServerStatus.WORKING, E, poll_cursor="d"), NOW)  # type: ignore[arg-type]
+        for t in group
+    ]
+    assert all(o.error is None for o in ledger.apply_many(polls_only))
+    other = created(ledger, "other")
+    with pytest.raises(DuplicateOperation, match="tfresh"):
+        ledger.apply(step(other, Submitted(TaskId("tfresh"), E), NOW))
+    with pytest.raises(DuplicateOperation, match="tp2"):
+        ledger.apply(step(other, Submitted(TaskId("tp2"), E), NOW))
+
+
 def test_group_commit_applies_many_and_refuses_only_the_stale(ledger: LedgerPort) -> None:
     """One transaction for many operations; a stale one is refused alone."""
     ops = [created(ledger, f"g{i}") for i in range(50)]
