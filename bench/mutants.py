@@ -80,7 +80,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "driver-ack-as-confirmed",
         "driver",
-        "engine/runtime/driver.py",
+        "engine/runtime/cancelling.py",
         "                op = self.commit(op, CancelAcknowledged(task, generation, self.epoch))",
         "                op = self.commit(op, CancelConfirmed(task, generation, self.epoch))",
         "a cancel acknowledgement recorded as a confirmed cancel",
@@ -91,7 +91,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "driver-payload-dropped",
         "driver",
-        "engine/runtime/driver.py",
+        "engine/runtime/polling.py",
         "        op = self.commit(op, event, payload=outcome.payload)",
         "        op = self.commit(op, event, payload=None)",
         "the verified result is accepted without its payload",
@@ -104,7 +104,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "driver-unknown-on-404-skipped",
         "driver",
-        "engine/runtime/driver.py",
+        "engine/runtime/polling.py",
         "            mem.failures = 0\n            return Wake(self.commit(op, NotFound(self.epoch)), self.clock.now())",
         "            mem.failures = 0\n            return Wake(op, None)",
         "a 404 on a status read parks the operation without a reconciliation item",
@@ -115,7 +115,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "driver-restart-resends",
         "driver",
-        "engine/runtime/driver.py",
+        "engine/runtime/submission.py",
         "        if not mem.fresh_submit:\n            # Found in SUBMITTING without having sent it",
         "        if False:\n            # Found in SUBMITTING without having sent it",
         "an executor restarted in SUBMITTING sends the create again instead of looking it up",
