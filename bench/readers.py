@@ -14,9 +14,13 @@ its load moves by a factor of two within minutes) falls on both alike. In each w
 * health latency: ``GET /api/v1/health`` every 100 ms from a client thread, round trip (p99);
 * cancel confirmation: ``--cancels`` operations cancelled at the window's start; from
   ``cancel_requested_at`` to the receipt's ``accepted_at`` (p99), from the ledger;
-* CPU: the service's threads from ``/proc/PID/task/*/schedstat`` (its own at nice 0, the niced
-  readers, the loop thread's run time and its wait for a CPU) and, on PostgreSQL, the cluster's
-  backends (the analysts' are the niced ones).
+* CPU: the service's threads and its child processes (the reader processes that run analyst SQL
+  on DuckDB) from ``/proc/PID/task/*/schedstat`` (its own at nice 0, the niced readers, the part
+  in reader processes, the loop thread's run time and its wait for a CPU) and, on PostgreSQL, the
+  cluster's backends (the analysts' are the niced ones).
+
+Each run prints one line with its three readers/no-readers p99 ratios, the loop thread's wait for
+a CPU in each mode and the load average (``uptime``) at its end.
 
 In ``readers`` windows 4 client threads run a 10-s analyst query (``POST /api/v1/sql``, stopped
 by the service's time limit) back to back, starting ``--lead-s`` before the window; a 503 (queue
@@ -211,17 +215,48 @@ def cpu_between(
     after: dict[tuple[int, int], tuple[int, float, float]],
     main_tid: int | None = None,
 ) -> dict[str, float]:
-    """CPU-seconds run between two samples, by niceness (0: the executor's; > 0: the niced readers)."""
-    own = niced = main_run = main_wait = 0.0
+    """CPU-seconds run between two samples, by niceness (0: the executor's; > 0: the niced readers),
+    and the part of it in the service's child processes (its reader processes: ``main_tid`` is the
+    service's pid, and every other pid sampled is a child of it)."""
+    own = niced = children = main_run = main_wait = 0.0
     for key, (nice, run, wait) in after.items():
         _, run0, wait0 = before.get(key, (nice, 0.0, 0.0))
         if nice > 0:
             niced += run - run0
         else:
             own += run - run0
+        if main_tid is not None and key[0] != main_tid:
+            children += run - run0
         if key[1] == main_tid:
             main_run, main_wait = run - run0, wait - wait0
-    return {"cpu_nice0": own, "cpu_niced": niced, "loop_ran": main_run, "loop_waited": main_wait}
+    return {
+        "cpu_nice0": own,
+        "cpu_niced": niced,
+        "cpu_children": children,
+        "loop_ran": main_run,
+        "loop_waited": main_wait,
+    }
+
+
+def with_children(pid: int) -> Callable[[], list[int]]:
+    """``pid`` and its child processes now (the service's reader processes start on first use)."""
+
+    def pids() -> list[int]:
+        found = [pid]
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return found
+        # Each thread lists the children it started (a reader process: the reader thread's).
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    found += [int(c) for c in f.read().split()]
+            except (OSError, ValueError):
+                continue
+        return found
+
+    return pids
 
 
 def postgres_pids(data: Path | None) -> Callable[[], list[int]]:
@@ -270,7 +305,8 @@ def one_run(
         svc = ServiceProcess(ledger, next(iter(cfgs.values())), startup_timeout=120).start()
         assert svc.pid is not None
         service_pid = svc.pid
-        service_clock = ThreadClock(lambda: [service_pid])
+        # The service's threads and its reader processes (analyst SQL on DuckDB runs in those).
+        service_clock = ThreadClock(with_children(service_pid))
         pg_clock = ThreadClock(postgres_pids(pg_data))
         try:
             sim = {
@@ -360,6 +396,7 @@ def one_run(
             # loop thread's share and its wait for a CPU; PostgreSQL's backends (niced = analysts').
             "service_cpu_per_s": total["cpu_nice0"] / seconds,
             "readers_cpu_per_s": total["cpu_niced"] / seconds,
+            "reader_processes_cpu_per_s": total["cpu_children"] / seconds,
             "loop_ran_per_s": total["loop_ran"] / seconds,
             "loop_waited_per_s": total["loop_waited"] / seconds,
             "pg_backends_cpu_per_s": backends["cpu_nice0"] / seconds,
@@ -396,15 +433,20 @@ def main() -> int:
     if args.ops < args.cancels * args.rounds * len(modes):
         parser.error("--ops must cover --cancels operations for every window")
     results: dict[str, list[dict[str, float]]] = {mode: [] for mode in modes}
+    loads: list[str] = []
     with tempfile.TemporaryDirectory() as tmp, contextlib_cluster(args.ledger) as cluster:
         for i in range(args.runs):
             folder = Path(tmp) / f"run-{i}"
             folder.mkdir()
             with ledger_target(args.ledger, folder, cluster) as ledger:
                 run = one_run(args, modes, ledger, folder, cluster.data if cluster else None)
+            loads.append(load())
             for mode in modes:
                 results[mode].append(run[mode])
-                print(f"run {i + 1} {mode}: {run[mode]} (uptime: {load()})", file=sys.stderr, flush=True)
+                print(f"run {i + 1} {mode}: {run[mode]} (uptime: {loads[-1]})", file=sys.stderr, flush=True)
+            print(
+                f"run {i + 1}: {run_summary(run, modes)} (uptime: {loads[-1]})", file=sys.stderr, flush=True
+            )
     report = Report("readers", "python bench/readers.py " + " ".join(sys.argv[1:]))
     suffix = f" ({args.ledger})"
     for key, label in (
@@ -443,6 +485,7 @@ def main() -> int:
         "analyst_other",
         "service_cpu_per_s",
         "readers_cpu_per_s",
+        "reader_processes_cpu_per_s",
         "loop_ran_per_s",
         "loop_waited_per_s",
         "pg_backends_cpu_per_s",
@@ -451,6 +494,7 @@ def main() -> int:
         report.notes.append(
             f"{key}: " + ", ".join(f"{m} {[round(r[key], 3) for r in results[m]]}" for m in modes)
         )
+    report.notes.append("uptime at each run's end: " + "; ".join(loads))
     report.notes.append(f"uptime at the end: {load()}")
     if args.json:
         report.emit()
@@ -460,6 +504,23 @@ def main() -> int:
         for note in report.notes:
             print(note)
     return 0
+
+
+RATIOS = (("poll_lateness_p99_s", "poll"), ("health_p99_s", "health"), ("cancel_p99_s", "cancel"))
+
+
+def run_summary(run: dict[str, dict[str, float]], modes: list[str]) -> str:
+    """One run's three readers/no-readers p99 ratios and the loop thread's wait for a CPU, per mode."""
+    base = run["baseline"]
+    parts = []
+    for mode in modes[1:]:
+        ratios = ", ".join(
+            f"{short} {run[mode][key] / base[key]:.2f}x" if base[key] else f"{short} inf"
+            for key, short in RATIOS
+        )
+        parts.append(f"{mode}/baseline p99 ratios {ratios}")
+    waits = ", ".join(f"{m} {run[m]['loop_waited_per_s']:.3f}" for m in modes)
+    return "; ".join(parts) + f"; loop thread's wait for a CPU, s per s: {waits}"
 
 
 def load() -> str:

@@ -239,13 +239,13 @@ class ReaderProcesses:
 
 
 def _child(nice: int, read: Callable[[int], bytes], write: Callable[[bytes], object]) -> None:
-    # Imported before lowering the priority: a first query should not wait, at nice 19 on a loaded
-    # machine, for imports that cost the same CPU at either priority.
-    import engine.ledger.sandbox  # noqa: F401
-
-    # Where the platform refuses, the reader runs at the service's priority (health says so).
+    # Lowered before the imports: a reader's start (about a CPU-second of imports) is a reader's
+    # cost too, not the executor's. Where the platform refuses, the reader runs at the service's
+    # priority (health says so).
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
+    import engine.ledger.sandbox  # noqa: F401
+
     # Ctrl-C in a terminal reaches the whole process group: the service ends its readers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
