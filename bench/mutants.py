@@ -428,6 +428,20 @@ MUTANTS: tuple[Mutant, ...] = (
         "rollback-restart",
         ("tests/engine/runtime/test_epochs.py", "tests/rollout/test_adoption.py"),
     ),
+    Mutant(
+        "executor-released-before-durable",
+        "service executor",
+        "service/executor/groups.py",
+        "        group = self._store.take()\n        started = monotonic_seconds()\n",
+        "        group = self._store.take()\n"
+        "        finished = [self._after(wake) for wake in finished] and []\n"
+        "        started = monotonic_seconds()\n",
+        "a finished advance is handed back to the heap before its group commit is durable (its next "
+        "request may go out on a write the ledger does not hold yet)",
+        True,
+        "group-create-lost",
+        ("tests/service/test_executor_hot_path.py", "tests/engine/explore/test_explore_groups.py"),
+    ),
     # ------------------------------------------------------------------ rollout fencing, adoption
     Mutant(
         "rollout-adoption-keeps-epoch",

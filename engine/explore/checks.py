@@ -53,6 +53,8 @@ class Kinds:
     UNSETTLED = "unsettled"
     CRASHED = "crashed"
     STUCK = "stuck"
+    UNRECORDED = "unrecorded"
+    """A create or a cancel sent before the ledger durably recorded it (record, then send)."""
 
 
 class RunChecks:

@@ -93,6 +93,10 @@ class StateKeys:
         net = self.net
         if net.busy or any(m.waiting for m in net.inflight):
             return None
+        seat = self.executors[self.active].seat
+        if seat is not None and seat.holds_writes():
+            # Writes buffered or a group commit on its way: the executor's buffers are not keyed.
+            return None
         found = list(self.findings)
         self._check_writes(found)
         inc = self.executors[self.active]
@@ -121,6 +125,7 @@ class StateKeys:
             (self.crashes, self.raises, self.passes, self.cancels, self.max_generation, self.stale_advances),
             tuple(found),
             (self.faulted, self.aborted, self.submitted, self._unknowns(), self.recorded_epoch),
+            None if seat is None else seat.key(self.op_id),
         )
 
 

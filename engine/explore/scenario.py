@@ -74,6 +74,13 @@ class Scenario:
     """A person binds an UNKNOWN operation to the task they find on the server."""
     side_effects: bool = False
     ttl: timedelta = timedelta(hours=1)
+    request_id_dedupe: bool = False
+    """AIP-151: the service is declared to deduplicate ``request_id`` (AIP-155), so a lookup by key
+    can prove a lost submission absent and the driver resubmits it under the same key."""
+    groups: bool = False
+    """Run each executor as the service does (``engine.explore.groups``): its writes are buffered and
+    group-committed, an advance is handed back only after its group is durable, and a crash may
+    come between the buffering and the commit."""
 
     def script_for(self, protocol: Protocol) -> tuple[str, ...]:
         """AIP-151 operations never ask for input; their script skips the input rounds."""
@@ -255,10 +262,50 @@ SCENARIOS: tuple[Scenario, ...] = (
         epoch_raises=1,
         echo_creation_epoch=True,
     ),
+    Scenario(
+        "group-crash",
+        "the service executor's write groups: an advance's writes are buffered and group-committed, "
+        "the executor crashes between the buffering and the commit (or while it lands), with a cancel "
+        "click in play",
+        crashes=1,
+        cancels=1,
+        groups=True,
+    ),
+    Scenario(
+        "group-create-lost",
+        "the service executor's write groups after a lost create (AIP-151 declared to deduplicate "
+        "request_id): the lookup proves it absent and the "
+        "resubmission is recorded in a group that must be durable before the create goes out again; "
+        "a crash may come between the buffering and the commit",
+        protocols=(P.AIP_151,),
+        request_id_dedupe=True,
+        drops=1,
+        fault_kinds=frozenset({Kind.SUBMIT, Kind.LOOKUP}),
+        crashes=1,
+        # Not in NOT_FOUND_SAFE: a restart there waits for a person nobody told (``FINDINGS``).
+        crash_in=frozenset(
+            {"SUBMITTING", "SUBMISSION_UNKNOWN", "WORKING", "TERMINAL_OBSERVED", "FETCHING_RESULT"}
+        ),
+        groups=True,
+    ),
 )
 
 
-FINDINGS: tuple[Scenario, ...] = ()
+FINDINGS: tuple[Scenario, ...] = (
+    Scenario(
+        "crash-after-proved-absent",
+        "the lookup by key proves a lost create absent (NOT_FOUND_SAFE), and the executor restarts before "
+        "it resubmits: the restarted driver no longer remembers the proof, so it waits for a person's "
+        "resubmission (``plan.next_step``), but no reconciliation item tells anyone (lost: ended in "
+        "NOT_FOUND_SAFE with nothing left to do). Found by group-create-lost, with or without write groups",
+        protocols=(P.AIP_151,),
+        request_id_dedupe=True,
+        drops=1,
+        fault_kinds=frozenset({Kind.SUBMIT, Kind.LOOKUP}),
+        crashes=1,
+        crash_in=frozenset({"NOT_FOUND_SAFE"}),
+    ),
+)
 """Open findings: scenarios the engine does not pass yet. Never part of ``all``; run them by name."""
 
 

@@ -31,7 +31,7 @@ from datetime import timedelta
 from typing import Any
 
 from engine.adapters import AdapterOptions, open_backend
-from engine.adapters.base import Backend
+from engine.adapters.base import Backend, Capabilities
 from engine.adapters.config import Timeouts
 from engine.errors import BackendError, EngineError, LedgerError, NegotiationError, ReceiptConflict
 from engine.explore.checks import PRINCIPAL, Action, Finding, Kinds, RunChecks, S
@@ -44,6 +44,7 @@ from engine.explore.wire import (
     Network,
     Recording,
     Write,
+    WriterJob,
     ref_server,
     settle,
 )
@@ -71,6 +72,11 @@ CONFIGURED_EPOCH = Epoch(1)
 """The epoch an executor's configuration names (a restarted one runs at the ledger's, if recorded)."""
 _PASSIVE = frozenset({S.WORKING, S.INPUT_REQUIRED, S.CANCEL_REQUESTED})
 _EXCUSING = frozenset({Kind.SUBMIT, Kind.LOOKUP, Kind.RESULT})
+_RECORDED_BEFORE = {
+    Kind.SUBMIT: frozenset({S.SUBMITTING, S.SUBMISSION_UNKNOWN}),
+    Kind.CANCEL: frozenset({S.CANCEL_REQUESTED}),
+}
+"""What the ledger must durably hold when a request that changes the server goes out (``_sent``)."""
 _REQUEST_FAULTS = frozenset({Kind.GET, Kind.RESULT, Kind.CANCEL, Kind.SUBMIT, Kind.LOOKUP})
 _PROTOCOLS = {
     Protocol.MCP_2025_11_25: ServerProtocol.MCP_2025_11_25,
@@ -112,8 +118,31 @@ class Incarnation:
         self.backend: Backend = open_backend(
             world.protocol, world.url, client=self.client, token=None, options=world.options
         )
+        recording = Recording(world.ledger, world.writes, index, epoch)
+        self.seat: Any = None
+        """The service executor this incarnation runs in (``engine.explore.groups.Seat``): group
+        scenarios only; otherwise the ``Driver`` writes straight to the ledger."""
+        if world.scenario.groups:
+            from engine.explore.groups import Seat  # the service's code: group scenarios only
+
+            # The service negotiates with every server before its loop starts (``Loop.start``).
+            caps = world.negotiate(self.backend)
+            self.negotiated = True
+            self.seat = Seat(
+                recording,
+                clock=world.clock,
+                index=index,
+                epoch=epoch,
+                protocol=world.protocol,
+                server=world.server,
+                backend=self.backend,
+                caps=caps,
+                policy=_POLICY,
+            )
+            self.driver: Driver = self.seat.driver
+            return
         self.driver = Driver(
-            ledger=Recording(world.ledger, world.writes, index, epoch),
+            ledger=recording,
             backend=self.backend,
             clock=world.clock,
             rng=random.Random(index),
@@ -155,10 +184,16 @@ class WireWorld(RunChecks, StateKeys):
         self.app = self.ref.app
         self.store = self.app.state.ctx.store
         self.url = "http://sim" if protocol is Protocol.AIP_151 else "http://sim/mcp"
-        self.options = AdapterOptions(timeouts=_OPTIONS_TIMEOUTS, clock=self.clock)
+        self.options = AdapterOptions(
+            timeouts=_OPTIONS_TIMEOUTS, clock=self.clock, request_id_dedupe=scenario.request_id_dedupe
+        )
         self.net = Network(
             self.loop, self.app, passthrough=frozenset({Kind.HANDSHAKE}), handshakes=self.ref.handshakes
         )
+        self.net.on_send = self._sent
+        self.jobs: list[WriterJob] = []
+        """Group commits handed to the writer thread, not landed yet (group scenarios)."""
+        self.loop.held = self.jobs if scenario.groups else None
         self.ledger: Any = MemoryPort(self.server) if ledger == "memory" else _duck_ledger()
         self.writes: list[Write] = []
         self.recorded_epoch: int | None = None
@@ -253,6 +288,35 @@ class WireWorld(RunChecks, StateKeys):
 
         inc.task = self.loop.create_task(guarded())
 
+    def negotiate(self, backend: Backend) -> Capabilities:
+        """Negotiate now (handshakes pass straight through the network)."""
+        out: list[Capabilities] = []
+
+        async def body() -> None:
+            out.append(await backend.negotiate(PRINCIPAL))
+
+        self._run(body())
+        return out[0]
+
+    def _sent(self, msg: Message) -> None:
+        """Record, then send: a create goes out only while the ledger durably holds the operation with
+        its submission open under its key (SUBMITTING; SUBMISSION_UNKNOWN, where MCP looks the key up
+        by sending the create again), a cancel only while it durably holds CANCEL_REQUESTED (the
+        raised generation recorded). The ledger is read as it is, not as an executor's buffer shows it."""
+        if msg.kind not in (Kind.SUBMIT, Kind.CANCEL):
+            return
+        durable = self.ledger.get(self.op_id)
+        needed = _RECORDED_BEFORE[msg.kind]
+        if durable is None or durable.state not in needed:
+            held = "no operation" if durable is None else str(durable.state)
+            self.findings.append(
+                (
+                    Kinds.UNRECORDED,
+                    f"{msg.kind} sent by executor {msg.owner} while the ledger durably held {held}, "
+                    f"not {' or '.join(sorted(needed))}",
+                )
+            )
+
     # ----------------------------------------------------------------------------- stepping
 
     def enabled(self) -> list[Action]:
@@ -264,14 +328,21 @@ class WireWorld(RunChecks, StateKeys):
         if op is None:
             return [] if self.submitted else [("executor", "submit", 0)]
         out: list[Action] = []
+        seat = inc.seat
         if (
             inc.alive
             and not inc.busy
             and op.epoch == inc.epoch
             and op.state not in RECEIPT_STATES
+            and (seat is None or seat.due(self.op_id))
             and inc.idle_at != self.fingerprint(op)
         ):
             out.append(("executor", "advance", self.active))
+        if seat is not None and inc.alive:
+            if not inc.busy and seat.can_commit():
+                out.append(("executor", "commit", self.active))
+            if any(not job.future.done() for job in self.jobs):
+                out.append(("executor", "write", self.active))
         if self.stale_advances and op.state not in RECEIPT_STATES:
             for old in self.executors:
                 if old.alive and not old.busy and old.index != self.active and old.negotiated:
@@ -347,6 +418,10 @@ class WireWorld(RunChecks, StateKeys):
         if actor == "executor":
             if verb == "crash":
                 self._crash()
+            elif verb == "commit":
+                self._run(self._commit_start(self.executors[self.active]))
+            elif verb == "write":
+                self._run(self._land())
             elif verb == "advance-stale":
                 assert isinstance(arg, int)
                 self.stale_advances -= 1
@@ -381,7 +456,39 @@ class WireWorld(RunChecks, StateKeys):
     async def _wake_server(self) -> None:
         self.app.state.ctx.notify()
 
+    async def _commit_start(self, inc: Incarnation) -> None:
+        inc.seat.start_commit()
+
+    async def _land(self) -> None:
+        """The group commit handed to the writer thread lands (it runs, on the explorer's thread)."""
+        jobs = [job for job in self.jobs if not job.future.done()]
+        self.jobs.clear()
+        for job in jobs:
+            job.run()
+
+    def _submit_grouped(self, inc: Incarnation) -> None:
+        """A submission as the service records it: the operation is created in the ledger (durable
+        before the caller is answered), then held and scheduled; its advance sends the create."""
+        self.submitted = True
+        op = new_operation(
+            self.request,
+            operation_id=self.op_id,
+            protocol=self.protocol,
+            adapter_version="explorer",
+            server=self.server,
+            epoch=inc.epoch,
+            now=self.clock.now(),
+        )
+        stored, created = self.ledger.create_operation(op, self.request.arguments)
+        inc.seat.track(stored, created=created, arguments=self.request.arguments)
+
     async def _start_advance(self, inc: Incarnation, *, submit: bool) -> None:
+        if inc.seat is not None:
+            if submit:
+                self._submit_grouped(inc)
+                return
+            self._spawn(inc, self._grouped_advance(inc))
+            return
         before = self.fingerprint()
 
         async def work() -> None:
@@ -416,11 +523,28 @@ class WireWorld(RunChecks, StateKeys):
 
         self._spawn(inc, work)
 
+    def _grouped_advance(self, inc: Incarnation) -> Callable[[], Any]:
+        """The executor launches the advance (``_launch``); it ends in ``_finished``, waiting for its group."""
+        before = self.fingerprint()
+
+        async def work() -> None:
+            running = inc.seat.launch(self.op_id)
+            if running is None:
+                return
+            wake = await running
+            self._after_advance(inc, before, wake)
+
+        return work
+
     def _after_advance(self, inc: Incarnation, before: object, wake: Wake) -> None:
         op = self.ledger.get(self.op_id)
         inc.parked = wake.at is None
         after = self.fingerprint(op)
-        inc.idle_at = after if after == before or inc.parked else None
+        # A parked driver is not asked again until something moves; under the service executor it
+        # is not on the heap then (``Seat.due``), unless the executor itself put it back (a person
+        # acted meanwhile, or a write was refused): its own decision, not the explorer's.
+        parked = inc.parked and inc.seat is None
+        inc.idle_at = after if after == before or parked else None
         if op is not None and self._unknowns() > MAX_UNKNOWNS:
             self.findings.append((Kinds.UNSETTLED, f"UNKNOWN entered {self._unknowns()} times: it cycles"))
             self.aborted = True
@@ -469,7 +593,10 @@ class WireWorld(RunChecks, StateKeys):
         if verb == "cancel":
             self.cancels -= 1
             try:
-                after = inc.driver.request_cancel(op, actor="caller", reason="cancel clicked")
+                if inc.seat is not None:
+                    after = inc.seat.cancel(op, actor="caller", reason="cancel clicked")
+                else:
+                    after = inc.driver.request_cancel(op, actor="caller", reason="cancel clicked")
             except EngineError:
                 return
             self.max_generation = max(self.max_generation, after.cancel_generation)
@@ -513,6 +640,12 @@ class WireWorld(RunChecks, StateKeys):
             for task in (dead.task, self.answering):
                 if task is not None and not task.done():
                     task.cancel()
+            if dead.seat is not None:
+                # What it buffered and the group it was committing die with it: never durable.
+                dead.seat.kill()
+                for job in self.jobs:
+                    job.future.cancel()
+                self.jobs.clear()
             self.net.orphan(dead.index)
 
         self._run(kill())
@@ -534,6 +667,10 @@ class WireWorld(RunChecks, StateKeys):
             except LedgerError:
                 continue
             self.writes.append(Write(-1, int(epoch), t, None, False))
+        op = self.ledger.get(self.op_id)
+        if fresh.seat is not None and op is not None and op.state not in RECEIPT_STATES:
+            # The service's start: every live operation in the ledger is held and due (none resubmitted).
+            fresh.seat.track(op, created=False, arguments=None)
 
     def _raise_epoch(self) -> None:
         """A rollback: the raised execution epoch is recorded in the ledger (the rollout state's

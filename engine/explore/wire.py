@@ -20,7 +20,7 @@ import json
 import random
 import re
 import selectors
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum, StrEnum
@@ -35,6 +35,7 @@ from engine.adapters.transport import (
     ReadTimeout,
     RemoteProtocolError,
 )
+from engine.ledger.port import BatchOutcome, GroupOutcome, WriteGroup, refusals
 from engine.model import Operation, Receipt, TaskId, Transition
 from refserver.app import Admin, build_app
 from refserver.context import Options
@@ -113,6 +114,18 @@ class VirtualLoop(asyncio.SelectorEventLoop):
     def __init__(self, vt: VirtualTime) -> None:
         super().__init__(_NoSelector())
         self._vt = vt
+        self.held: list[WriterJob] | None = None
+        """Where work handed to a thread (``asyncio.to_thread``: the service's group commit) waits
+        for the explorer to run it (``WriterJob.run``); None: handed to a real thread as usual."""
+
+    def run_in_executor(  # type: ignore[override]  # the same call, typed loosely
+        self, executor: Any, func: Callable[..., Any], *args: Any
+    ) -> asyncio.Future[Any]:
+        if self.held is None:
+            return super().run_in_executor(executor, func, *args)
+        job = WriterJob(func, args, self.create_future())
+        self.held.append(job)
+        return job.future
 
     def time(self) -> float:
         return 1000.0 + self._vt.seconds
@@ -126,6 +139,26 @@ class VirtualLoop(asyncio.SelectorEventLoop):
         scheduled = self._scheduled  # type: ignore[attr-defined]
         now = self.time()
         return any(not h.cancelled() and h.when() <= now for h in scheduled)
+
+
+@dataclass
+class WriterJob:
+    """A call the code under test handed to a thread, held until the explorer runs it on its own
+    thread (a crash first: it never runs, as a commit the process died in never lands)."""
+
+    func: Callable[..., Any]
+    args: tuple[Any, ...]
+    future: asyncio.Future[Any]
+
+    def run(self) -> None:
+        if self.future.done():
+            return
+        try:
+            result = self.func(*self.args)
+        except Exception as exc:
+            self.future.set_exception(exc)
+        else:
+            self.future.set_result(result)
 
 
 async def settle(loop: VirtualLoop) -> None:
@@ -246,6 +279,8 @@ class Network:
         """What such senders sent anyway (a divergence: the FENCED path talked to the server)."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._disconnect = asyncio.Event()
+        self.on_send: Callable[[Message], None] | None = None
+        """Told of every request as it leaves its sender (the checks judge what was durable then)."""
 
     def gate(self, owner: int, epoch: int) -> Gate:
         return Gate(self, owner, epoch)
@@ -263,6 +298,8 @@ class Network:
         msg = Message(self._rid, kind_of(request, body), owner, epoch, request, body, waiter)
         if owner in self.fenced:
             self.fenced_sends.append(f"{msg.kind} from executor {owner} (epoch {epoch})")
+        if self.on_send is not None:
+            self.on_send(msg)
         if msg.kind in self.passthrough:
             self.deliver(msg)
         else:
@@ -732,6 +769,29 @@ class Recording:
         self._log.append(Write(self._writer, self._epoch, transition, payload, True))
         return out  # type: ignore[no-any-return]
 
+    def apply_many(self, transitions: Sequence[Transition]) -> Sequence[BatchOutcome]:
+        out: Sequence[BatchOutcome] = self._inner.apply_many(transitions)
+        refused = dict(refusals(out))
+        self._log.extend(
+            Write(self._writer, self._epoch, t, None, False)
+            for i, t in enumerate(transitions)
+            if i not in refused
+        )
+        return out
+
+    def commit_group(self, group: WriteGroup) -> GroupOutcome:
+        """A group commit (the service executor's write groups): what it made durable is logged."""
+        out: GroupOutcome = self._inner.commit_group(group)
+        refused = dict(refusals(out.transitions))
+        for i, t in enumerate(group.transitions):
+            if i not in refused:
+                self._log.append(Write(self._writer, self._epoch, t, None, False))
+        refused = dict(refusals(out.acceptances))
+        for i, (t, payload) in enumerate(group.acceptances):
+            if i not in refused:
+                self._log.append(Write(self._writer, self._epoch, t, payload, True))
+        return out
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
@@ -756,6 +816,7 @@ __all__ = [
     "VirtualLoop",
     "VirtualTime",
     "Write",
+    "WriterJob",
     "canon",
     "kind_of",
     "message_key",

@@ -1,0 +1,133 @@
+"""The explorer over the service executor's write groups (``engine.explore.groups``): buffered writes,
+group commits the explorer lets land, crashes between the buffering and the commit."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from engine.explore.explorer import explore_pair
+from engine.explore.result import replay
+from engine.explore.scenario import scenario_named
+from engine.explore.shipped import WireWorld
+from engine.model import LocalState, Protocol
+
+P = Protocol
+S = LocalState
+
+
+def _walk(world: WireWorld, *steps: str) -> None:
+    """Take each named step (``actor:verb``, the first enabled one of that name)."""
+    for want in steps:
+        enabled = world.enabled()
+        action = next((a for a in enabled if f"{a[0]}:{a[1]}" == want), None)
+        assert action is not None, f"{want} not enabled: {enabled}"
+        world.perform(action)
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> None:
+    # The executor logs what it refuses; the explorer judges from the ledger instead.
+    logging.getLogger("service.executor").setLevel(logging.CRITICAL)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "protocol"),
+    [("group-crash", P.AIP_151), ("group-create-lost", P.AIP_151)],
+)
+def test_the_service_executors_write_groups_pass_every_check(scenario: str, protocol: Protocol) -> None:
+    """Sampled interleavings of the shipped executor's group commits, crashes and cancels end without a divergence."""
+    result = explore_pair(scenario_named(scenario), protocol, budget=8, code="shipped")
+    assert result.explored == 8
+    assert result.divergent == 0, result.trace
+    assert result.receipts + result.parked == 8
+
+
+@pytest.mark.parametrize("ledger", ["memory", "duckdb"])
+def test_a_crash_between_a_groups_buffering_and_its_commit_loses_the_group_and_the_restart_resumes_from_the_ledger(
+    ledger: str,
+) -> None:
+    """The create's reply is buffered, its group taken but not landed, the executor dies: the ledger never
+    saw it, and the restarted executor finds the task by key and accepts it once."""
+    world = WireWorld(scenario_named("group-crash"), P.MCP_2026_07_28, ledger=ledger)
+    try:
+        _walk(world, "executor:submit", "executor:advance", "network:deliver", "network:deliver")
+        seat = world.executors[0].seat
+        assert seat.holds_writes()
+        assert world.ledger.get(world.op_id).state is S.SUBMITTING
+        _walk(world, "executor:commit")
+        assert world.jobs
+        assert world.ledger.get(world.op_id).state is S.SUBMITTING
+        writes = len(world.writes)
+        _walk(world, "executor:crash")
+        assert not world.jobs
+        assert len(world.writes) == writes
+        assert world.ledger.get(world.op_id).state is S.SUBMITTING
+        # The restarted executor resumes what the ledger holds: its submission's fate is unknown.
+        for _ in range(60):
+            enabled = world.enabled()
+            if not enabled:
+                break
+            world.perform(next((a for a in enabled if a[1] not in ("crash", "cancel")), enabled[0]))
+        assert world.ledger.get(world.op_id).state is S.ACCEPTED
+        assert len([t for t in world.store._tasks.values() if t.echo.get("node") == world.node]) == 1
+        assert world.finish() == []
+    finally:
+        world.close()
+
+
+def test_an_advance_handed_back_before_its_group_is_durable_is_caught_sending_on_an_unrecorded_write() -> (
+    None
+):
+    """Releasing the resubmission's advance while its group is still on the writer thread (what the
+    ``executor-released-before-durable`` mutant does) sends the create on a row the ledger does not
+    hold: ``unrecorded``."""
+    world = replay(scenario_named("group-create-lost"), P.AIP_151, [])
+    try:
+        _walk(
+            world, "executor:submit", "executor:advance", "network:drop", "executor:commit", "executor:write"
+        )
+        _walk(
+            world,
+            "executor:advance",
+            "network:deliver",
+            "network:deliver",
+            "executor:commit",
+            "executor:write",
+        )
+        assert world.ledger.get(world.op_id).state is S.NOT_FOUND_SAFE
+        _walk(world, "executor:advance")  # the resubmission, buffered
+        ex = world.executors[0].seat.executor
+        finished = list(ex._finished)
+        _walk(world, "executor:commit")  # its group taken, on its way to the writer thread
+        for wake in finished:
+            ex._after(wake)
+        _walk(world, "executor:advance")
+        assert "unrecorded" in [k for k, _ in world.finish()]
+    finally:
+        world.close()
+
+
+def test_the_clean_executor_sends_the_resubmission_only_after_its_group_landed() -> None:
+    """The same run with the executor's own order: the create goes out once the resubmission is durable."""
+    world = replay(scenario_named("group-create-lost"), P.AIP_151, [])
+    try:
+        _walk(
+            world, "executor:submit", "executor:advance", "network:drop", "executor:commit", "executor:write"
+        )
+        _walk(
+            world,
+            "executor:advance",
+            "network:deliver",
+            "network:deliver",
+            "executor:commit",
+            "executor:write",
+        )
+        _walk(world, "executor:advance", "executor:commit")
+        assert ("executor", "advance", 0) not in world.enabled()  # held until its group is durable
+        _walk(world, "executor:write", "executor:advance")
+        assert world.ledger.get(world.op_id).state is S.SUBMITTING
+        assert "unrecorded" not in [k for k, _ in world.finish()]  # (the run is cut short here)
+    finally:
+        world.close()
