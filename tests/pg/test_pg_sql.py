@@ -358,3 +358,20 @@ def test_the_services_analyst_queries_hold_no_connection_of_the_executors_pool(
         reader.close()
         executor_side.close()
     assert len(refused) == 2, refused
+
+
+def test_an_answer_over_the_result_size_limit_is_refused_naming_it_and_the_next_query_runs(
+    pg_url: str, ledger: PgLedger
+) -> None:
+    """100,000 rows of 100 characters (about 11 MB) are refused under max_result_mb = 1, as JSON and as Arrow."""
+    analysts = PgLedger.open(pg_url, read_only=True, pool_size=1)
+    reads = PgReads(analysts, AnalystConfig(max_result_mb=1))
+    wide = "SELECT repeat('x', 100) AS s FROM generate_series(1, 100000) g"
+    try:
+        with pytest.raises(SqlRefused, match=r"over the service's result-size limit of 1 MB"):
+            reads.query_json(wide, 100_000)
+        with pytest.raises(SqlRefused, match=r"result-size limit of 1 MB \(\[analyst\] max_result_mb\)"):
+            reads.arrow_ipc(wide, 100_000)
+        assert b'"rows": [[42]]' in reads.query_json("SELECT 41 + 1 AS n", 10)
+    finally:
+        analysts.close()
