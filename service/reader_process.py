@@ -44,9 +44,10 @@ from engine.errors import SqlRefused
 from service.readers import ReadersBusy
 
 _LENGTH = struct.Struct(">I")
-_GRACE_S = 10.0
-"""How long past its query's time limit a child may take to answer before it is ended: its own
-timer stops the query at the limit, but at nice 19 on a loaded machine it may wait for a CPU."""
+_GRACE_S = 60.0
+"""How long past its query's time limit a child may take to answer before it is ended (a safety
+net for a child that hangs): its own timer stops the query at the limit, but at nice 19 on a
+loaded machine it may wait long for a CPU (at a load of 13 on 2 cores, more than 10 s)."""
 _START_TIMEOUT_S = 120.0
 MB = 1 << 20
 
@@ -94,13 +95,14 @@ class _Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def call(self, request: dict[str, object], deadline_s: float, max_bytes: int) -> tuple[str, bytes]:
+    def call(self, request: dict[str, object], limit_s: float, max_bytes: int) -> tuple[str, bytes]:
+        """Send a request whose query's time limit is ``limit_s``; wait for the reply up to ``_GRACE_S`` longer."""
         try:
             self._in.write(_frame(json.dumps(request).encode()))
             self._in.flush()
         except OSError:
             raise self._lost() from None
-        reply = self._read(monotonic_seconds() + deadline_s, max_bytes + 4096, "query")
+        reply = self._read(monotonic_seconds() + limit_s + _GRACE_S, max_bytes + 4096, "query")
         return reply[:1].decode(), reply[1:]
 
     def _read(self, deadline: float, most: int, what: str) -> bytes:
@@ -182,19 +184,21 @@ class ReaderProcesses:
         self._children: dict[int, _Child] = {}
         self._closed = False
 
-    def call(self, request: dict[str, object], deadline_s: float, max_bytes: int) -> tuple[str, bytes]:
-        """Send one request to a free reader process; its reply's kind and body (blocks: a reader thread's).
+    def call(self, request: dict[str, object], limit_s: float, max_bytes: int) -> tuple[str, bytes]:
+        """Send one request (its query's time limit ``limit_s``) to a free reader process; its reply's
+        kind and body (blocks: a reader thread's).
 
         Raises:
             ReaderLost: the process ended before answering (or could not start).
-            SqlRefused: it did not answer within ``deadline_s``, or answered more than ``max_bytes``.
+            SqlRefused: it did not answer within ``limit_s`` plus ``_GRACE_S``, or answered more than
+                ``max_bytes``.
         """
-        child = self._idle.get(timeout=deadline_s + _START_TIMEOUT_S)
+        child = self._idle.get(timeout=limit_s + _GRACE_S + _START_TIMEOUT_S)
         try:
             if child is None or not child.alive():
                 child = self._start()
             try:
-                return child.call(request, deadline_s, max_bytes)
+                return child.call(request, limit_s, max_bytes)
             except (ReaderLost, SqlRefused):
                 if not child.alive():
                     self._forget(child)
