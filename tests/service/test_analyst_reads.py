@@ -249,7 +249,7 @@ def test_the_dataframe_path_returns_100000_rows_as_arrow_and_refuses_more(svc: S
         assert int(frame["b"].sum()) == 2 * sum(range(100_000))
         mine = (
             "SELECT r.operation_id, r.status FROM receipts r JOIN operations o USING (operation_id) "
-            "WHERE o.call_node = 'frame-0'"
+            "WHERE o.call_node_id = 'frame-0'"
         )
         # The reads' snapshot is at most a few seconds old: the receipt shows once it is remade.
         wait_until(lambda: len(client.sql_frame(mine)) == 1, what="the receipt in the analysts' snapshot")
@@ -286,7 +286,7 @@ def test_a_snapshot_opens_with_plain_duckdb_while_the_service_writes_and_holds_t
             (snap_ops,) = con.execute("SELECT count(*) FROM operations").fetchone() or (0,)
             (snap_receipts,) = con.execute("SELECT count(*) FROM receipts").fetchone() or (0,)
             (mine,) = con.execute(
-                "SELECT count(*) FROM operations WHERE call_node LIKE 'before-%' OR call_node LIKE 'busy-%'"
+                "SELECT count(*) FROM operations WHERE call_node_id LIKE 'before-%' OR call_node_id LIKE 'busy-%'"
             ).fetchone() or (0,)
         finally:
             con.close()
