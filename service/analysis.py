@@ -35,15 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pyarrow as pa
 
 from engine.clock import Clock, monotonic_seconds, thread_cpu_seconds
 from engine.errors import SqlRefused
-from engine.ledger.analyst import run_query as run_pg_query
 from engine.ledger.port import SnapshotSource
-from engine.ledger.postgres import PgLedger
 from engine.ledger.sandbox import (
     QueryResult,
     SandboxLimits,
@@ -54,6 +52,9 @@ from engine.ledger.sandbox import (
 )
 from service.config import AnalystConfig
 from service.reader_process import MB, ReaderProcesses, capped
+
+if TYPE_CHECKING:  # only a PostgreSQL service builds PgReads: a DuckDB one never loads psycopg
+    from engine.ledger.postgres import PgLedger
 
 SNAPSHOT_MAX_AGE = timedelta(seconds=5)
 SNAPSHOT_DUTY = 10
@@ -253,6 +254,8 @@ class PgReads:
     snapshotting: bool = False
 
     def _run(self, query: str, max_rows: int) -> QueryResult:
+        from engine.ledger.analyst import run_query as run_pg_query
+
         # The reader pool's connections serve analysts alone, so their backends may be niced.
         return run_pg_query(
             self.reader,

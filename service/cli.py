@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from engine.adapters.config import AdapterOptions
+from engine.arrow import skip_pandas_probe
 from engine.clock import SystemClock
 from engine.errors import (
     BackendError,
@@ -906,6 +907,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
         return refserver_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
+    # No command holds a pandas object: pyarrow must not import pandas to ask (engine.arrow).
+    skip_pandas_probe()
     if args.token:
         # Every ServiceClient this command makes presents it (service.client reads the variable).
         os.environ[TOKEN_ENV] = args.token

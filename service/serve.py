@@ -20,21 +20,24 @@ import tempfile
 from dataclasses import fields
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import uvicorn
 
+from engine.arrow import skip_pandas_probe
 from engine.clock import Clock, SystemClock
 from engine.ledger import open_ledger
 from engine.ledger.duckdb import Ledger
 from engine.ledger.port import ExplorerRun, LedgerPort
-from engine.ledger.postgres import PgLedger
 from service.analysis import AnalystReads, DuckDbReads, PgReads
 from service.api import build_api
 from service.config import AnalystConfig, ServiceConfig
 from service.executor import Executor
 from service.reader_process import ReaderProcesses
 from service.readers import ReaderPool
+
+if TYPE_CHECKING:  # imported where a PostgreSQL ledger is opened: a DuckDB service never loads psycopg
+    from engine.ledger.postgres import PgLedger
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +59,7 @@ async def serve(
     explorer over the shipped code for that many interleavings meanwhile and record its runs
     (``record_shipped_explorer``).
     """
+    skip_pandas_probe()  # the service holds no pandas object (engine.arrow)
     ledger = open_service_ledger(ledger_target)
     shared = ledger.leasing is not None
     executor = Executor(
@@ -125,6 +129,8 @@ def analyst_reads(
     """
     source = ledger.snapshots
     if source is None:
+        from engine.ledger.postgres import PgLedger
+
         reader = PgLedger.open(target, read_only=True, pool_size=analyst.workers)
         return PgReads(reader, analyst), reader
     published = Path(analyst.snapshot_dir) if analyst.snapshot_dir else Path(source.path).parent / "snapshots"

@@ -4,10 +4,13 @@ A path (or ``:memory:``) opens the embedded DuckDB ledger (``engine.ledger.duckd
 process); a ``postgresql://`` URL opens the shared PostgreSQL ledger (``engine.ledger.postgres.PgLedger``,
 any number of processes, with leases). Code above the ledger types against ``LedgerPort`` and
 works on either; ``LeasingLedgerPort`` adds the lease primitives only PostgreSQL has. No I/O here
-beyond the backends' own ``open``.
+beyond the backends' own ``open``. ``PgLedger`` loads on first use (PEP 562): a process on a DuckDB
+ledger (``finality serve`` restarted after a crash, each ``finality`` command) never imports psycopg.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from engine.errors import LeaseLost
 from engine.ledger.duckdb import Ledger
@@ -26,8 +29,10 @@ from engine.ledger.port import (
     WriteGroup,
     refusals,
 )
-from engine.ledger.postgres import PgLedger
 from engine.model import GateRecord
+
+if TYPE_CHECKING:
+    from engine.ledger.postgres import PgLedger
 
 POSTGRES_SCHEMES: tuple[str, ...] = ("postgresql://", "postgres://")
 
@@ -51,8 +56,18 @@ def open_ledger(
         SchemaTooNew: a newer Finality wrote it.
     """
     if is_postgres(target):
+        from engine.ledger.postgres import PgLedger
+
         return PgLedger.open(target.strip(), read_only=read_only)
     return Ledger.open(target, read_only=read_only, threads=duckdb_threads)
+
+
+def __getattr__(name: str) -> object:
+    if name == "PgLedger":  # psycopg is imported only where a PostgreSQL ledger is named
+        from engine.ledger.postgres import PgLedger
+
+        return PgLedger
+    raise AttributeError(f"module 'engine.ledger' has no attribute {name!r}")
 
 
 def _duckdb_satisfies_the_port(ledger: Ledger) -> LedgerPort:
