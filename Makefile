@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck unit browser postgres bench mutants clean
+.PHONY: demo test checks installs lint typecheck unit browser postgres bench mutants clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,18 @@ browser:
 postgres:
 	bash scripts/install-postgres.sh
 
-test: lint typecheck browser postgres unit
+# The static checks (CPU: the venv's install, ruff, mypy) and the system installs (apt: network and
+# disk, one at a time since apt holds one lock) run side by side, two jobs; the tests start once both
+# are done, with both cores to themselves.
+test:
+	$(MAKE) --no-print-directory -j2 --output-sync=target checks installs
+	$(MAKE) --no-print-directory unit
+
+checks: lint typecheck
+
+installs:
+	$(MAKE) --no-print-directory browser
+	$(MAKE) --no-print-directory postgres
 
 demo: $(STAMP)
 	$(PY) -m demo.living $(ARGS)
