@@ -39,12 +39,11 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
 from engine import AdapterOptions, EngineError, open_backend
+from engine.adapters import open_client
 from engine.adapters.base import Created, SubmitRequest
 from engine.model import (
     RECEIPT_STATES,
@@ -152,7 +151,7 @@ async def naive_call(backend, key: str, arguments: dict[str, object], timeout_s:
 async def run_naive(
     servers: dict[str, RefServer], jobs: list[tuple[str, dict[str, object]]], timeout_s: float
 ) -> list[NaiveCall]:
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=400)) as client:
+    async with open_client(pool=400) as client:
         backends = {}
         for protocol, server in servers.items():
             backends[protocol] = open_backend(

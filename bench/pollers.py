@@ -39,12 +39,11 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
 from engine import AdapterOptions, open_backend, run_query
+from engine.adapters import open_client
 from engine.adapters.base import Backend, Created, SubmitRequest
 from engine.model import (
     RECEIPT_STATES,
@@ -149,7 +148,7 @@ async def run_baseline(
     jobs: list[tuple[str, dict[str, object]]],
     make_delays: Callable[[int], Iterator[float]],
 ) -> list[Sample]:
-    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=400)) as client:
+    async with open_client(pool=400) as client:
         backend = open_backend(
             Protocol.MCP_2025_11_25, url, client=client, token=None, options=AdapterOptions()
         )

@@ -17,7 +17,7 @@ from engine.adapters.legacy_sync import LegacySyncBackend
 from engine.adapters.mcp_2025_11_25 import Mcp2025Backend
 from engine.adapters.mcp_2026_07_28 import Mcp2026Backend
 from engine.adapters.negotiate import CallMode, CallPlan, plan_call
-from engine.adapters.transport import HttpClient, pooled_client
+from engine.adapters.transport import AiohttpClient, HttpClient
 from engine.errors import (
     BackendError,
     BackendRejected,
@@ -33,12 +33,12 @@ _REFUSALS = frozenset({401, 403, "UNAUTHENTICATED", "PERMISSION_DENIED"})
 def open_client(*, pool: int | None = None) -> HttpClient:
     """A pooled HTTP client for the adapters; ``pool`` caps connections (kept-alive ones too).
 
-    Callers above the adapters use this instead of importing httpx, so that wire concerns stay here.
+    Callers above the adapters use this instead of importing an HTTP library, so that wire concerns
+    stay here (``engine.adapters.transport`` owns aiohttp).
     """
-    if pool is None:
-        return HttpClient()
-    # A pool for many operations at once: aiohttp's connector under httpx (see ``pooled_client``).
-    return pooled_client(pool)
+    # A pool for many operations at once: aiohttp's connector (see ``AiohttpClient``); without a
+    # cap, aiohttp's default of 100 connections.
+    return AiohttpClient(100 if pool is None else pool)
 
 
 __all__ = [

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Self
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -29,11 +29,12 @@ from engine.adapters.transport import (
     HttpClient,
     HttpResponse,
     bearer,
+    encode_json,
     guarded,
-    httpx_timeout,
     media_type,
     parse_json,
     read_capped,
+    request_of,
     unavailable_for_status,
 )
 from engine.adapters.verify import Expectation, PayloadKind, RpcStatus, summarize, verify_outcome
@@ -160,22 +161,21 @@ class Aip151Backend:
             # GET has no body: the asking executor's epoch travels in a header, so that a reply
             # can be told apart from one an older executor asked for.
             headers[EPOCH_HEADER] = str(epoch)
-        async with (
-            guarded(what, limit),
-            self._client.stream(
-                method,
-                self._base + path,
-                json=body,
-                params=params,
-                headers=headers,
-                timeout=httpx_timeout(self._options, limit),
-            ) as response,
-        ):
+        url = self._base + path
+        if params:
+            url += ("&" if "?" in url else "?") + urlencode(params)
+        if body is None:
+            content = None
+        else:
+            content = encode_json(body)
+            headers["Content-Type"] = "application/json"
+        request = request_of(method, url, headers, content, self._options, limit)
+        async with guarded(what, limit), self._client.open(request) as response:
             raw = await read_capped(response, self._options.max_body_bytes, what)
-        if response.status_code >= 400:
+        if response.status >= 400:
             raise self._failure(response, raw, what)
-        if response.status_code != 200:
-            raise ProtocolViolation(f"{what}: unexpected HTTP {response.status_code}")
+        if response.status != 200:
+            raise ProtocolViolation(f"{what}: unexpected HTTP {response.status}")
         if media_type(response) != "application/json":
             raise ProtocolViolation(f"{what}: unexpected content type {media_type(response) or '(none)'!r}")
         data = parse_json(raw, what)
@@ -195,13 +195,13 @@ class Aip151Backend:
             status_name, message = parsed.error.status, parsed.error.message
         except (ValidationError, ProtocolViolation, BackendUnavailable):
             pass
-        detail = f"{what}: HTTP {response.status_code} {status_name or ''} {message}".rstrip()
-        if response.status_code == 404 or status_name == "NOT_FOUND":
+        detail = f"{what}: HTTP {response.status} {status_name or ''} {message}".rstrip()
+        if response.status == 404 or status_name == "NOT_FOUND":
             return NotFoundOnServer(detail)
-        if status_name in _RETRYABLE_STATUSES or (response.status_code >= 500 and status_name is None):
+        if status_name in _RETRYABLE_STATUSES or (response.status >= 500 and status_name is None):
             # A 5xx without an AIP-193 body is a proxy's page, not the service's verdict.
             return BackendUnavailable(detail)
-        return BackendRejected(detail, code=status_name or response.status_code)
+        return BackendRejected(detail, code=status_name or response.status)
 
     def _operation_path(self, template: str, name: str) -> str:
         # Operation names keep their slashes ("operations/123"); anything else is escaped.

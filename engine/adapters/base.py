@@ -1,7 +1,7 @@
 """The one interface every protocol adapter offers, in engine types only.
 
 Adapters translate between these values and their wire contract; wire words, wire errors and
-``httpx`` never cross this line. Everything here is a value or a ``Protocol``; no I/O.
+HTTP types never cross this line. Everything here is a value or a ``Protocol``; no I/O.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """HTTP plumbing shared by the adapters, and the MCP Streamable HTTP JSON-RPC transport.
 
-Turns every HTTP-level failure into an engine error (a dropped connection or timeout is
+Owns the adapters' HTTP interface (``HttpClient``: request in, status, headers and body chunks out)
+and its one network implementation over aiohttp (``AiohttpClient``). Turns every HTTP-level failure into an engine error (a dropped connection or timeout is
 ``BackendUnavailable``, never a cancel) and every malformed reply into ``ProtocolViolation``. It knows
 JSON-RPC envelopes and SSE framing but no MCP method's meaning; it never decides an operation's state.
 """
@@ -11,101 +12,210 @@ import asyncio
 import itertools
 import json
 import re
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
+from typing import Any, Protocol, Self
+from urllib.parse import urlsplit
 
 import aiohttp
-import httpx
 import orjson
-from httpx import USE_CLIENT_DEFAULT
-from httpx._client import UseClientDefault
-from httpx._types import AuthTypes
-from httpx_aiohttp import AiohttpTransport
 from mcp_types.jsonrpc import ErrorData, JSONRPCError, JSONRPCRequest, JSONRPCResponse
+from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import ValidationError
 
 from engine.adapters.base import Json
 from engine.adapters.config import AdapterOptions
 from engine.errors import BackendRejected, BackendUnavailable, ConfigError, ProtocolViolation, SessionExpired
 
-# httpx's names for the rest of the engine: this module is the one that imports httpx (TID251), so
-# the adapters and the explorer's in-process wire name HTTP through it.
-HttpClient = httpx.AsyncClient
-"""The pooled HTTP client every adapter talks through (one per process; the caller closes it)."""
-HttpRequest = httpx.Request
-HttpResponse = httpx.Response
-HttpTransport = httpx.AsyncBaseTransport
-HttpByteStream = httpx.AsyncByteStream
-ReadTimeout = httpx.ReadTimeout
-RemoteProtocolError = httpx.RemoteProtocolError
-
 SESSION_HEADER = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER = "MCP-Protocol-Version"
 RequestId = int | str
 
 
+# ------------------------------------------------------------------- the adapters' HTTP interface
+#
+# What the adapters need of HTTP and nothing more: a request is a method, a URL, headers, body
+# bytes and a time bound; a response is a status, case-insensitive headers and the body's chunks as
+# they arrive (an SSE stream is read chunk by chunk). ``AiohttpClient`` is the one implementation
+# over a real network (this module is the one that imports aiohttp, TID251); the explorer's
+# in-process wire and the adapter tests' scripted peers implement the same ``HttpClient``. A broken
+# exchange raises ``ExchangeFailed`` (or aiohttp's own errors, which ``guarded`` maps the same way).
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """One HTTP request as the adapters build it."""
+
+    method: str
+    url: str
+    headers: Mapping[str, str]
+    body: bytes | None = None
+    timeout: float | None = None
+    """Bound on the whole exchange in seconds (``guarded`` bounds it too, on the caller's side)."""
+    connect_timeout: float | None = None
+
+    @property
+    def path(self) -> str:
+        """The URL's path (the explorer and the tests' fakes route by it)."""
+        return urlsplit(self.url).path
+
+
+class HttpResponse(Protocol):
+    """A response whose status and headers have arrived; its body is read through ``chunks``."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]:
+        """Case-insensitive (``headers_of`` builds such a mapping for an implementation)."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive; ``ExchangeFailed`` if the peer breaks off."""
+        ...
+
+
+class HttpClient(ABC):
+    """The pooled HTTP client every adapter talks through (the caller owns and closes it)."""
+
+    @abstractmethod
+    def open(self, request: HttpRequest) -> AbstractAsyncContextManager[HttpResponse]:
+        """Send ``request``; the context yields the response once its head arrived and releases
+        the connection (or drops it, if the body was not read to its end) on exit."""
+
+    async def aclose(self) -> None:  # noqa: B027 (a client without a pool has nothing to release)
+        """Release the pool (idempotent)."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class ExchangeFailed(Exception):
+    """The connection could not be made, or broke before the reply was complete."""
+
+
+class ExchangeTimedOut(ExchangeFailed):
+    """No (complete) reply in time."""
+
+
+def headers_of(pairs: Iterable[tuple[str, str]] | Mapping[str, str]) -> Mapping[str, str]:
+    """A case-insensitive header mapping, as ``HttpResponse.headers`` must be."""
+    return CIMultiDictProxy(CIMultiDict(pairs))
+
+
+def encode_json(body: object) -> bytes:
+    """A request body as compact UTF-8 JSON.
+
+    orjson (already the ledger's JSON library) writes it in one pass; what it refuses (integers
+    past 64 bits, non-string keys) is written by json with the settings httpx used before, so a
+    request means what it meant then.
+    """
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
+
+
+class _AiohttpReply:
+    """``HttpResponse`` over an aiohttp response."""
+
+    __slots__ = ("_raw", "headers", "status")
+
+    def __init__(self, raw: aiohttp.ClientResponse) -> None:
+        self._raw = raw
+        self.status: int = raw.status
+        self.headers: Mapping[str, str] = raw.headers
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        return self._raw.content.iter_any()
+
+
+class _AiohttpExchange:
+    """``AiohttpClient.open``'s context: one request, its response released on exit."""
+
+    __slots__ = ("_pending", "_raw")
+
+    def __init__(self, pending: Any) -> None:
+        self._pending = pending
+        self._raw: aiohttp.ClientResponse | None = None
+
+    async def __aenter__(self) -> HttpResponse:
+        self._raw = await self._pending
+        return _AiohttpReply(self._raw)
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._raw is not None:
+            # A body not read to its end closes the connection instead of returning it to the pool.
+            self._raw.release()
+
+
+class AiohttpClient(HttpClient):
+    """``HttpClient`` on aiohttp's connection pool: HTTP/1.1 parsed in C, idle connections in a
+    per-host queue.
+
+    Session 7's profiles put httpx's API on top of this pool (through httpx-aiohttp) at about a
+    quarter of the executor's CPU per request: an httpx Request, Headers and Response built and
+    converted for every exchange. The adapters need none of it. What the client must not do: follow
+    a redirect (a redirect is a reply like any other), keep cookies (the protocols keep a session in
+    ``Mcp-Session-Id``, never in a cookie), or read the environment's proxy settings.
+    """
+
+    def __init__(self, connections: int = 100) -> None:
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[tuple[float | None, float | None], aiohttp.ClientTimeout] = {}
+
+    def _open_session(self) -> aiohttp.ClientSession:
+        # Made on first use, inside the running event loop aiohttp binds it to.
+        # Idle connections are dropped after 2 s, well before common servers' keep-alive timeouts
+        # (uvicorn's is 5 s). aiohttp does not probe a pooled socket before reusing it, so a
+        # connection the server closes just as a POST reuses it would lose that request's reply;
+        # aiohttp retries only idempotent methods on its own.
+        connector = aiohttp.TCPConnector(limit=self._connections, keepalive_timeout=2.0)
+        self._session = aiohttp.ClientSession(
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), trust_env=False
+        )
+        return self._session
+
+    def _timeout(self, request: HttpRequest) -> aiohttp.ClientTimeout:
+        key = (request.timeout, request.connect_timeout)
+        found = self._timeouts.get(key)
+        if found is None:
+            found = self._timeouts[key] = aiohttp.ClientTimeout(
+                total=request.timeout, sock_connect=request.connect_timeout
+            )
+        return found
+
+    def open(self, request: HttpRequest) -> AbstractAsyncContextManager[HttpResponse]:
+        session = self._session or self._open_session()
+        pending = session.request(
+            request.method,
+            request.url,
+            data=request.body,
+            headers=request.headers,
+            allow_redirects=False,
+            timeout=self._timeout(request),
+        )
+        return _AiohttpExchange(pending)
+
+    async def aclose(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
 # ------------------------------------------------------------------------------ plain HTTP helpers
 
 
-def pooled_client(connections: int) -> httpx.AsyncClient:
-    """The HTTP client the service shares across every server it drives: httpx's API on aiohttp's pool.
-
-    httpx's own pool (httpcore) walks every pooled connection, and polls each idle socket for
-    readability, at every request's start and end: about 5.8 ms of CPU per request with 48 in
-    flight, measured side by side against a reference server. aiohttp's connector keeps idle
-    connections in a per-host queue and parses HTTP/1.1 in C; through httpx-aiohttp's transport
-    the adapters keep speaking httpx, at about 1 ms per request on the same load.
-    """
-    # Idle connections are dropped after 2 s, well before common servers' keep-alive timeouts
-    # (uvicorn's is 5 s). aiohttp does not probe a pooled socket before reusing it (httpcore does, at
-    # the price above), so a connection the server closes just as a POST reuses it would lose that
-    # request's reply; aiohttp retries only idempotent methods on its own.
-    limits = httpx.Limits(
-        max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=2.0
-    )
-    return PooledClient(AiohttpTransport(limits=limits), limits)
-
-
-class PooledClient(httpx.AsyncClient):
-    """httpx's API on one transport, each request handed straight to it.
-
-    ``send`` skips what httpx wraps around a transport and the adapters never use, about 5 % of
-    the executor's CPU in bench/scale.py (bench/results/profiles/scale-s5-before.md): the auth
-    flow (the adapters set ``Authorization`` themselves), redirects (never followed: a redirect
-    is a reply like any other) and the cookie jar (the protocols keep a session in
-    ``Mcp-Session-Id``, never in a cookie; httpx built a ``urllib`` request for every reply to look
-    for one). A caller that asks for auth or for redirects gets httpx's own ``send``.
-    """
-
-    def __init__(self, transport: httpx.AsyncBaseTransport, limits: httpx.Limits) -> None:
-        super().__init__(transport=transport, limits=limits)
-        self._wire = transport
-
-    async def send(
-        self,
-        request: httpx.Request,
-        *,
-        stream: bool = False,
-        auth: AuthTypes | UseClientDefault | None = USE_CLIENT_DEFAULT,
-        follow_redirects: bool | UseClientDefault = USE_CLIENT_DEFAULT,
-    ) -> httpx.Response:
-        if not isinstance(auth, UseClientDefault) or follow_redirects is True or self.is_closed:
-            return await super().send(request, stream=stream, auth=auth, follow_redirects=follow_redirects)
-        response = await self._wire.handle_async_request(request)
-        response.request = request
-        if not stream:
-            try:
-                await response.aread()
-            except BaseException:
-                await response.aclose()
-                raise
-        return response
-
-
-def retry_after(headers: httpx.Headers, now: datetime) -> timedelta | None:
+def retry_after(headers: Mapping[str, str], now: datetime) -> timedelta | None:
     """The server's ``Retry-After`` as a delay: delta-seconds or an HTTP date; ``None`` if absent or bad."""
     raw = headers.get("retry-after")
     if raw is None:
@@ -123,9 +233,9 @@ def retry_after(headers: httpx.Headers, now: datetime) -> timedelta | None:
     return max(timedelta(0), when - now)
 
 
-def unavailable_for_status(response: httpx.Response, what: str, now: datetime) -> BackendUnavailable | None:
+def unavailable_for_status(response: HttpResponse, what: str, now: datetime) -> BackendUnavailable | None:
     """``BackendUnavailable`` for the statuses that mean "try again later", else ``None``."""
-    status = response.status_code
+    status = response.status
     if status in (429, 503):
         return BackendUnavailable(
             f"{what}: HTTP {status} (server busy)", retry_after=retry_after(response.headers, now)
@@ -175,19 +285,19 @@ def _cut_short(text: str, exc: json.JSONDecodeError) -> bool:
     )
 
 
-def media_type(response: httpx.Response) -> str:
-    raw: str = response.headers.get("content-type", "")
+def media_type(response: HttpResponse) -> str:
+    raw = response.headers.get("content-type", "")
     return raw.split(";")[0].strip().lower()
 
 
-async def read_capped(response: httpx.Response, limit: int, what: str) -> bytes:
+async def read_capped(response: HttpResponse, limit: int, what: str) -> bytes:
     """The whole body, or ``ProtocolViolation`` as soon as it passes ``limit`` bytes (never buffers more)."""
     declared = response.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ProtocolViolation(f"{what}: body of {declared} bytes exceeds the {limit} byte limit")
     chunks: list[bytes] = []
     total = 0
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.chunks():
         total += len(chunk)
         if total > limit:
             raise ProtocolViolation(f"{what}: body exceeds the {limit} byte limit")
@@ -201,23 +311,37 @@ async def guarded(what: str, limit: timedelta) -> AsyncIterator[None]:
     try:
         async with asyncio.timeout(limit.total_seconds()):
             yield
-    except TimeoutError as exc:
+    except (TimeoutError, ExchangeTimedOut) as exc:
+        # aiohttp's own timeouts are TimeoutErrors too.
         raise BackendUnavailable(f"{what}: no complete reply within {limit}") from exc
-    except httpx.TimeoutException as exc:
-        raise BackendUnavailable(f"{what}: timed out ({type(exc).__name__})") from exc
-    except httpx.UnsupportedProtocol as exc:
+    except aiohttp.NonHttpUrlClientError as exc:
         raise ConfigError("url", f"unsupported URL scheme: {exc}") from exc
-    except httpx.InvalidURL as exc:
+    except aiohttp.InvalidURL as exc:
         raise ConfigError("url", f"invalid URL: {exc}") from exc
-    except (httpx.RequestError, aiohttp.ClientError) as exc:
-        # Connect, read and write errors, a peer closing mid-body, undecodable content-encoding
-        # (aiohttp's own when ``pooled_client``'s transport passes one through unmapped, such as a
-        # malformed status line): the exchange broke, which says nothing about the operation's fate.
+    except (ExchangeFailed, aiohttp.ClientError) as exc:
+        # Connect, read and write errors, a peer closing mid-body, a malformed status line,
+        # undecodable content-encoding: the exchange broke, which says nothing about the
+        # operation's fate.
         raise BackendUnavailable(f"{what}: connection failed ({type(exc).__name__}: {exc})") from exc
 
 
-def httpx_timeout(options: AdapterOptions, limit: timedelta) -> httpx.Timeout:
-    return httpx.Timeout(limit.total_seconds(), connect=options.timeouts.connect.total_seconds())
+def request_of(
+    method: str,
+    url: str,
+    headers: Mapping[str, str],
+    body: bytes | None,
+    options: AdapterOptions,
+    limit: timedelta,
+) -> HttpRequest:
+    """An ``HttpRequest`` bounded by ``limit`` overall and the options' connect timeout."""
+    return HttpRequest(
+        method,
+        url,
+        headers,
+        body,
+        timeout=limit.total_seconds(),
+        connect_timeout=options.timeouts.connect.total_seconds(),
+    )
 
 
 def bearer(token: str | None) -> dict[str, str]:
@@ -380,7 +504,7 @@ class StreamableHttp:
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         url: str,
         *,
         token: str | None,
@@ -389,19 +513,11 @@ class StreamableHttp:
     ) -> None:
         self._client = client
         self._url = url
-        self._parsed: httpx.URL | None = None
         self._token = token
         self._options = options
         self._headers = dict(headers or {})
         self._ids = itertools.count(1)
         self.session_id: str | None = None
-
-    def _target(self) -> httpx.URL:
-        """The endpoint, parsed once (httpx parsed the string again for every request: 2 % of the
-        executor's CPU). Called inside ``guarded``, so a bad URL still becomes ``ConfigError``."""
-        if self._parsed is None:
-            self._parsed = httpx.URL(self._url)
-        return self._parsed
 
     def set_header(self, name: str, value: str) -> None:
         self._headers[name] = value
@@ -450,21 +566,15 @@ class StreamableHttp:
         request_id = next(self._ids)
         body: Json = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         what = method
-        async with (
-            guarded(what, limit),
-            self._client.stream(
-                "POST",
-                self._target(),
-                json=body,
-                headers=self._request_headers(headers),
-                timeout=httpx_timeout(self._options, limit),
-            ) as response,
-        ):
-            if response.status_code >= 400:
+        request = request_of(
+            "POST", self._url, self._request_headers(headers), encode_json(body), self._options, limit
+        )
+        async with guarded(what, limit), self._client.open(request) as response:
+            if response.status >= 400:
                 return await self._failed(response, request_id, method)
-            if response.status_code != 200:
-                raise ProtocolViolation(f"{what}: unexpected HTTP {response.status_code} for a request")
-            if method == "initialize" and SESSION_HEADER.lower() in response.headers:
+            if response.status != 200:
+                raise ProtocolViolation(f"{what}: unexpected HTTP {response.status} for a request")
+            if method == "initialize" and SESSION_HEADER in response.headers:
                 self.session_id = response.headers[SESSION_HEADER]
             kind = media_type(response)
             if kind == "application/json":
@@ -478,11 +588,11 @@ class StreamableHttp:
                 return await self._read_stream(response, request_id, what, until)
             raise ProtocolViolation(f"{what}: unexpected content type {kind or '(none)'!r}")
 
-    async def _failed(self, response: httpx.Response, request_id: int, method: str) -> Reply:
+    async def _failed(self, response: HttpResponse, request_id: int, method: str) -> Reply:
         busy = unavailable_for_status(response, method, self._now())
         if busy is not None:
             raise busy
-        status = response.status_code
+        status = response.status
         if status in (401, 403):
             # Credentials, not the call: whatever JSON-RPC error rides along, this is a refusal.
             raise BackendRejected(f"{method}: HTTP {status} (not authorized)", code=status)
@@ -503,7 +613,7 @@ class StreamableHttp:
 
     async def _read_stream(
         self,
-        response: httpx.Response,
+        response: HttpResponse,
         request_id: int,
         what: str,
         until: Callable[[ServerRequest], bool] | None,
@@ -512,7 +622,7 @@ class StreamableHttp:
         seen: list[ServerRequest] = []
         total = 0
         limit = self._options.max_body_bytes
-        async for chunk in response.aiter_bytes():
+        async for chunk in response.chunks():
             total += len(chunk)
             if total > limit:
                 raise ProtocolViolation(f"{what}: event stream exceeds the {limit} byte limit")
@@ -542,23 +652,21 @@ class StreamableHttp:
 
     async def _post_one_way(self, body: Json, what: str, headers: Mapping[str, str] | None) -> None:
         limit = self._options.timeouts.request
-        async with guarded(what, limit):
-            response = await self._client.post(
-                self._target(),
-                json=body,
-                headers=self._request_headers(headers),
-                timeout=httpx_timeout(self._options, limit),
-            )
-        if response.status_code < 300:
-            return
-        busy = unavailable_for_status(response, what, self._now())
+        request = request_of(
+            "POST", self._url, self._request_headers(headers), encode_json(body), self._options, limit
+        )
+        async with guarded(what, limit), self._client.open(request) as response:
+            status = response.status
+            if status < 300:
+                return
+            busy = unavailable_for_status(response, what, self._now())
         if busy is not None:
             raise busy
-        if response.status_code == 404 and self.session_id is not None:
+        if status == 404 and self.session_id is not None:
             raise SessionExpired(f"{what}: HTTP 404; the session expired")
-        if response.status_code >= 500:
-            raise BackendUnavailable(f"{what}: HTTP {response.status_code}")
-        raise BackendRejected(f"{what}: HTTP {response.status_code}", code=response.status_code)
+        if status >= 500:
+            raise BackendUnavailable(f"{what}: HTTP {status}")
+        raise BackendRejected(f"{what}: HTTP {status}", code=status)
 
     async def close_session(self) -> None:
         """Tell the server the session is over (best effort: a failure here changes nothing)."""
@@ -566,12 +674,9 @@ class StreamableHttp:
             return
         limit = self._options.timeouts.request
         try:
-            async with guarded("session close", limit):
-                await self._client.delete(
-                    self._target(),
-                    headers=self._request_headers(None),
-                    timeout=httpx_timeout(self._options, limit),
-                )
+            request = request_of("DELETE", self._url, self._request_headers(None), None, self._options, limit)
+            async with guarded("session close", limit), self._client.open(request):
+                pass
         except (BackendUnavailable, ConfigError):
             pass
         self.session_id = None
@@ -580,13 +685,12 @@ class StreamableHttp:
 __all__ = [
     "PROTOCOL_VERSION_HEADER",
     "SESSION_HEADER",
-    "HttpByteStream",
+    "AiohttpClient",
+    "ExchangeFailed",
+    "ExchangeTimedOut",
     "HttpClient",
     "HttpRequest",
     "HttpResponse",
-    "HttpTransport",
-    "ReadTimeout",
-    "RemoteProtocolError",
     "Reply",
     "RequestId",
     "RpcError",
@@ -596,11 +700,13 @@ __all__ = [
     "bearer",
     "check_reply_id",
     "classify",
+    "encode_json",
     "guarded",
-    "httpx_timeout",
+    "headers_of",
     "media_type",
     "parse_json",
     "read_capped",
+    "request_of",
     "retry_after",
     "unavailable_for_status",
 ]

@@ -2,7 +2,7 @@
 real adapters and the reference servers, and the ledger port the real ``Driver`` writes through.
 
 Nothing here decides what an operation does. ``Network`` holds every HTTP exchange the adapters
-start (``Gate`` is the ``httpx`` transport they are given) until the explorer says what happens to
+start (``Gate`` is the ``HttpClient`` they are given) until the explorer says what happens to
 it: deliver it to the reference server (``refserver``'s own Starlette app, called as ASGI in this
 process, under the same virtual clock), lose the request or only its reply, deliver it late or
 twice, answer 503 in the server's place, or cut the reply short. ``VirtualLoop`` is an asyncio loop
@@ -20,20 +20,21 @@ import json
 import random
 import re
 import selectors
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum, StrEnum
 from typing import Any
+from urllib.parse import urlsplit
 
 from engine.adapters.transport import (
-    HttpByteStream,
+    ExchangeFailed,
+    ExchangeTimedOut,
     HttpClient,
     HttpRequest,
     HttpResponse,
-    HttpTransport,
-    ReadTimeout,
-    RemoteProtocolError,
+    headers_of,
 )
 from engine.ledger.port import BatchOutcome, GroupOutcome, WriteGroup, refusals
 from engine.model import Operation, Receipt, TaskId, Transition
@@ -184,7 +185,7 @@ class Kind(StrEnum):
 
 def kind_of(request: HttpRequest, body: bytes) -> Kind:
     """The request's purpose, from its JSON-RPC method or its AIP-151 path and verb."""
-    path = request.url.path
+    path = request.path
     if path.endswith("/mcp"):
         try:
             message = json.loads(body)
@@ -287,12 +288,12 @@ class Network:
 
     def client(self, owner: int, epoch: int) -> HttpClient:
         """An HTTP client whose every request goes through this network as ``owner`` at ``epoch``."""
-        return HttpClient(transport=self.gate(owner, epoch), base_url="http://sim")
+        return self.gate(owner, epoch)
 
     # ------------------------------------------------------------------------- client side
 
     async def send(self, owner: int, epoch: int, request: HttpRequest) -> HttpResponse:
-        body = await request.aread()
+        body = request.body or b""
         self._rid += 1
         waiter: asyncio.Future[HttpResponse] = self.loop.create_future()
         msg = Message(self._rid, kind_of(request, body), owner, epoch, request, body, waiter)
@@ -323,7 +324,7 @@ class Network:
         request = msg.request
         canned_key = None
         if msg.kind is Kind.HANDSHAKE and self.handshakes is not None:
-            canned_key = (request.method, request.url.path, msg.body)
+            canned_key = (request.method, request.path, msg.body)
             canned = self.handshakes.get(canned_key)
             if canned is not None:
                 stream.status, stream.headers, stream.chunks = (
@@ -335,19 +336,20 @@ class Network:
                 self._started(msg, reply)
                 stream.poke()
                 return
+        url = urlsplit(request.url)
         scope = {
             "type": "http",
             "asgi": {"version": "3.0"},
             "http_version": "1.1",
             "method": request.method,
-            "scheme": request.url.scheme,
-            "path": request.url.path,
-            "raw_path": request.url.raw_path.split(b"?")[0],
-            "query_string": request.url.query,
+            "scheme": url.scheme,
+            "path": url.path,
+            "raw_path": url.path.encode(),
+            "query_string": url.query.encode(),
             "root_path": "",
-            "headers": [(k.lower(), v) for k, v in request.headers.raw],
+            "headers": [(k.lower().encode(), v.encode()) for k, v in request.headers.items()],
             "client": ("127.0.0.1", 1),
-            "server": (request.url.host, request.url.port or 80),
+            "server": (url.hostname, url.port or 80),
         }
         sent_body = False
 
@@ -394,11 +396,8 @@ class Network:
         assert stream is not None
         if reply.waiter is None or reply.waiter.done():
             return
-        headers = [(k, v) for k, v in stream.headers if k.lower() != b"content-length"]
-        response = HttpResponse(
-            stream.status, headers=headers, stream=_BodyStream(stream, truncate), request=reply.request
-        )
-        reply.waiter.set_result(response)
+        headers = [(k.decode(), v.decode()) for k, v in stream.headers if k.lower() != b"content-length"]
+        reply.waiter.set_result(_Reply(stream.status, headers_of(headers), stream, truncate))
 
     def deliver_reply(self, reply: Message, *, truncate: bool = False) -> None:
         self.inflight.remove(reply)
@@ -417,14 +416,14 @@ class Network:
         self.failures += 1
         if msg.waiting:
             assert msg.waiter is not None
-            msg.waiter.set_exception(ReadTimeout(why, request=msg.request))
+            msg.waiter.set_exception(ExchangeTimedOut(why))
 
     def time_out(self, msg: Message) -> None:
         """The sender gives up waiting; the request stays in flight and may still arrive (late)."""
         self.failures += 1
         if msg.waiting:
             assert msg.waiter is not None
-            msg.waiter.set_exception(ReadTimeout("no reply in time", request=msg.request))
+            msg.waiter.set_exception(ExchangeTimedOut("no reply in time"))
 
     def duplicate(self, msg: Message) -> None:
         twin = Message(msg.rid, msg.kind, msg.owner, msg.epoch, msg.request, msg.body, None)
@@ -436,9 +435,8 @@ class Network:
         self.failures += 1
         if msg.waiting:
             assert msg.waiter is not None
-            msg.waiter.set_result(
-                HttpResponse(503, headers={"retry-after": "1"}, content=b"busy", request=msg.request)
-            )
+            busy = Stream(503, [(b"retry-after", b"1")], [b"busy"], started=True, ended=True)
+            msg.waiter.set_result(_Reply(503, headers_of({"retry-after": "1"}), busy, truncate=False))
 
     def orphan(self, owner: int) -> None:
         """The owner died: replies to it go nowhere (its requests may still reach the server)."""
@@ -693,21 +691,24 @@ def message_key(msg: Message) -> tuple[object, ...]:
         msg.owner,
         msg.epoch,
         msg.request.method,
-        msg.request.url.path,
+        msg.request.path,
         without_rpc_ids(msg.body),
         msg.waiting,
         None if reply is None else (reply.status, without_rpc_ids(reply.body()), reply.ended),
     )
 
 
-class _BodyStream(HttpByteStream):
-    """The client reads the server's chunks as they come (an SSE stream stays open)."""
+class _Reply:
+    """A reply as the adapters read it: the client reads the server's chunks as they come (an SSE
+    stream stays open)."""
 
-    def __init__(self, stream: Stream, truncate: bool) -> None:
+    def __init__(self, status: int, headers: Mapping[str, str], stream: Stream, truncate: bool) -> None:
+        self.status = status
+        self.headers = headers
         self._stream = stream
         self._truncate = truncate
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes]:
         stream = self._stream
         i = 0
         while True:
@@ -717,23 +718,27 @@ class _BodyStream(HttpByteStream):
                 if self._truncate:
                     # Cut the body short: half of the first chunk, then the connection closes.
                     yield chunk[: max(1, len(chunk) // 2)]
-                    raise RemoteProtocolError("peer closed connection without sending complete body")
+                    raise ExchangeFailed("peer closed connection without sending complete body")
                 yield chunk
             if stream.ended:
                 return
             await stream.changed.wait()
 
 
-class Gate(HttpTransport):
-    """The adapters' HTTP transport: every request waits in the network for the explorer."""
+class Gate(HttpClient):
+    """The adapters' HTTP client: every request waits in the network for the explorer."""
 
     def __init__(self, net: Network, owner: int, epoch: int) -> None:
         self._net = net
         self.owner = owner
         self.epoch = epoch
 
-    async def handle_async_request(self, request: HttpRequest) -> HttpResponse:
-        return await self._net.send(self.owner, self.epoch, request)
+    def open(self, request: HttpRequest) -> AbstractAsyncContextManager[HttpResponse]:
+        return self._exchange(request)
+
+    @asynccontextmanager
+    async def _exchange(self, request: HttpRequest) -> AsyncIterator[HttpResponse]:
+        yield await self._net.send(self.owner, self.epoch, request)
 
 
 # ---------------------------------------------------------------------------------- the ledger

@@ -20,7 +20,7 @@ def test_every_public_name_resolves_to_its_modules_object():
 
 def test_importing_the_pure_core_loads_no_database_driver_or_http_stack():
     """``import engine.machine`` stays light: the exports load on first use only."""
-    code = "import sys, engine.machine; print(sorted(m for m in ('duckdb', 'httpx', 'psycopg') if m in sys.modules))"
+    code = "import sys, engine.machine; print(sorted(m for m in ('aiohttp', 'duckdb', 'httpx', 'psycopg') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
 

@@ -7,11 +7,10 @@ import asyncio
 import random
 from datetime import datetime, timedelta
 
-import http_kit
 import pytest
 from race_kit import OPTIONS, PLAIN, POLICY, QUICK, call, engine_url, invariants
 
-from engine.adapters import open_backend
+from engine.adapters import open_backend, open_client
 from engine.clock import SystemClock
 from engine.ledger.duckdb import Ledger
 from engine.model import LocalState, Operation, Protocol, ServerStatus
@@ -21,7 +20,7 @@ from refserver.testing import RefServer
 
 async def two_pollers(server: RefServer, ledger: Ledger, op: Operation) -> None:
     """Two drivers (own HTTP clients, one ledger) poll the same operation at the same time."""
-    async with http_kit.AsyncClient() as client_a, http_kit.AsyncClient() as client_b:
+    async with open_client() as client_a, open_client() as client_b:
         drivers = [
             Driver(
                 ledger=ledger,

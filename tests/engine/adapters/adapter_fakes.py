@@ -1,4 +1,4 @@
-"""Scripted HTTP peers for the adapter tests: handwritten wire payloads served through http_kit.MockTransport.
+"""Scripted HTTP peers for the adapter tests: handwritten wire payloads served through http_kit.MockClient.
 
 A ``FakeMcp`` answers JSON-RPC by method with responders; a ``FakeHttp`` answers plain requests by
 method and path. Both record every request so tests can assert on what was sent.
@@ -277,8 +277,8 @@ class FakeMcp:
             )
         return responder(body, request)
 
-    def client(self) -> http_kit.AsyncClient:
-        return http_kit.AsyncClient(transport=http_kit.MockTransport(self.handler))
+    def client(self) -> http_kit.MockClient:
+        return http_kit.mock_client(self.handler)
 
     def calls(self, method: str) -> list[Sent]:
         return [s for s in self.sent if s.method == method]
@@ -337,8 +337,8 @@ class FakeHttp:
             )
         return responder(request)
 
-    def client(self) -> http_kit.AsyncClient:
-        return http_kit.AsyncClient(transport=http_kit.MockTransport(self.handler))
+    def client(self) -> http_kit.MockClient:
+        return http_kit.mock_client(self.handler)
 
 
 def reply_json(body: Any, status: int = 200, **headers: str) -> HttpResponder:

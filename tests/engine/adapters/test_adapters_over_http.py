@@ -11,11 +11,10 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
-import http_kit
 import pytest
 from adapter_fakes import operation
 
-from engine.adapters import AdapterOptions, Timeouts, discover, open_backend
+from engine.adapters import AdapterOptions, HttpClient, Timeouts, discover, open_backend, open_client
 from engine.adapters.base import Backend, CancelResult, Created, Inline, ServerView, SubmitRequest
 from engine.errors import (
     BackendRejected,
@@ -68,8 +67,8 @@ def aip():
 
 
 @pytest.fixture
-async def client() -> AsyncIterator[http_kit.AsyncClient]:
-    async with http_kit.AsyncClient() as shared:
+async def client() -> AsyncIterator[HttpClient]:
+    async with open_client() as shared:
         yield shared
 
 
@@ -78,7 +77,7 @@ def url_of(server: RefServer) -> str:
 
 
 async def opened(
-    server: RefServer, client: http_kit.AsyncClient, protocol: Protocol, token: str | None = None
+    server: RefServer, client: HttpClient, protocol: Protocol, token: str | None = None
 ) -> Backend:
     server.reset()
     options = replace(OPTIONS, request_id_dedupe=server.dedupes_request_id)

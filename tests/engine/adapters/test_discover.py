@@ -6,7 +6,7 @@ import http_kit
 import pytest
 from adapter_fakes import FakeMcp, init_result, options, result
 
-from engine.adapters import discover, open_backend
+from engine.adapters import discover, open_backend, open_client
 from engine.adapters.aip151 import Aip151Backend
 from engine.adapters.legacy_sync import LegacySyncBackend
 from engine.adapters.mcp_2025_11_25 import Mcp2025Backend
@@ -23,7 +23,7 @@ DISCOVER = {
 }
 
 
-def client_for(fake: FakeMcp, aip_ok: bool = False) -> http_kit.AsyncClient:
+def client_for(fake: FakeMcp, aip_ok: bool = False) -> http_kit.MockClient:
     def handler(request: http_kit.Request) -> http_kit.Response:
         if request.method == "GET" and request.url.path.endswith("/v1/operations"):
             if aip_ok:
@@ -31,7 +31,7 @@ def client_for(fake: FakeMcp, aip_ok: bool = False) -> http_kit.AsyncClient:
             return http_kit.Response(404, text="not found")
         return fake.handler(request)
 
-    return http_kit.AsyncClient(transport=http_kit.MockTransport(handler))
+    return http_kit.mock_client(handler)
 
 
 async def test_a_2026_server_offering_the_tasks_extension_is_found_first():
@@ -63,7 +63,7 @@ async def test_an_unreachable_server_is_unavailable_not_a_guess():
     def down(request: http_kit.Request) -> http_kit.Response:
         raise http_kit.ConnectError("refused")
 
-    client = http_kit.AsyncClient(transport=http_kit.MockTransport(down))
+    client = http_kit.mock_client(down)
     with pytest.raises(BackendUnavailable):
         await discover("http://x", client, None)
 
@@ -74,7 +74,7 @@ async def test_a_server_refusing_the_token_is_rejected():
     def refuse(request: http_kit.Request) -> http_kit.Response:
         return http_kit.Response(401, text="who are you")
 
-    client = http_kit.AsyncClient(transport=http_kit.MockTransport(refuse))
+    client = http_kit.mock_client(refuse)
     with pytest.raises(BackendRejected):
         await discover("http://x", client, "bad")
 
@@ -88,7 +88,7 @@ async def test_an_aip_service_refusing_the_token_is_rejected():
             return http_kit.Response(401, json=body)
         return http_kit.Response(404, text="no")
 
-    client = http_kit.AsyncClient(transport=http_kit.MockTransport(refuse))
+    client = http_kit.mock_client(refuse)
     with pytest.raises(BackendRejected):
         await discover("http://x", client, "bad")
 
@@ -110,7 +110,7 @@ async def test_a_server_speaking_none_of_the_contracts_is_a_negotiation_error():
 )
 async def test_the_factory_opens_the_adapter_of_each_protocol(protocol, cls):
     """open_backend maps every Protocol to its adapter, which reports that protocol."""
-    async with http_kit.AsyncClient() as client:
+    async with open_client() as client:
         backend = open_backend(protocol, "http://x", client=client, token=None, options=options())
     assert isinstance(backend, cls)
     assert backend.protocol is protocol

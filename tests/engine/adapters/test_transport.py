@@ -24,7 +24,15 @@ from adapter_fakes import (
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.adapters.transport import SseParser, StreamableHttp, pooled_client, retry_after
+from engine.adapters.transport import (
+    AiohttpClient,
+    HttpRequest,
+    SseParser,
+    StreamableHttp,
+    headers_of,
+    read_capped,
+    retry_after,
+)
 from engine.errors import BackendRejected, BackendUnavailable, ConfigError, ProtocolViolation, SessionExpired
 
 LIMIT = timedelta(seconds=5)
@@ -123,9 +131,9 @@ async def test_a_503_with_an_http_date_retry_after_counts_from_the_injected_cloc
 
 def test_retry_after_ignores_garbage_and_never_goes_negative():
     """A bad ``Retry-After`` means no hint; a date in the past means retry now."""
-    assert retry_after(http_kit.Headers({"retry-after": "soon"}), T0) is None
-    assert retry_after(http_kit.Headers({}), T0) is None
-    past = http_kit.Headers({"retry-after": "Wed, 31 Dec 2025 23:00:00 GMT"})
+    assert retry_after(headers_of({"retry-after": "soon"}), T0) is None
+    assert retry_after(headers_of({}), T0) is None
+    past = headers_of({"Retry-After": "Wed, 31 Dec 2025 23:00:00 GMT"})
     assert retry_after(past, T0) == timedelta(0)
 
 
@@ -229,20 +237,35 @@ async def test_notifications_and_answers_accept_202_and_refuse_server_errors():
     def busy(request):
         return http_kit.Response(503, headers={"retry-after": "2"})
 
-    http = StreamableHttp(
-        http_kit.AsyncClient(transport=http_kit.MockTransport(busy)), URL, token=None, options=options()
-    )
+    http = StreamableHttp(http_kit.mock_client(busy), URL, token=None, options=options())
     with pytest.raises(BackendUnavailable) as caught:
         await http.respond(0, {})
     assert caught.value.retry_after == timedelta(seconds=2)
 
 
 async def test_an_unsupported_url_scheme_is_a_configuration_error():
-    """A URL httpx cannot speak to is the operator's mistake, not the server's."""
-    async with http_kit.AsyncClient() as client:
+    """A URL the HTTP client cannot speak to is the operator's mistake, not the server's."""
+    async with AiohttpClient(4) as client:
         http = StreamableHttp(client, "ftp://example.invalid/mcp", token=None, options=options())
         with pytest.raises(ConfigError):
             await http.call("ping", {}, limit=LIMIT)
+
+
+async def test_a_refused_connection_is_unavailable_and_a_malformed_url_a_configuration_error():
+    """Over real sockets: nothing listening is ``BackendUnavailable``; a URL that cannot be parsed
+    is the operator's mistake (``ConfigError``), before any connection is tried."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    async with AiohttpClient(4) as client:
+        closed = StreamableHttp(client, f"http://127.0.0.1:{port}/mcp", token=None, options=options())
+        with pytest.raises(BackendUnavailable, match="connection failed"):
+            await closed.call("ping", {}, limit=LIMIT)
+        malformed = StreamableHttp(client, "http://[::1/mcp", token=None, options=options())
+        with pytest.raises(ConfigError):
+            await malformed.call("ping", {}, limit=LIMIT)
 
 
 @given(
@@ -277,16 +300,25 @@ def _dump(message: dict[str, Any]) -> bytes:
     return json.dumps(message).encode()
 
 
-async def test_the_pooled_client_sends_no_cookie_back_and_reads_each_reply_whole():
+async def test_the_pooled_client_sends_no_cookie_back_follows_no_redirect_and_reads_each_reply_whole():
     """Over real HTTP: a server's Set-Cookie is never sent back (the protocols keep sessions in
-    headers, and the pooled client hands requests straight to its transport); status, body and a
+    headers), a redirect is a reply like any other (never followed), and status, body and a
     streamed body arrive as sent, over one kept-alive connection pool."""
     from http_kit import aiohttp_web as web
 
     seen: list[str | None] = []
 
-    async def handler(request: web.Request) -> web.Response:
+    async def handler(request: web.Request) -> web.StreamResponse:
         seen.append(request.headers.get("Cookie"))
+        if request.method == "GET":
+            streamed = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await streamed.prepare(request)
+            for part in (b"data: 1\n\n", b"data: 2\n\n"):
+                await streamed.write(part)
+            await streamed.write_eof()
+            return streamed
+        if await request.read() == b"go away":
+            raise web.HTTPFound("/elsewhere")
         return web.json_response({"n": len(seen)}, headers={"Set-Cookie": "sticky=1; Path=/"})
 
     app = web.Application()
@@ -296,15 +328,26 @@ async def test_the_pooled_client_sends_no_cookie_back_and_reads_each_reply_whole
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     url = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
-    client = pooled_client(4)
+    client = AiohttpClient(4)
+
+    async def exchange(method: str, body: bytes | None) -> tuple[int, str, bytes]:
+        request = HttpRequest(method, url, {"Content-Type": "application/json"}, body, timeout=30)
+        async with client.open(request) as response:
+            return (
+                response.status,
+                response.headers.get("LOCATION", ""),
+                await read_capped(response, 1000, "x"),
+            )
+
     try:
-        first = await client.post(url, json={"a": 1}, timeout=30)
-        second = await client.post(url, json={"a": 2}, timeout=30)
-        async with client.stream("GET", url, timeout=30) as streamed:
-            body = b"".join([chunk async for chunk in streamed.aiter_bytes()])
-        assert (first.status_code, first.json(), second.json()) == (200, {"n": 1}, {"n": 2})
-        assert json.loads(body) == {"n": 3}
-        assert seen == [None, None, None]
+        first = await exchange("POST", b'{"a": 1}')
+        second = await exchange("POST", b'{"a": 2}')
+        moved = await exchange("POST", b"go away")
+        streamed = await exchange("GET", None)
+        assert (first[0], json.loads(first[2]), json.loads(second[2])) == (200, {"n": 1}, {"n": 2})
+        assert moved[:2] == (302, "/elsewhere")
+        assert streamed == (200, "", b"data: 1\n\ndata: 2\n\n")
+        assert seen == [None, None, None, None]
     finally:
         await client.aclose()
         await runner.cleanup()
