@@ -3,7 +3,8 @@
 Reports RSS, CPU-seconds per 1,000 protocol requests, polls per completed operation against the
 server-advised minimum ceil(duration / pollInterval), cancel-confirmation p99, and the busiest
 one-second window of protocol requests against the configured cap (all measured from the ledger's
-polls table, not from the executor's own counters).
+polls table, not from the executor's own counters). Every run checks exactly one receipt per call node
+(in the ledger) and one server operation per call node (the server's count), and fails otherwise.
 
     python bench/scale.py [--ops 10000] [--qps 1000] [--duration-s 10] [--interval-s 5] [--cancel-share 0.1]
                           [--runs 5] [--json] [--keep-ledger PATH]
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import contextlib
 
 from bench.figures import Report
-from engine import RECEIPT_STATES, Ledger, LocalState, SystemClock
+from engine import RECEIPT_STATES, Ledger, LocalState, SystemClock, run_query
 from engine.schedule import busiest_window
 from refserver.testing import RefServer
 from service.config import parse_config
@@ -160,11 +161,35 @@ FIGURES = (
 )
 
 
+RECEIPTS_SQL = """
+SELECT count(*) AS nodes, count(*) FILTER (WHERE receipts = 1) AS one, count(*) FILTER (WHERE receipts > 1) AS more
+FROM (SELECT i.call_node_id, count(r.operation_id) AS receipts
+      FROM op_identity i LEFT JOIN receipts r USING (operation_id)
+      WHERE i.call_node_id LIKE 'scale-%' GROUP BY i.call_node_id)
+"""
+
+
+def checks(ledger_path: Path, ops: int, server_operations: int) -> list[str]:
+    """What broke the run's promise: one receipt per call node, one server operation per call node."""
+    nodes, one, more = run_query(ledger_path, RECEIPTS_SQL, max_rows=1).rows[0]
+    problems = []
+    if (nodes, one) != (ops, ops):
+        problems.append(
+            f"{one} of {ops} call nodes with exactly one receipt ({nodes} call nodes, {more} with more)"
+        )
+    if server_operations != ops:
+        problems.append(f"{server_operations} server operations for {ops} call nodes")
+    return problems
+
+
 def one_run(args: argparse.Namespace, keep: Path | None) -> dict[str, object]:
     with RefServer(args.protocol, time_scale=1.0) as server, tempfile.TemporaryDirectory() as tmp:
         url = server.endpoint if args.protocol.startswith("mcp") else server.url
-        result = asyncio.run(drive(args, url, keep or Path(tmp) / "scale.duckdb"))
-        result["server_operations_created"] = server.stats()["operations_created"]["total"]
+        path = keep or Path(tmp) / "scale.duckdb"
+        result = asyncio.run(drive(args, url, path))
+        created = int(server.stats()["operations_created"]["total"])
+        result["server_operations_created"] = created
+        result["problems"] = checks(path, args.ops, created)
     return result
 
 
@@ -196,7 +221,7 @@ def main() -> int:
         else:
             for key, value in result.items():
                 print(f"{key:28} {value}")
-        return 0
+        return 1 if result["problems"] else 0
     forwarded = [a for a in sys.argv[1:] if a != "--json"]
     runs: list[dict[str, object]] = []
     for n in range(args.runs):
@@ -208,6 +233,9 @@ def main() -> int:
             return done.returncode
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"run {n + 1}/{args.runs}: " + json.dumps(runs[-1], default=str), file=sys.stderr)
+        if runs[-1]["problems"]:
+            print(f"run {n + 1} failed its checks: {runs[-1]['problems']}", file=sys.stderr)
+            return 1
     command = "python bench/scale.py " + " ".join([*forwarded, "--json"])
     report = Report("scale", command)
     for key, name, unit, better in FIGURES:
@@ -226,6 +254,7 @@ def main() -> int:
         "<= 1.1x the advised minimum. Per run: "
         + "; ".join(
             f"terminal {r['terminal']}/{r['ops']}, server operations {r['server_operations_created']}, "
+            "one receipt per call node, "
             f"busiest {r['busiest_window']} vs cap {r['qps_cap']}"
             for r in runs
         )
