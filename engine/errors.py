@@ -25,7 +25,9 @@ EngineError
 │   └── CancelUnsupported    a cancel the server cannot receive (no cancel capability declared)
 ├── BackendError             talking to a server failed
 │   ├── BackendUnavailable   retryable: connection lost, timeout, 429/503 (carries retry_after)
-│   │   └── SessionExpired   an MCP session the server forgot: re-initialize
+│   │   ├── SessionExpired   an MCP session the server forgot: re-initialize
+│   │   └── ExchangeFailed   [engine.adapters.transport] an HttpClient's exchange broke or never connected
+│   │       └── ExchangeTimedOut  [engine.adapters.transport] no complete reply in time
 │   ├── BackendRejected      not retryable: the server refused the request
 │   ├── NotFoundOnServer     the server does not know the operation
 │   └── ProtocolViolation    the peer broke its wire contract (malformed or foreign reply)

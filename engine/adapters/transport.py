@@ -98,8 +98,9 @@ class HttpClient(ABC):
         await self.aclose()
 
 
-class ExchangeFailed(Exception):
-    """The connection could not be made, or broke before the reply was complete."""
+class ExchangeFailed(BackendUnavailable):
+    """The connection could not be made, or broke before the reply was complete (an ``HttpClient``
+    raises it; ``guarded`` reports it as ``BackendUnavailable`` naming the exchange)."""
 
 
 class ExchangeTimedOut(ExchangeFailed):
