@@ -54,6 +54,7 @@ from engine.model import (
     CallNodeId,
     CallRequest,
     Epoch,
+    Operation,
     OperationId,
     Protocol,
     new_operation,
@@ -466,11 +467,8 @@ class WireWorld(RunChecks, StateKeys):
         for job in jobs:
             job.run()
 
-    def _submit_grouped(self, inc: Incarnation) -> None:
-        """A submission as the service records it: the operation is created in the ledger (durable
-        before the caller is answered), then held and scheduled; its advance sends the create."""
-        self.submitted = True
-        op = new_operation(
+    def _new_operation(self, inc: Incarnation) -> Operation:
+        return new_operation(
             self.request,
             operation_id=self.op_id,
             protocol=self.protocol,
@@ -479,7 +477,12 @@ class WireWorld(RunChecks, StateKeys):
             epoch=inc.epoch,
             now=self.clock.now(),
         )
-        stored, created = self.ledger.create_operation(op, self.request.arguments)
+
+    def _submit_grouped(self, inc: Incarnation) -> None:
+        """A submission as the service records it: the operation is created in the ledger (durable
+        before the caller is answered), then held and scheduled; its advance sends the create."""
+        self.submitted = True
+        stored, created = self.ledger.create_operation(self._new_operation(inc), self.request.arguments)
         inc.seat.track(stored, created=created, arguments=self.request.arguments)
 
     async def _start_advance(self, inc: Incarnation, *, submit: bool) -> None:
@@ -497,16 +500,7 @@ class WireWorld(RunChecks, StateKeys):
                 inc.negotiated = True
             if submit:
                 self.submitted = True
-                op = new_operation(
-                    self.request,
-                    operation_id=self.op_id,
-                    protocol=self.protocol,
-                    adapter_version="explorer",
-                    server=self.server,
-                    epoch=inc.epoch,
-                    now=self.clock.now(),
-                )
-                wake = await inc.driver.submit_new(op, self.request.arguments)
+                wake = await inc.driver.submit_new(self._new_operation(inc), self.request.arguments)
             else:
                 current = self.ledger.get(self.op_id)
                 assert current is not None

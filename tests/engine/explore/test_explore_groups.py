@@ -26,6 +26,16 @@ def _walk(world: WireWorld, *steps: str) -> None:
         world.perform(action)
 
 
+def _proved_absent() -> WireWorld:
+    """group-create-lost on AIP-151 up to NOT_FOUND_SAFE: the create lost, the lookup by key found nothing."""
+    world = replay(scenario_named("group-create-lost"), P.AIP_151, [])
+    _walk(world, "executor:submit", "executor:advance", "network:drop", "executor:commit", "executor:write")
+    _walk(
+        world, "executor:advance", "network:deliver", "network:deliver", "executor:commit", "executor:write"
+    )
+    return world
+
+
 @pytest.fixture(autouse=True)
 def _quiet() -> None:
     # The executor logs what it refuses; the explorer judges from the ledger instead.
@@ -83,19 +93,8 @@ def test_an_advance_handed_back_before_its_group_is_durable_is_caught_sending_on
     """Releasing the resubmission's advance while its group is still on the writer thread (what the
     ``executor-released-before-durable`` mutant does) sends the create on a row the ledger does not
     hold: ``unrecorded``."""
-    world = replay(scenario_named("group-create-lost"), P.AIP_151, [])
+    world = _proved_absent()
     try:
-        _walk(
-            world, "executor:submit", "executor:advance", "network:drop", "executor:commit", "executor:write"
-        )
-        _walk(
-            world,
-            "executor:advance",
-            "network:deliver",
-            "network:deliver",
-            "executor:commit",
-            "executor:write",
-        )
         assert world.ledger.get(world.op_id).state is S.NOT_FOUND_SAFE
         _walk(world, "executor:advance")  # the resubmission, buffered
         ex = world.executors[0].seat.executor
@@ -111,19 +110,8 @@ def test_an_advance_handed_back_before_its_group_is_durable_is_caught_sending_on
 
 def test_the_clean_executor_sends_the_resubmission_only_after_its_group_landed() -> None:
     """The same run with the executor's own order: the create goes out once the resubmission is durable."""
-    world = replay(scenario_named("group-create-lost"), P.AIP_151, [])
+    world = _proved_absent()
     try:
-        _walk(
-            world, "executor:submit", "executor:advance", "network:drop", "executor:commit", "executor:write"
-        )
-        _walk(
-            world,
-            "executor:advance",
-            "network:deliver",
-            "network:deliver",
-            "executor:commit",
-            "executor:write",
-        )
         _walk(world, "executor:advance", "executor:commit")
         assert ("executor", "advance", 0) not in world.enabled()  # held until its group is durable
         _walk(world, "executor:write", "executor:advance")
