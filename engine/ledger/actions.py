@@ -12,7 +12,7 @@ from datetime import datetime
 
 from engine.ledger import sql
 from engine.ledger.core import SqlCore
-from engine.ledger.port import Json
+from engine.ledger.port import ApprovalRequest, Json
 from engine.ledger.rows import require_resolution
 from engine.model import Operation, canonical_json
 
@@ -22,25 +22,16 @@ __all__ = ["ActionRecords"]
 class ActionRecords(SqlCore):
     """Approvals of input rounds and reconciliation entries."""
 
-    def open_approval(
-        self,
-        op: Operation,
-        *,
-        message: str,
-        requested_schema: Json,
-        schema_digest: str,
-        deadline: datetime | None,
-        at: datetime,
-    ) -> bool:
+    def open_approval(self, op: Operation, request: ApprovalRequest, *, at: datetime) -> bool:
         """Open the approval for the operation's current input round. False if it was already open."""
         params = [
             op.operation_id,
             op.input_round,
             op.input_request_key,
-            message,
-            canonical_json(requested_schema),
-            schema_digest,
-            deadline,
+            request.message,
+            canonical_json(request.requested_schema),
+            request.schema_digest,
+            request.deadline,
             at,
         ]
         with self._tx() as tx:

@@ -97,6 +97,8 @@ class Ledger(SqlLedger, DuckBulk):
     """
 
     dialect = "duckdb"
+    leasing = None
+    """One process owns a DuckDB file: nothing is leased or fenced."""
 
     def __init__(self, con: duck.Connection, path: str, read_only: bool) -> None:
         self._root = con
@@ -154,11 +156,6 @@ class Ledger(SqlLedger, DuckBulk):
     def snapshots(self) -> Ledger:
         """Analysts read snapshot files of a DuckDB ledger, never the file the executor writes."""
         return self
-
-    @property
-    def leasing(self) -> None:
-        """One process owns a DuckDB file: nothing is leased or fenced."""
-        return None
 
     def warm_up(self) -> None:
         """Pay one-time costs (pyarrow's lazy imports) now rather than on the first write."""

@@ -18,7 +18,16 @@ from datetime import datetime
 
 from engine.acceptance import check_acceptance, receipt_of
 from engine.errors import DuplicateOperation, InvalidRecord, LedgerError, ReceiptConflict, StaleWrite
-from engine.ledger.port import BatchOutcome, GroupOutcome, HeldOutcome, PollRecord, WriteGroup
+from engine.ledger.port import (
+    ApprovalRequest,
+    BatchOutcome,
+    GroupOutcome,
+    HeldOutcome,
+    Json,
+    PollRecord,
+    WriteGroup,
+)
+from engine.ledger.receipts import accept_each
 from engine.ledger.rows import refuse_receipt_states, require_resolution
 from engine.ledger.writes import chain
 from engine.model import (
@@ -34,8 +43,6 @@ from engine.model import (
     Transition,
     canonical_json,
 )
-
-Json = dict[str, object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -383,14 +390,7 @@ class MemoryPort:
     def accept_many(self, items: Sequence[tuple[Transition, Json | None]]) -> Sequence[BatchOutcome]:
         for t, _ in items:
             receipt_of(t)  # refuses anything that is not an acceptance before anything is written
-        out: list[BatchOutcome] = []
-        for t, payload in items:
-            try:
-                self.accept_terminal(t, payload)
-                out.append(BatchOutcome(t.after, None))
-            except (StaleWrite, ReceiptConflict) as refusal:
-                out.append(BatchOutcome(None, refusal))
-        return out
+        return accept_each(self.accept_terminal, items)
 
     def commit_group(self, group: WriteGroup) -> GroupOutcome:
         """A group's writes in the SQL ledgers' order: held outcomes, transitions, acceptances
@@ -436,16 +436,7 @@ class MemoryPort:
     def attach_audit_result(self, op: Operation, kind: str, payload: Json | None, at: datetime) -> None:
         self.mem.attach_audit_result(op, payload)
 
-    def open_approval(
-        self,
-        op: Operation,
-        *,
-        message: str,
-        requested_schema: Json,
-        schema_digest: str,
-        deadline: datetime | None,
-        at: datetime,
-    ) -> bool:
+    def open_approval(self, op: Operation, request: ApprovalRequest, *, at: datetime) -> bool:
         """Open the approval for the operation's current input round. False if it was already open."""
         key = (op.operation_id, op.input_round)
         if key in self._approvals:
@@ -454,10 +445,10 @@ class MemoryPort:
             "operation_id": op.operation_id,
             "input_round": op.input_round,
             "request_key": op.input_request_key,
-            "message": message,
-            "requested_schema": canonical_json(requested_schema),
-            "schema_digest": schema_digest,
-            "deadline": deadline,
+            "message": request.message,
+            "requested_schema": canonical_json(request.requested_schema),
+            "schema_digest": request.schema_digest,
+            "deadline": request.deadline,
             "status": "pending",
             "answer": None,
             "actor": None,

@@ -29,6 +29,17 @@ from engine.model import (
 Json = dict[str, object]
 
 
+@dataclass(frozen=True, slots=True)
+class ApprovalRequest:
+    """What a person is asked in one input round: the server's message and schema (with its digest),
+    and until when an answer is still useful (``None``: no deadline)."""
+
+    message: str
+    requested_schema: Json
+    schema_digest: str
+    deadline: datetime | None
+
+
 class PollRecord(NamedTuple):
     """One protocol request as the polls table records it."""
 
@@ -224,16 +235,7 @@ class LedgerPort(Protocol):
 
     # polls, approvals, reconciliation, held outcomes
     def record_polls(self, rows: Sequence[PollRecord]) -> None: ...
-    def open_approval(
-        self,
-        op: Operation,
-        *,
-        message: str,
-        requested_schema: Json,
-        schema_digest: str,
-        deadline: datetime | None,
-        at: datetime,
-    ) -> bool: ...
+    def open_approval(self, op: Operation, request: ApprovalRequest, *, at: datetime) -> bool: ...
     def record_answer(
         self, operation_id: str, input_round: int, answer: Json, actor: str, at: datetime
     ) -> bool: ...
@@ -416,6 +418,7 @@ class Lease:
 
 
 __all__ = [
+    "ApprovalRequest",
     "BatchOutcome",
     "ExplorerRun",
     "Fence",

@@ -153,6 +153,8 @@ class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
     """
 
     dialect = "postgres"
+    snapshots = None
+    """Analysts read PostgreSQL in place (a read-only role on a pool of their own)."""
     _private_tables: ClassVar[frozenset[str]] = frozenset({SEND_SLOTS_TABLE})  # QPS coordination
     _unimported_columns: ClassVar[Mapping[str, tuple[str, ...]]] = {"op_state": LEASE_COLUMNS}  # leases free
 
@@ -225,11 +227,6 @@ class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
     def close(self) -> None:
         if self._owns_pool:
             self._pool.close()
-
-    @property
-    def snapshots(self) -> None:
-        """Analysts read PostgreSQL in place (a read-only role on a pool of their own)."""
-        return None
 
     @property
     def leasing(self) -> PgLedger:

@@ -24,10 +24,42 @@ from engine.ledger.port import BatchOutcome, Json, OutboxAck, Outcomes
 from engine.ledger.rows import AcceptanceRows, acceptance_rows, audit_row
 from engine.model import Operation, OperationId, Receipt, Transition
 
-__all__ = ["Receipts", "acceptance_outcomes", "repeated_acceptances"]
+__all__ = ["Receipts", "accept_each", "acceptance_outcomes", "repeated_acceptances"]
 
 _FIRST_SEQ: Final = -(2**62)
 """Below every outbox ``seq`` (rows from before the numbering migration are numbered at or below 0)."""
+
+
+def accept_each(
+    accept: Callable[[Transition, Json | None], Receipt],
+    items: Sequence[tuple[Transition, Json | None]],
+    *,
+    conflict: Callable[[Exception], bool] | None = None,
+) -> list[BatchOutcome]:
+    """Accept ``items`` one at a time through ``accept`` (each ledger's ``accept_terminal``): a refused
+    item (``StaleWrite``, ``ReceiptConflict``) is named in its outcome and does not stop the others.
+
+    ``conflict`` says whether a database error is a uniqueness refusal (the SQL ledgers): then the
+    call node already holds a receipt, and the item is refused as a ``ReceiptConflict``.
+    """
+    out: list[BatchOutcome] = []
+    for t, payload in items:
+        try:
+            accept(t, payload)
+            out.append(BatchOutcome(t.after, None))
+        except (StaleWrite, ReceiptConflict) as refusal:
+            out.append(BatchOutcome(None, refusal))
+        except Exception as exc:
+            if conflict is None or not conflict(exc):
+                raise
+            # The database's uniqueness refused it: this call node already holds a receipt.
+            receipt = receipt_of(t)
+            out.append(
+                BatchOutcome(
+                    None, ReceiptConflict(receipt.call_node_id, "receipt", "already written", "a second one")
+                )
+            )
+    return out
 
 
 def _ack_mismatch(entry: tuple[Any, ...] | None, status: str, result_digest: str | None) -> str | None:
@@ -91,25 +123,7 @@ class Receipts(SqlCore):
         except Exception as exc:
             if not self._conflict(exc):
                 raise
-        out: list[BatchOutcome] = []
-        for t, payload in items:
-            try:
-                self.accept_terminal(t, payload)
-                out.append(BatchOutcome(t.after, None))
-            except (StaleWrite, ReceiptConflict) as refusal:
-                out.append(BatchOutcome(None, refusal))
-            except Exception as exc:
-                if not self._conflict(exc):
-                    raise
-                # The database's uniqueness refused it: this call node already holds a receipt.
-                receipt = receipt_of(t)
-                out.append(
-                    BatchOutcome(
-                        None,
-                        ReceiptConflict(receipt.call_node_id, "receipt", "already written", "a second one"),
-                    )
-                )
-        return out
+        return accept_each(self.accept_terminal, items, conflict=self._conflict)
 
     def _acceptances(
         self,

@@ -29,7 +29,7 @@ from engine.errors import (
     ProtocolViolation,
     StaleWrite,
 )
-from engine.ledger.port import HeldOutcome, PollRecord
+from engine.ledger.port import ApprovalRequest, HeldOutcome, PollRecord
 from engine.machine import step
 from engine.model import (
     AcceptTerminal,
@@ -215,10 +215,12 @@ class DriverCore:
                     request = self._mem(op).pending_input
                     self.ledger.open_approval(
                         op,
-                        message=request.message if request else "input required",
-                        requested_schema=request.requested_schema if request else {},
-                        schema_digest=request.schema_digest if request else "",
-                        deadline=self.approval_deadline(op, request),
+                        ApprovalRequest(
+                            message=request.message if request else "input required",
+                            requested_schema=request.requested_schema if request else {},
+                            schema_digest=request.schema_digest if request else "",
+                            deadline=self.approval_deadline(op, request),
+                        ),
                         at=now,
                     )
                 case _:

@@ -46,6 +46,7 @@ from engine.ledger import is_postgres, open_ledger
 from engine.ledger import postgres as pg_ledger
 from engine.ledger.duckdb import Ledger
 from engine.ledger.port import (
+    ApprovalRequest,
     BatchOutcome,
     ExplorerRun,
     Fence,
@@ -824,15 +825,9 @@ def test_approvals_bind_an_answer_to_its_round(ledger: LedgerPort) -> None:
         ledger, op, StatusObserved(TaskId("t-ap"), ServerStatus.INPUT_REQUIRED, E, input_request_key="k1")
     )
     assert op.state is S.INPUT_REQUIRED
-    kwargs = {
-        "message": "ok?",
-        "requested_schema": {"type": "object"},
-        "schema_digest": "sha256:s",
-        "deadline": None,
-        "at": NOW,
-    }
-    assert ledger.open_approval(op, **kwargs) is True  # type: ignore[arg-type]
-    assert ledger.open_approval(op, **kwargs) is False  # type: ignore[arg-type]
+    request = ApprovalRequest("ok?", {"type": "object"}, "sha256:s", None)
+    assert ledger.open_approval(op, request, at=NOW) is True
+    assert ledger.open_approval(op, request, at=NOW) is False
     assert [a["input_round"] for a in ledger.approvals()] == [op.input_round]
     assert ledger.record_answer(op.operation_id, op.input_round - 1, {"ok": True}, "bob", NOW) is False
     assert ledger.answer_of(op.operation_id, op.input_round) is None
@@ -858,12 +853,7 @@ def _asking(ledger: LedgerPort, call_node: str, key: str = "k1") -> Operation:
 
 def _open(ledger: LedgerPort, op: Operation, deadline: timedelta) -> None:
     opened = ledger.open_approval(
-        op,
-        message="ok?",
-        requested_schema={"type": "object"},
-        schema_digest="sha256:s",
-        deadline=NOW + deadline,
-        at=NOW,
+        op, ApprovalRequest("ok?", {"type": "object"}, "sha256:s", NOW + deadline), at=NOW
     )
     assert opened
 
