@@ -27,15 +27,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import fastmcp_compare as cmp
+from engine.clock import SystemClock
 from service.testing import ServiceProcess
+
+CLOCK = SystemClock()
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results" / "profiles"
@@ -171,7 +174,7 @@ def profile_fastmcp(binary: Path, label: str, calls: int) -> None:
         try:
             assert service.pid is not None
             recorder = start_recording(binary, collapsed, pid=service.pid)
-            time.sleep(1.0)  # py-spy attaches before the first submission
+            CLOCK.sleep_blocking(timedelta(seconds=1.0))  # py-spy attaches before the first submission
             asyncio.run(cmp.submit_all(service.url, workload, workload.keys("fin")))
             cmp.wait_idle(service.url, 300)
             stop_recording(recorder)

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from engine import RECEIPT_STATES, Ledger, LocalState
+from engine.clock import SystemClock, monotonic_seconds
 from engine.errors import ServiceRefused, ServiceUnavailable
 from service.testing import ServiceProcess
+
+CLOCK = SystemClock()
 
 
 @dataclass
@@ -79,12 +82,12 @@ def run_trial(
     restarted = ServiceProcess(ledger, config, seed=seed + 1).start()
     try:
         with restarted.client() as client:
-            deadline = time.monotonic() + finish_timeout
-            while time.monotonic() < deadline:
+            deadline = monotonic_seconds() + finish_timeout
+            while monotonic_seconds() < deadline:
                 states = {op["call_node_id"]: op["state"] for op in client.operations(limit=10_000)}
                 if all(states.get(n) in _SETTLED for n in states):
                     break
-                time.sleep(0.1)
+                CLOCK.sleep_blocking(timedelta(seconds=0.1))
     finally:
         restarted.close()
     with Ledger.open(ledger, read_only=True) as led:

@@ -27,9 +27,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.clock import monotonic_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -599,7 +600,7 @@ def run_explorer(
 
 def run_tests(tree: Path, mutant: Mutant, timeout: float) -> tuple[bool, str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    started = time.monotonic()
+    started = monotonic_seconds()
     try:
         done = subprocess.run(
             [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests],
@@ -610,14 +611,14 @@ def run_tests(tree: Path, mutant: Mutant, timeout: float) -> tuple[bool, str, fl
             timeout=timeout,
         )
     except subprocess.TimeoutExpired:
-        return False, f"timed out after {timeout:.0f} s", time.monotonic() - started
+        return False, f"timed out after {timeout:.0f} s", monotonic_seconds() - started
     failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     if done.returncode == 0:
-        return False, "", time.monotonic() - started
+        return False, "", monotonic_seconds() - started
     return (
         True,
         (failed[0].split(" ", 1)[1].split(" - ")[0] if failed else f"exit {done.returncode}"),
-        time.monotonic() - started,
+        monotonic_seconds() - started,
     )
 
 

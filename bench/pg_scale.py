@@ -27,17 +27,21 @@ import tempfile
 import threading
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
 from engine import RECEIPT_STATES, open_ledger
+from engine.clock import SystemClock, monotonic_seconds
 from engine.schedule import busiest_window
 from engine.testing.postgres import TemporaryPostgres
 from refserver.testing import RefServer
 from service.client import ServiceClient
 from service.testing import ServiceProcess
+
+CLOCK = SystemClock()
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -138,12 +142,12 @@ def one_run(
         started = time.perf_counter()
         _submit(executors, nodes, args.duration_ms)
         with open_ledger(url, read_only=True) as ledger:
-            deadline = time.monotonic() + args.timeout_s
-            while time.monotonic() < deadline:
+            deadline = monotonic_seconds() + args.timeout_s
+            while monotonic_seconds() < deadline:
                 done = sum(1 for op in ledger.operations() if op.state in RECEIPT_STATES)
                 if done == args.ops:
                     break
-                time.sleep(0.1)
+                CLOCK.sleep_blocking(timedelta(seconds=0.1))
             elapsed = time.perf_counter() - started
             cpu = [_cpu_s(pid) - before for pid, before in zip(pids, cpu_before, strict=True)]
             pg_cpu = _tree_cpu_s(postmaster) - pg_before

@@ -47,17 +47,20 @@ import uuid
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
+from engine.clock import SystemClock, monotonic_seconds
 from engine.ledger import duckdb_client, pg_client
 from engine.testing.postgres import TemporaryPostgres
 from refserver.testing import RefServer
 from service.client import ServiceClient, ServiceRefused
 from service.testing import ServiceProcess
+
+CLOCK = SystemClock()
 
 # A query that runs into the service's 10-s limit, in each ledger's dialect.
 SLOW = {
@@ -324,7 +327,7 @@ def one_run(
             # the service takes concurrent submissions in one tick's group commit.
             with ThreadPoolExecutor(args.submitters) as pool:
                 list(pool.map(submit, [nodes[i :: args.submitters] for i in range(args.submitters)]))
-            time.sleep(args.warmup_s)
+            CLOCK.sleep_blocking(timedelta(seconds=args.warmup_s))
             for k, mode in enumerate(order):
                 clients, _ = MODES[mode]
                 prober = Prober(svc.url)
@@ -338,15 +341,17 @@ def one_run(
                 for w in workers:
                     w.start()
                 # The analysts' first queries are under way before the window opens.
-                time.sleep(args.lead_s if clients else 0.0)
-                window_start = time.time()
+                CLOCK.sleep_blocking(timedelta(seconds=args.lead_s if clients else 0.0))
+                window_start = CLOCK.now().timestamp()
                 s0, p0 = service_clock.sample(), pg_clock.sample()
                 prober.thread.start()
                 with ServiceClient(svc.url, timeout=60.0) as client:
                     for node in nodes[k * args.cancels : (k + 1) * args.cancels]:
                         client.cancel(node, actor="bench", reason="cancel-confirmation probe")
-                time.sleep(max(0.0, window_start + args.window_s - time.time()))
-                window_end = time.time()
+                CLOCK.sleep_blocking(
+                    timedelta(seconds=max(0.0, window_start + args.window_s - CLOCK.now().timestamp()))
+                )
+                window_end = CLOCK.now().timestamp()
                 s1, p1 = service_clock.sample(), pg_clock.sample()
                 cpu[mode].append(cpu_between(s0, s1, service_pid))
                 pg_cpu[mode].append(cpu_between(p0, p1))
@@ -358,13 +363,15 @@ def one_run(
                 for w in workers:
                     w.join(timeout=120)
                 windows.append((mode, window_start, window_end))
-                time.sleep(args.gap_s)
+                CLOCK.sleep_blocking(timedelta(seconds=args.gap_s))
             # Let the cancels confirm (bounded), then read the figures from the ledger.
-            deadline = time.monotonic() + 180
+            deadline = monotonic_seconds() + 180
             cancelled = nodes[: len(order) * args.cancels]
             with ServiceClient(svc.url, timeout=60.0) as client:
-                while time.monotonic() < deadline and not all(client.show(n)["terminal"] for n in cancelled):
-                    time.sleep(1)
+                while monotonic_seconds() < deadline and not all(
+                    client.show(n)["terminal"] for n in cancelled
+                ):
+                    CLOCK.sleep_blocking(timedelta(seconds=1))
         finally:
             svc.stop(timeout=60)
     out: dict[str, dict[str, float]] = {}

@@ -36,6 +36,8 @@ from refserver.testing import RefServer
 from service.config import parse_config
 from service.executor import Executor
 
+CLOCK = SystemClock()
+
 
 async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[str, object]:
     config = parse_config(
@@ -92,7 +94,7 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
                     cancels.append(asyncio.create_task(cancel(node)))
         if not waiting and "cancels_sent" not in phases:
             phases["cancels_sent"] = round(now - wall0, 1)
-        await asyncio.sleep(0.2)
+        await CLOCK.sleep(timedelta(seconds=0.2))
     await asyncio.gather(*cancels)
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0

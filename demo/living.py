@@ -34,7 +34,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,11 +41,14 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from types import FrameType
 
+from engine.clock import SystemClock, monotonic_seconds
 from engine.errors import ServiceRefused, ServiceUnavailable
 from refserver.testing import RefServer
 from service.auth import new_token, token_hash
 from service.client import ServiceClient
 from service.testing import ServiceProcess, free_port
+
+CLOCK = SystemClock()
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTOR_RELEASE = "demo-release-manager"
@@ -273,9 +275,9 @@ def workload(shared: Shared, seed: int, rate: float) -> None:
     cancels: list[tuple[float, str]] = []
     n = 0
     with ServiceClient(shared.url, timeout=15, token=shared.token("caller")) as client:
-        next_at = time.monotonic()
+        next_at = monotonic_seconds()
         while not shared.stop.is_set():
-            now = time.monotonic()
+            now = monotonic_seconds()
             while cancels and cancels[0][0] <= now:
                 _, node = heapq.heappop(cancels)
                 if _quietly(
@@ -296,7 +298,7 @@ def workload(shared: Shared, seed: int, rate: float) -> None:
             if _quietly(shared, "workload", client.submit, call_node=node, tool=tool, arguments=arguments):
                 shared.count("submitted")
                 if cancel_after is not None:
-                    heapq.heappush(cancels, (time.monotonic() + cancel_after, node))
+                    heapq.heappush(cancels, (monotonic_seconds() + cancel_after, node))
 
 
 DOWNSTREAM = "demo-workflow"
@@ -391,7 +393,7 @@ def approver(shared: Shared, seed: int, delay: tuple[float, float]) -> None:
             pending = _quietly(shared, "approver", client.approvals)
             if not isinstance(pending, list):
                 continue
-            now = time.monotonic()
+            now = monotonic_seconds()
             for approval in pending:
                 key = (str(approval["operation_id"]), int(str(approval["input_round"])))
                 due.setdefault(key, now if first else now + rng.uniform(*delay))
@@ -428,7 +430,7 @@ def operator(shared: Shared, unknown_after_s: float, effects_after_s: float) -> 
             entries = _quietly(shared, "operator", client.reconciliation)
             if not isinstance(entries, list):
                 continue
-            now = time.monotonic()
+            now = monotonic_seconds()
             for entry in entries:
                 entry_id = int(str(entry["entry_id"]))
                 after_s = unknown_after_s if entry["kind"] == "unknown" else effects_after_s
@@ -522,10 +524,10 @@ def release_manager(shared: Shared, min_compared: int, override_after_s: float) 
     compared and every gate passes. If that has not happened after ``override_after_s`` (gates
     without data yet), it opens with an override, which the audit log records with its reason.
     """
-    started = time.monotonic()
+    started = monotonic_seconds()
     with ServiceClient(shared.url, timeout=30, token=shared.token("release-manager")) as client:
         while not shared.stop.wait(1.0):
-            override = time.monotonic() - started >= override_after_s
+            override = monotonic_seconds() - started >= override_after_s
             diffs = _quietly(shared, "release", client.shadow_diffs)
             compared = diffs.get("summary", {}).get("compared", 0) if isinstance(diffs, dict) else 0
             if compared < min_compared and not override:
@@ -724,7 +726,7 @@ def main(argv: list[str] | None = None) -> int:
     service: ServiceProcess | None = None
     threads: list[threading.Thread] = []
     pool = concurrent.futures.ThreadPoolExecutor(len(servers))
-    started_at = time.monotonic()
+    started_at = monotonic_seconds()
     exit_code = 0
     try:
         # The explorer writes the fresh ledger while the servers come up; the service opens it after.
@@ -790,20 +792,20 @@ def main(argv: list[str] | None = None) -> int:
             port = port_or_free(args.console_port)
             console = start_console(data, service.url, ledger, port, tokens["console"])
             print(f"\n  Finality console: http://127.0.0.1:{port}\n", flush=True)
-        print(f"ready in {time.monotonic() - started_at:.1f} s. Ctrl-C stops everything.", flush=True)
-        deadline = time.monotonic() + args.seconds if args.seconds else None
-        next_summary = time.monotonic() + args.summary_s
-        while deadline is None or time.monotonic() < deadline:
-            time.sleep(0.5)
+        print(f"ready in {monotonic_seconds() - started_at:.1f} s. Ctrl-C stops everything.", flush=True)
+        deadline = monotonic_seconds() + args.seconds if args.seconds else None
+        next_summary = monotonic_seconds() + args.summary_s
+        while deadline is None or monotonic_seconds() < deadline:
+            CLOCK.sleep_blocking(timedelta(seconds=0.5))
             assert service is not None
             assert shared is not None
             if not service_alive(service, shared):
                 print(f"the service died (status {service.returncode()}); stopping the demo", flush=True)
                 exit_code = 1
                 break
-            if time.monotonic() >= next_summary:
+            if monotonic_seconds() >= next_summary:
                 next_summary += args.summary_s
-                print(shared.summary(time.monotonic() - started_at), flush=True)
+                print(shared.summary(monotonic_seconds() - started_at), flush=True)
             if console is not None and console.poll() is not None:
                 print(
                     f"the console exited (status {console.returncode}); see {data / 'console.log'}",

@@ -1,6 +1,9 @@
 """Time for the engine: the ``Clock`` protocol and the system clock.
 
-The only engine module that reads the wall clock or sleeps; everything else is handed a ``Clock``.
+The only module of the house that reads the wall clock or sleeps (the reference servers, which must
+not import the engine they test, have their own in ``refserver/clock.py``); everything else is handed
+a ``Clock``, or measures elapsed time with ``monotonic_seconds``. Tests wait through
+``engine.testing.wait`` (bounded), which sleeps through here.
 """
 
 from __future__ import annotations
@@ -27,6 +30,11 @@ class SystemClock:
 
     async def sleep(self, delay: timedelta) -> None:
         await asyncio.sleep(max(0.0, delay.total_seconds()))
+
+    def sleep_blocking(self, delay: timedelta) -> None:
+        """Block the calling thread for ``delay``: for threads and scripts that run no event loop
+        (a benchmark's pacing, the living demo, a bounded wait for a subprocess). Never on a loop."""
+        time.sleep(max(0.0, delay.total_seconds()))
 
 
 def monotonic_seconds() -> float:

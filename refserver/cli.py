@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from refserver.app import build_app
+from refserver.clock import pause
 from refserver.context import Options, Protocol
 from refserver.fault import FaultError, FaultPlan
 
@@ -140,7 +141,7 @@ async def serve(options: Options, host: str, port: int, log_level: str = "warnin
         if serving.done():
             serving.result()
             return 1
-        await asyncio.sleep(0.01)
+        await pause(0.01)
     bound_port = sock.getsockname()[1]
     shown_host = f"[{host}]" if ":" in host else host
     print(f"READY http://{shown_host}:{bound_port}", flush=True)

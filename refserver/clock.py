@@ -1,12 +1,14 @@
 """Time for the reference server: a monotonic clock protocol, the system clock and a fake one.
 
 Task deadlines are arithmetic on a monotonic float (seconds), so wall-clock jumps cannot reorder a
-task's history; wall ``datetime``s are only an anchor for rendering ISO timestamps. Nothing else in
-``refserver`` reads time except the HTTP layer's waits.
+task's history; wall ``datetime``s are only an anchor for rendering ISO timestamps. The one module of ``refserver``
+that reads time or sleeps (``pause``: the HTTP layer's waits and a simulated tool's work): the
+reference servers must not import the engine they test, so they do not use ``engine.clock``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
@@ -32,6 +34,11 @@ class SystemClock:
 
     def now(self) -> datetime:
         return datetime.now(UTC)
+
+
+async def pause(seconds: float) -> None:
+    """Wait ``seconds`` on the event loop (an advised delay, a tool's simulated work, a poll's pace)."""
+    await asyncio.sleep(seconds)
 
 
 class FakeClock:
@@ -74,4 +81,5 @@ __all__ = [
     "FakeClock",
     "SystemClock",
     "WallAnchor",
+    "pause",
 ]

@@ -6,7 +6,6 @@ JSON-RPC code and the HTTP status the transport should answer with.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Any, Final
 from starlette.requests import Request
 from starlette.responses import Response
 
+from refserver.clock import pause
 from refserver.wire import ABORT, GARBAGE_BODY, Abort, Delivery, EventStream, Reply, dumps, prefers_sse
 
 PARSE_ERROR: Final = -32700
@@ -192,7 +192,7 @@ def sse_chunks(message: Mapping[str, Any], delivery: Delivery) -> list[bytes | A
 
 async def _stream(chunks: list[bytes | Abort], delay_s: float) -> AsyncIterator[bytes | Abort]:
     if delay_s > 0:
-        await asyncio.sleep(delay_s)
+        await pause(delay_s)
     for chunk in chunks:
         yield chunk
 

@@ -7,7 +7,6 @@ the answer is a JSON-RPC response POSTed to ``/mcp``. Renders store state; never
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -17,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from refserver.clock import pause
 from refserver.context import EPOCH_META_KEY, SERVER_NAME, SERVER_VERSION, ServerContext, Unauthenticated
 from refserver.fault import Fault
 from refserver.jsonrpc import (
@@ -301,7 +301,7 @@ class Mcp2025:
         if call.spec.task_support is TaskSupport.REQUIRED:
             raise RpcFault(METHOD_NOT_FOUND, f"Tool {call.spec.name} requires task-augmented execution")
         outcome = self.store.run_sync(call.spec, call.echo, call.sim)
-        await asyncio.sleep(call.sim.duration_s)
+        await pause(call.sim.duration_s)
         if isinstance(outcome, ToolFailure):
             raise failure_fault(outcome, call.epoch, None)
         return reply(request, result_message(message.id, call_tool_result(outcome, call.epoch, None)))
@@ -373,7 +373,7 @@ class Mcp2025:
             if task.terminal:
                 delivery, delay_s = self._final_delivery(task)
                 if delay_s > 0:
-                    await asyncio.sleep(delay_s)
+                    await pause(delay_s)
                 for chunk in sse_chunks(
                     self._final_message(message.id, task, epoch_of(meta_of(message.params), EPOCH_META_KEY)),
                     delivery,

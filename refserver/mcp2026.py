@@ -7,7 +7,6 @@ come back inside ``tasks/get``; answers go in through ``tasks/update``. Renders 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import re
@@ -19,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from refserver.clock import pause
 from refserver.context import EPOCH_META_KEY, SERVER_NAME, SERVER_VERSION, ServerContext, Unauthenticated
 from refserver.fault import Fault
 from refserver.jsonrpc import (
@@ -277,7 +277,7 @@ class Mcp2026:
         )
         if call.spec.task_support is TaskSupport.FORBIDDEN or call.sim.is_short:
             outcome = self.store.run_sync(call.spec, call.echo, call.sim)
-            await asyncio.sleep(call.sim.duration_s)
+            await pause(call.sim.duration_s)
             if isinstance(outcome, ToolFailure):
                 raise failure_fault(outcome, call.epoch, None)
             result = {**call_tool_result(outcome, call.epoch, None), "resultType": "complete"}

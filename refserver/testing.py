@@ -22,7 +22,6 @@ import selectors
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -30,6 +29,10 @@ from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, Self
+
+from refserver.clock import SystemClock
+
+_CLOCK = SystemClock()  # the start-up budget is counted on the monotonic clock
 
 PROTOCOLS = ("mcp-2025-11-25", "mcp-2026-07-28", "aip-151")
 _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
@@ -80,14 +83,14 @@ def read_ready_line(
     """
     assert process.stdout is not None
     budget_s = budget.total_seconds()
-    started = time.monotonic()
+    started = _CLOCK.monotonic()
     queued_before = run_queue_wait(process.pid)
     buffer = b""
     fd = process.stdout.fileno()
     with selectors.DefaultSelector() as selector:
         selector.register(fd, selectors.EVENT_READ)
         while b"\n" not in buffer:
-            waited = time.monotonic() - started
+            waited = _CLOCK.monotonic() - started
             charged = waited - max(0.0, run_queue_wait(process.pid) - queued_before)
             if charged >= budget_s or waited >= STARVED_CEILING * budget_s:
                 raise StartupTimeout(

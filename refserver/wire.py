@@ -7,7 +7,6 @@ response that started and never ended. Nothing here knows about tasks or protoco
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from enum import StrEnum
@@ -16,6 +15,8 @@ from typing import Final
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
+
+from refserver.clock import pause
 
 GARBAGE_BODY: Final = b"<html><body>upstream hiccup</body></html>{not json"
 
@@ -65,7 +66,7 @@ class Reply(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.delay_s > 0:
-            await asyncio.sleep(self.delay_s)
+            await pause(self.delay_s)
         if self.delivery is not Delivery.BROKEN:
             await super().__call__(scope, receive, send)
             return

@@ -2,7 +2,8 @@
 
 Starts the service on a free loopback port, waits (bounded, in the child's own time rather than wall
 time on a loaded machine) for its ``READY`` line, and stops it
-with SIGTERM, or SIGKILL to test crash recovery. Not used by the service itself.
+with SIGTERM, or SIGKILL to test crash recovery. Not used by the service itself. Its bounded wait for
+a condition (``wait_until``) is ``engine.testing.wait``'s, named here for the suites that start a service.
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Self
 
 from engine.errors import ServiceProcessError
+from engine.testing.wait import wait_until
 from refserver.testing import RefServer, StartupFailed, read_ready_line
 from service.client import ServiceClient
 
@@ -185,19 +186,6 @@ def start_all(processes: Sequence[ServiceProcess]) -> None:
         for process in processes:
             process.close()
         raise errors[0]
-
-
-def wait_until(
-    predicate: Callable[[], bool], *, timeout: float = 30.0, every: float = 0.05, what: str = "condition"
-) -> None:
-    """Poll ``predicate`` every ``every`` seconds until it holds, for at most ``timeout`` seconds
-    (then AssertionError). A predicate that costs a query wants a longer ``every``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def all_terminal(client: ServiceClient, call_nodes: list[str]) -> bool:

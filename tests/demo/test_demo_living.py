@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -29,6 +28,7 @@ from console.insights import Insights
 from console.queries import ARMS, CHARTS, EXPIRED_APPROVALS, PROTOCOLS, SQL_EXAMPLES
 from console.sources import ServiceSource
 from demo.living import ACTOR_OPERATOR
+from engine.clock import SystemClock, monotonic_seconds
 from engine.errors import ConsoleError
 from service.client import ServiceClient
 from service.testing import wait_until
@@ -67,7 +67,7 @@ class Demo:
         for at, line in self.seen:
             if match := compiled.search(line):
                 return at, match
-        while (left := until - time.monotonic()) > 0:
+        while (left := until - monotonic_seconds()) > 0:
             try:
                 at, line = self.lines.get(timeout=min(left, 0.5))
             except queue.Empty:
@@ -137,13 +137,13 @@ def _launch(folder: Path, *extra: str) -> Demo:
         text=True,
         start_new_session=True,
     )
-    demo = Demo(process, time.monotonic())
+    demo = Demo(process, monotonic_seconds())
     assert process.stdout is not None
     stdout = process.stdout
 
     def pump() -> None:
         for line in stdout:
-            demo.lines.put((time.monotonic(), line))
+            demo.lines.put((monotonic_seconds(), line))
 
     threading.Thread(target=pump, daemon=True).start()
     return demo
@@ -296,9 +296,9 @@ def test_every_console_chart_has_data_within_30_seconds(living: Demo) -> None:
         # found a chart's data began within the 30 seconds. A chart found empty is read again alone.
         while (
             missing := [name for name in readers if name not in found_at]
-        ) and time.monotonic() <= deadline:
+        ) and monotonic_seconds() <= deadline:
             for name in missing:
-                read_at = time.monotonic()
+                read_at = monotonic_seconds()
                 try:
                     sizes[name] = readers[name]()
                 except ConsoleError as exc:
@@ -306,7 +306,8 @@ def test_every_console_chart_has_data_within_30_seconds(living: Demo) -> None:
                     sizes[f"service answered: {exc}"] = 0
                 if sizes[name]:
                     found_at[name] = read_at
-            time.sleep(0.25)
+            # The next pass over the charts still missing, bounded by the deadline above.
+            SystemClock().sleep_blocking(timedelta(seconds=0.25))
         took = max(found_at.values(), default=up_at) - up_at
         empty = sorted(name for name in readers if name not in found_at)
         assert not empty, f"within {DATA_WITHIN_S:.0f} s these console charts had no data: {empty}; {sizes}"
@@ -331,10 +332,12 @@ def test_sigint_stops_the_demo_and_every_process_it_started(living: Demo) -> Non
     assert len(children) >= 5, "reference servers, the service and the console run as child processes"
     demo.process.send_signal(signal.SIGINT)
     demo.process.wait(timeout=STOP_WITHIN_S)
-    gone_by = time.monotonic() + 10
-    while any(_running(pid) for pid in children) and time.monotonic() < gone_by:
-        time.sleep(0.1)
-    assert not [pid for pid in children if _running(pid)], "processes the demo started outlived it"
+    wait_until(
+        lambda: not any(_running(pid) for pid in children),
+        timeout=10,
+        every=0.1,
+        what="every process the demo started to exit with it",
+    )
     assert demo.process.returncode == 0
 
 
@@ -346,11 +349,13 @@ def test_ctrl_c_while_the_demo_starts_stops_every_process_it_started(start_demo)
     assert children, "the demo started child processes"
     os.killpg(demo.process.pid, signal.SIGINT)
     demo.process.wait(timeout=STOP_WITHIN_S)
-    gone_by = time.monotonic() + 10
-    while any(_running(pid) for pid in children) and time.monotonic() < gone_by:
-        time.sleep(0.1)
-    assert not [pid for pid in children if _running(pid)], "processes the demo started outlived it"
-    demo.wait_for(r"demo stopped", until=time.monotonic() + 5)
+    wait_until(
+        lambda: not any(_running(pid) for pid in children),
+        timeout=10,
+        every=0.1,
+        what="every process the demo started to exit with it",
+    )
+    demo.wait_for(r"demo stopped", until=monotonic_seconds() + 5)
 
 
 def test_without_bots_the_demo_says_so_prints_summaries_and_ends_when_the_service_dies(start_demo):
@@ -363,9 +368,9 @@ def test_without_bots_the_demo_says_so_prints_summaries_and_ends_when_the_servic
     pid = int(demo.wait_for(r"service: http://\S+ \(pid (\d+),", until=deadline).group(1))
     demo.wait_for(r"simulated people: none \(--no-bots\)", until=deadline)
     demo.wait_for(r"try first: open Approvals", until=deadline)
-    demo.wait_for(r"^\[demo \d\d:\d\d\] submitted \d+", until=time.monotonic() + 30)
+    demo.wait_for(r"^\[demo \d\d:\d\d\] submitted \d+", until=monotonic_seconds() + 30)
     os.kill(pid, signal.SIGKILL)
-    demo.wait_for(r"the service died", until=time.monotonic() + 60)
+    demo.wait_for(r"the service died", until=monotonic_seconds() + 60)
     assert demo.process.wait(timeout=STOP_WITHIN_S) == 1
     assert not any("[operator]" in line or "[approver]" in line for _, line in demo.seen)
 
@@ -375,15 +380,15 @@ def test_a_short_living_demo_passes_every_gate_the_engine_controls(start_demo):
     passes every gate but the explorer's size, and the operator has resolved every UNKNOWN it had time for."""
     demo = start_demo("--no-console", "--fault-rate", "0.05", "--explore", str(SHIPPED_INTERLEAVINGS))
     service_url = demo.wait_for(r"service: (http://\S+)", until=demo.started + 180).group(1)
-    analyst = demo.wait_for(r"^\s+analyst\s+(fin_\S+)", until=time.monotonic() + 60).group(1)
-    ready_at, _ = demo.first(r"ready in ", until=time.monotonic() + 60)
+    analyst = demo.wait_for(r"^\s+analyst\s+(fin_\S+)", until=monotonic_seconds() + 60).group(1)
+    ready_at, _ = demo.first(r"ready in ", until=monotonic_seconds() + 60)
     run_until = ready_at + GATES_RUN_S
     with ServiceClient(service_url, timeout=30, token=analyst) as client:
         # The workload runs meanwhile; this only waits (bounded) for the run's end and the explorer.
-        demo.wait_for(r"^\[demo \d\d:\d\d\] submitted", until=time.monotonic() + 60)
+        demo.wait_for(r"^\[demo \d\d:\d\d\] submitted", until=monotonic_seconds() + 60)
         wait_until(
             lambda: (
-                time.monotonic() >= run_until
+                monotonic_seconds() >= run_until
                 and bool(
                     client.sql("SELECT run_id FROM explorer_runs WHERE code = 'shipped' LIMIT 1")["rows"]
                 )

@@ -25,14 +25,17 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 
+from engine.clock import SystemClock
 from engine.errors import ServiceRefused, ServiceUnavailable
 from engine.ledger import pg_client
 from refserver.testing import RefServer
 from service.client import ServiceClient
 from service.testing import ServiceProcess, start_all, wait_until
+
+CLOCK = SystemClock()  # the wall clock the executors under test read too
 
 EXECUTORS = 3
 LEASE_S = 6.0
@@ -183,7 +186,7 @@ def _stuck(pg_url: str, executors: list[ServiceProcess], servers: list[RefServer
             f"s.lease_expires_at, s.updated_at FROM op_state s JOIN op_identity i USING (operation_id) WHERE {_LIVE} "
             "ORDER BY i.call_node_id LIMIT 12"
         ).fetchall()
-        lines.append(f"now {datetime.now(UTC).isoformat()}; {_in_flight(con)} live")
+        lines.append(f"now {CLOCK.now().isoformat()}; {_in_flight(con)} live")
         for row in live:
             lines.append(f"live {row}")
             lines.append(f"    server: {tasks.get(str(row[6]))}")
@@ -218,7 +221,7 @@ def _to_canary(client: ServiceClient, why: str, percentage: int) -> dict[str, ob
 def _rollback(executor: ServiceProcess, reason: str) -> tuple[dict[str, object], datetime]:
     with executor.client() as client:
         out = client.rollout("rollback", {"actor": "rm", "reason": reason})
-    return out, datetime.now(UTC)
+    return out, CLOCK.now()
 
 
 def test_a_rollback_through_one_executor_stops_the_new_path_on_every_executor_before_it_returns(
@@ -254,8 +257,8 @@ def test_a_rollback_through_one_executor_stops_the_new_path_on_every_executor_be
             assert isinstance(cluster, dict)
             assert cluster["effective_everywhere"] is False
             by = datetime.fromisoformat(str(cluster["effective_everywhere_by"]))
-            assert (by - datetime.now(UTC)).total_seconds() <= 1.0
-            wait_until(lambda: datetime.now(UTC) >= by, timeout=5, what="the stated bound")
+            assert (by - CLOCK.now()).total_seconds() <= 1.0
+            wait_until(lambda: CLOCK.now() >= by, timeout=5, what="the stated bound")
             _submit([executors[2]], [f"busy-{i}" for i in range(BUSY)], _fixed(BUSY_SIM))
             with pg_client.connect(pg_url) as con:
                 assert _canary_after(con, int(str(canary["seq"]))) > 0, "executor 2 ignored the canary"
@@ -278,7 +281,7 @@ def test_a_rollback_through_one_executor_stops_the_new_path_on_every_executor_be
             with executors[0].client() as client:
                 again = _to_canary(client, "again", 50)
             by = datetime.fromisoformat(str(again["cluster"]["effective_everywhere_by"]))  # type: ignore[index]
-            wait_until(lambda: datetime.now(UTC) >= by, timeout=5, what="the stated bound")
+            wait_until(lambda: CLOCK.now() >= by, timeout=5, what="the stated bound")
             _submit(executors, [f"c-{i:05d}" for i in range(SECOND)], _fixed(SECOND_SIM))
             victim = executors[2]
             killer = threading.Thread(target=victim.kill)

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from engine.clock import monotonic_seconds
 from engine.errors import ServiceRefused, ServiceUnavailable
 from engine.ledger import open_ledger, pg_client
 from engine.model import RECEIPT_STATES
 from engine.schedule import busiest_window
+from engine.testing.wait import wait_until
 from refserver.testing import RefServer
 from service.client import ServiceClient
 from service.testing import ServiceProcess
@@ -136,17 +137,20 @@ def test_three_executors_one_killed_nothing_doubled_every_operation_terminal(
             for executor in executors:
                 executor.start()
             victim = executors[0]
-            killed_at = time.monotonic()
+            killed_at = monotonic_seconds()
             acknowledged = _submit_all(executors, nodes, victim, KILL_AFTER)
-            killed_at = time.monotonic() - killed_at
+            killed_at = monotonic_seconds() - killed_at
             survivors = [e for e in executors if e is not victim]
-            deadline = time.monotonic() + 120
             with open_ledger(pg_url, read_only=True) as ledger:
-                while time.monotonic() < deadline:
-                    ops = ledger.operations()
-                    if len(ops) == CALLS and all(op.state in RECEIPT_STATES for op in ops):
-                        break
-                    time.sleep(0.2)  # a bounded poll (deadline above), not a wait for time to pass
+                wait_until(
+                    lambda: (
+                        len(ops := ledger.operations()) == CALLS
+                        and all(op.state in RECEIPT_STATES for op in ops)
+                    ),
+                    timeout=120,
+                    every=0.2,
+                    what="every call to hold a receipt",
+                )
                 ops = ledger.operations()
                 receipts = ledger.count("receipts")
                 entries = ledger.reconciliation(open_only=False)

@@ -8,28 +8,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import http_kit
-import pytest
 
+from engine.clock import monotonic_seconds
+from engine.testing import wait
 from refserver.testing import RefServer
 
 DEADLINE_S = 5.0
 
 
-def wait_until(predicate: Callable[[], Any], timeout_s: float = DEADLINE_S, step_s: float = 0.01) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout_s} s")
-        time.sleep(step_s)
+def wait_until(predicate: Callable[[], Any], timeout_s: float = DEADLINE_S) -> Any:
+    """``engine.testing.wait.wait_until`` at the reference servers' pace: a short deadline, a look every 10 ms."""
+    return wait.wait_until(predicate, timeout=timeout_s, every=0.01, what="the reference server")
 
 
 def sse_messages(response: http_kit.Response) -> Iterator[dict[str, Any]]:
@@ -185,9 +178,9 @@ class Mcp2026Client:
         """The slowest of ``samples`` server/discover round trips: how long one request takes right now."""
         slowest = 0.0
         for _ in range(samples):
-            started = time.monotonic()
+            started = monotonic_seconds()
             self.result("server/discover")
-            slowest = max(slowest, time.monotonic() - started)
+            slowest = max(slowest, monotonic_seconds() - started)
         return slowest
 
     def close(self) -> None:

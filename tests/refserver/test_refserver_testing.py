@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 
 import http_kit
 import pytest
 
+from engine.clock import monotonic_seconds
 from refserver.cli import parse_options
 from refserver.context import Protocol
 from refserver.testing import (
@@ -43,19 +43,19 @@ def silent() -> Iterator[subprocess.Popen[bytes]]:
 
 def test_a_silent_child_fails_its_start_once_its_own_time_is_spent(silent):
     """Not starved (no run-queue time credited), the wait ends at the budget, never before it."""
-    started = time.monotonic()
+    started = monotonic_seconds()
     with pytest.raises(StartupTimeout, match=r"no READY line within 0\.2 s"):
         read_ready_line(silent, timedelta(seconds=0.2), run_queue_wait=lambda pid: 0.0)
-    assert time.monotonic() - started >= 0.2
+    assert monotonic_seconds() - started >= 0.2
 
 
 def test_time_a_child_waits_for_a_cpu_is_not_charged_to_its_start(silent):
     """A child always waiting in the run queue is given wall time up to the ceiling, then fails."""
-    clock_start = time.monotonic()
-    starved = lambda pid: time.monotonic() - clock_start  # noqa: E731 - every second passed was queued
+    clock_start = monotonic_seconds()
+    starved = lambda pid: monotonic_seconds() - clock_start  # noqa: E731 - every second passed was queued
     with pytest.raises(StartupTimeout, match="of wall time"):
         read_ready_line(silent, timedelta(seconds=0.05), run_queue_wait=starved)
-    assert time.monotonic() - clock_start >= STARVED_CEILING * 0.05
+    assert monotonic_seconds() - clock_start >= STARVED_CEILING * 0.05
 
 
 def test_a_child_that_exits_before_its_line_ends_the_wait_at_once():

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import tomllib
 from collections import Counter
 from collections.abc import Callable, Mapping
 
 from engine.ledger.duckdb import Ledger
+from engine.testing.wait import wait_until_async
 from refserver.testing import RefServer
 from service.config import ServiceConfig, parse_config
 from service.executor import Executor
@@ -60,12 +60,7 @@ def parsed_config(servers: Mapping[str, RefServer], **kwargs: object) -> Service
 
 async def settle(predicate: Callable[[], bool], *, within: float, what: str) -> None:
     """Poll ``predicate`` (every 200 ms: each look costs the executor's loop a query) for at most ``within`` s."""
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"timed out after {within} s waiting for {what}")
+    await wait_until_async(predicate, within=within, every=0.2, what=what)
 
 
 def states(ledger: Ledger) -> Counter[str]:

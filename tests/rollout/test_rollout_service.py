@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import http_kit
 import pytest
 from rollout_kit import TIME_SCALE, created, executions
 
+from engine.clock import monotonic_seconds
 from engine.errors import ServiceRefused
 from engine.ledger import duckdb_client
 from engine.ledger.duckdb import Ledger
@@ -268,11 +268,11 @@ def test_rollback_through_the_cli_adopts_in_flight_calls_and_sends_new_ones_to_t
     service: ServiceProcess, capsys: pytest.CaptureFixture[str], paths: dict[str, RefServer]
 ) -> None:
     """One command: epoch raised, in-flight calls finish where they are, nothing runs twice, new calls go old."""
-    started = time.monotonic()
+    started = monotonic_seconds()
     act(service, capsys, "shadow")
     act(service, capsys, "canary", "5", "--override")
     act(service, capsys, "canary", "50", "--override")
-    per_request_s = (time.monotonic() - started) / 3
+    per_request_s = (monotonic_seconds() - started) / 3
     nodes = [f"r{i}" for i in range(30)]
     # Every call must still be in flight when the rollback lands: the work outlasts the ~70 requests
     # before it (30 submits, a round of 30 shows, the rollback) at twice the pace just measured, and

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-from engine.clock import SystemClock
+from engine.clock import SystemClock, monotonic_seconds
 from engine.errors import ServiceError
 from engine.ledger.duckdb import Ledger
 from engine.model import LocalState, Operation
+from engine.testing.wait import wait_until_async
 from refserver.testing import RefServer
 from service.config import parse_config
 from service.executor import Executor
@@ -44,15 +44,6 @@ class ReadCountingLedger(Ledger):
         return super().by_call_nodes(call_node_ids)
 
 
-async def settle(predicate: Callable[[], bool], *, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out after {within} s waiting for {what}")
-
-
 async def test_concurrent_cancels_share_one_commit_and_a_few_reads_and_each_is_durable_when_answered(
     tmp_path: Path, servers: dict[str, RefServer]
 ) -> None:
@@ -69,7 +60,7 @@ async def test_concurrent_cancels_share_one_commit_and_a_few_reads_and_each_is_d
         def working() -> bool:
             return all(op.state is LocalState.WORKING for op in ledger.operations())
 
-        await settle(working, within=30, what="all 40 working")
+        await wait_until_async(working, within=30, what="all 40 working")
         commits_before = executor._store.flushes
         reads_before = ledger.point_reads + ledger.batch_reads
         answers = await asyncio.gather(
@@ -115,15 +106,15 @@ async def test_a_single_cancel_is_answered_without_waiting_for_company(
     runner = asyncio.create_task(executor.run())
     try:
         await executor.submit_many([("solo", "analyze_upload", {"n": "solo", "_sim": LONG})])
-        await settle(
+        await wait_until_async(
             lambda: all(op.state is LocalState.WORKING for op in ledger.operations()),
             within=30,
             what="working",
         )
-        started = time.monotonic()
+        started = monotonic_seconds()
         answer = await executor.cancel("solo", actor="ops", reason="stop")
         assert answer.state is LocalState.CANCEL_REQUESTED
-        assert time.monotonic() - started < 5
+        assert monotonic_seconds() - started < 5
     finally:
         executor.request_stop()
         await asyncio.wait_for(runner, timeout=60)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import random
 import threading
-import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from engine.ledger.duckdb import Ledger
 from engine.ledger.port import GroupOutcome, WriteGroup
 from engine.model import Operation
 from engine.testing import FakeClock
+from engine.testing.wait import wait_until_async
 from refserver.testing import RefServer
 from service.config import parse_config
 from service.executor import Executor, ServiceError
@@ -74,15 +74,6 @@ class SweepCountingLedger(Ledger):
     def close_rounds(self, at: datetime) -> int:
         self.sweeps += 1
         return super().close_rounds(at)
-
-
-async def settle(predicate: Callable[[], bool], *, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out after {within} s waiting for {what}")
 
 
 async def started(
@@ -193,7 +184,7 @@ async def test_every_advance_of_a_completing_call_sends_a_request_the_local_step
         }
         for node, tool in nodes.items():
             await executor.submit(call_node=node, tool=tool, arguments={"n": node, "_sim": quick})
-        await settle(lambda: executor.in_flight == 0, within=120, what="every call terminal")
+        await wait_until_async(lambda: executor.in_flight == 0, within=120, what="every call terminal")
         executor.request_stop()
         await asyncio.wait_for(runner, timeout=60)
         ops = {op.call_node_id: op for op in ledger.operations()}
@@ -222,7 +213,7 @@ async def test_due_polls_go_out_while_a_group_commit_is_still_running(
             await executor.submit(call_node=node, tool="generate_report", arguments={"n": node, "_sim": sim})
         slow = ledger.by_call_node("slow")
         assert slow is not None
-        await settle(
+        await wait_until_async(
             lambda: sum(1 for row in ledger.polls() if row["operation_id"] == slow.operation_id) >= 2,
             within=60,
             what="the slow call polling",
@@ -231,14 +222,14 @@ async def test_due_polls_go_out_while_a_group_commit_is_still_running(
             ledger.entered.clear()
             ledger.release = threading.Event()
             ledger.hold.set()
-            await settle(ledger.entered.is_set, within=30, what="a group commit to be held")
+            await wait_until_async(ledger.entered.is_set, within=30, what="a group commit to be held")
             between = slow.operation_id in executor._due_at and slow.operation_id not in executor._running
             if between:
                 break
             ledger.release.set()
         assert between, "the slow call was never found between two polls while a commit was held"
         polls = executor.stats["advances"]
-        await settle(
+        await wait_until_async(
             lambda: executor.stats["advances"] > polls, within=20, what="a poll sent during the commit"
         )
         assert not ledger.release.is_set()

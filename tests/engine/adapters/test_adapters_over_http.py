@@ -16,6 +16,7 @@ from adapter_fakes import operation
 
 from engine.adapters import AdapterOptions, HttpClient, Timeouts, discover, open_backend, open_client
 from engine.adapters.base import Backend, CancelResult, Created, Inline, ServerView, SubmitRequest
+from engine.clock import SystemClock
 from engine.errors import (
     BackendRejected,
     BackendUnavailable,
@@ -28,6 +29,7 @@ from refserver.testing import RefServer
 
 SCALE = 0.01
 DEADLINE = timedelta(seconds=5)
+CLOCK = SystemClock()  # the pauses between reads of a real server, each loop bounded by DEADLINE
 LONG = 100_000  # unscaled ms: 1 s of real time at SCALE
 ACCEPT: dict[str, object] = {"action": "accept", "content": {"approve": True}}
 OPTIONS = AdapterOptions(timeouts=Timeouts(result_wait=timedelta(seconds=5)))
@@ -100,7 +102,7 @@ async def poll(backend: Backend, op: Operation, until: Callable[[ServerView], bo
             view = await backend.get(op)
             if until(view):
                 return view
-            await asyncio.sleep(0.01)
+            await CLOCK.sleep(timedelta(milliseconds=10))
 
 
 async def finish(backend: Backend, op: Operation) -> tuple[Operation, ServerView]:
@@ -115,7 +117,7 @@ async def eventually(call: Callable[[], Awaitable[Any]]) -> Any:
             try:
                 return await call()
             except BackendUnavailable:
-                await asyncio.sleep(0.01)
+                await CLOCK.sleep(timedelta(milliseconds=10))
 
 
 # ------------------------------------------------------------------------------------ discovery

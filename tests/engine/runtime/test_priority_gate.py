@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 
+from engine.clock import SystemClock
 from engine.runtime.limiter import PriorityGate
+
+
+async def let_others_run() -> None:
+    """Yield to the event loop once (a zero sleep): every ready task runs a step; no time passes."""
+    await SystemClock().sleep(timedelta(0))
 
 
 async def test_waiters_are_served_urgent_first_then_in_arrival_order() -> None:
@@ -24,7 +31,7 @@ async def test_waiters_are_served_urgent_first_then_in_arrival_order() -> None:
         asyncio.create_task(wait("cancel-1", True)),
         asyncio.create_task(wait("cancel-2", True)),
     ]
-    await asyncio.sleep(0)  # every waiter queues
+    await let_others_run()  # every waiter queues
     assert gate.waiting == 4
     gate.release()
     await asyncio.gather(*tasks)
@@ -36,7 +43,7 @@ async def test_a_waiter_cancelled_while_queued_loses_no_place() -> None:
     gate = PriorityGate(1)
     await gate.acquire()
     doomed = asyncio.create_task(gate.acquire(urgent=True))
-    await asyncio.sleep(0)
+    await let_others_run()
     doomed.cancel()
     with pytest.raises(asyncio.CancelledError):
         await doomed
@@ -50,7 +57,7 @@ async def test_a_waiter_cancelled_after_being_handed_the_place_gives_it_back() -
     gate = PriorityGate(1)
     await gate.acquire()
     handed = asyncio.create_task(gate.acquire())
-    await asyncio.sleep(0)
+    await let_others_run()
     gate.release()  # the place passes to the waiter ...
     handed.cancel()  # ... which is cancelled before it runs
     with pytest.raises(asyncio.CancelledError):
@@ -68,7 +75,7 @@ async def test_no_more_than_the_limit_hold_at_once() -> None:
         async with gate.hold(urgent=urgent):
             inside += 1
             peak = max(peak, inside)
-            await asyncio.sleep(0)
+            await let_others_run()
             inside -= 1
 
     await asyncio.gather(*(work(i % 4 == 0) for i in range(40)))
