@@ -51,7 +51,7 @@ class Driver(Submission, Cancelling):
             epoch=self.epoch,
             fresh_submit=known is not None and known.fresh_submit,
             cancel_sent=known.cancel_sent if known is not None else 0,
-            proved_absent=known is not None and known.proved_absent,
+            proved_absent=op.state is S.NOT_FOUND_SAFE and self.proof_of_absence(op),
             round_expired=deadline is not None and now >= deadline,
             can_cancel=self.can_cancel(),
         )

@@ -65,7 +65,8 @@ def next_step(
 ) -> Step:
     """The action due for ``op`` for an executor at ``epoch`` that remembers ``fresh_submit``,
     ``cancel_sent`` and ``proved_absent`` (this process's own lookup proved the submission absent).
-    All three are lost on restart, by design: a restart resumes from the ledger alone.
+    The first two are lost on restart, by design: a restart resumes from the ledger alone (which
+    holds the server's proof of absence, so the driver reads ``proved_absent`` back from it).
     ``round_expired`` (read from the ledger's approval record: the open round's deadline passed
     unanswered) and ``can_cancel`` (the server declared a cancel) decide an unanswered round."""
     if op.epoch != epoch:
@@ -76,8 +77,9 @@ def next_step(
         case S.SUBMISSION_UNKNOWN:
             return Step.LOOK_UP
         case S.NOT_FOUND_SAFE:
-            # Only this process's own proof resubmits by itself: a person's "absent" (or a proof a
-            # restarted process no longer remembers) waits for a person's separate resubmit action.
+            # Only the server's proof resubmits by itself (the driver remembers it, or reads it back
+            # from the ledger's log after a restart): a person's "absent" waits for that person's
+            # separate resubmit action.
             return Step.RESUBMIT if proved_absent else Step.WAIT
         case S.NEVER_CREATED:
             return Step.RESUBMIT

@@ -74,8 +74,8 @@ class Memory:
     advised: timedelta | None = None
     pending_input: InputRequest | None = None
     proved_absent: bool = False
-    """The server proved by the key that the submission never arrived (lost on restart: then the
-    NOT_FOUND_SAFE operation waits for a person's resubmission instead)."""
+    """The server proved by the key that the submission never arrived (after a restart the driver
+    reads it back from the ledger's log: ``Submission.proof_of_absence``)."""
 
 
 @dataclass

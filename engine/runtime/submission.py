@@ -101,6 +101,30 @@ class Submission(Polling):
             return Wake(self.task_reused(op, view.task_id, str(exc)), None)
         return self._apply_view(op, mem, view)
 
+    def proof_of_absence(self, op: Operation) -> bool:
+        """Whether the server itself proved ``op`` absent by its key (so this driver may resubmit).
+
+        Remembered by the process that made the lookup; a restarted process finds it in the
+        ledger's log: the transition that last entered NOT_FOUND_SAFE is the server's proof
+        (``LookupProvedAbsent``), not a person's "absent" (``Reconciled``), which waits for that
+        person's resubmission. Without this a proof made just before a restart left the operation
+        waiting for a person nobody told (the explorer's ``crash-after-proved-absent``).
+        """
+        known = self._memory.get(op.operation_id)
+        if known is not None and known.proved_absent:
+            return True
+        if op.state is not LocalState.NOT_FOUND_SAFE:
+            return False
+        entered = [
+            row
+            for row in self.ledger.transitions(op.operation_id)
+            if row["accepted"] and row["to_state"] == LocalState.NOT_FOUND_SAFE.value
+        ]
+        proved = bool(entered) and entered[-1]["event"] == LookupProvedAbsent.__name__
+        if proved:
+            self._mem(op).proved_absent = True
+        return proved
+
     def resubmit(self, op: Operation, *, actor: str, reason: str) -> Operation:
         """A person's decision to submit again under the same key, after they declared it absent.
 

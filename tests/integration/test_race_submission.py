@@ -12,15 +12,20 @@ import pytest
 from race_kit import KEYED, MCP, OPTIONS, PLAIN, QUICK, call, drive, invariants, server_task_id, spec_for
 
 from engine.clock import SystemClock
+from engine.machine import step
 from engine.model import (
     CallNodeId,
     CallRequest,
     Epoch,
     LocalState,
+    LookupProvedAbsent,
+    LookupUnavailable,
     OperationId,
     Principal,
     Protocol,
+    Reconciled,
     ServerStatus,
+    SubmissionLost,
     new_operation,
 )
 from engine.runtime.call import ADAPTER_VERSION
@@ -183,3 +188,67 @@ async def test_an_executor_restarted_with_its_operation_in_submitting_never_send
         # The key lookup comes first; only its proof of absence allows the one submission.
         assert methods[0] == "lookup"
         assert methods.count("submit") <= 1
+
+
+def _left_after_a_crash(server, spec):
+    """The operation a crashed process recorded in SUBMITTING (the test moves it on through
+    ``machine.step``), and the instant it was recorded; nothing of it in any process's memory."""
+    request = CallRequest(CallNodeId(spec.call_node), spec.tool, spec.arguments, Principal(spec.principal))
+    now = SystemClock().now()
+    op = new_operation(
+        request,
+        operation_id=OperationId("op-crashed"),
+        protocol=Protocol(server.protocol),
+        adapter_version=ADAPTER_VERSION,
+        server=spec.server,
+        epoch=Epoch(spec.epoch),
+        now=now,
+    )
+    return op, now
+
+
+@pytest.mark.parametrize("server", ["aip"], indirect=True)
+async def test_an_executor_restarted_after_the_servers_proof_of_absence_resubmits_under_the_same_key(
+    server, ledger
+):
+    """The lookup proved the lost create absent (NOT_FOUND_SAFE) and the process died before it
+    resubmitted: the next process reads the server's proof from the ledger's log and sends the one
+    create under the same key, instead of waiting for a person nobody told."""
+    spec = spec_for(server, sim={"duration_ms": QUICK})
+    op, now = _left_after_a_crash(server, spec)
+    op, _ = ledger.create_operation(op, spec.arguments)
+    epoch = Epoch(spec.epoch)
+    for event in (SubmissionLost(epoch, "connection reset"), LookupProvedAbsent(epoch)):
+        op = ledger.apply(step(op, event, now))
+    assert op.state is LocalState.NOT_FOUND_SAFE
+    op = await drive(spec, ledger)
+    assert op.state is LocalState.ACCEPTED
+    (task,) = server.stats()["tasks"]
+    assert task["key"] == op.idempotency_key
+    methods = [str(p["method"]) for p in ledger.polls(op.operation_id)]
+    assert methods[:1] == ["submit"]
+    assert methods.count("submit") == 1
+    (resubmitted,) = [t for t in ledger.transitions(op.operation_id) if t["event"] == "Resubmitted"]
+    assert "proven absent by the server" in str(resubmitted["cause"])
+
+
+@pytest.mark.parametrize("server", ["aip"], indirect=True)
+async def test_an_operation_a_person_declared_absent_waits_for_that_persons_resubmission_after_a_restart(
+    server, ledger
+):
+    """A person's "absent" is not the server's proof: a restarted process sends nothing for it."""
+    spec = spec_for(server, sim={"duration_ms": QUICK})
+    op, now = _left_after_a_crash(server, spec)
+    op, _ = ledger.create_operation(op, spec.arguments)
+    epoch = Epoch(spec.epoch)
+    for event in (
+        SubmissionLost(epoch, "connection reset"),
+        LookupUnavailable(epoch, "no lookup by key"),
+        Reconciled("oncall", "checked the server's console: never arrived", None),
+    ):
+        op = ledger.apply(step(op, event, now))
+    assert op.state is LocalState.NOT_FOUND_SAFE
+    op = await drive(spec, ledger)
+    assert op.state is LocalState.NOT_FOUND_SAFE
+    assert ledger.polls(op.operation_id) == []
+    assert server.stats()["tasks"] == []
