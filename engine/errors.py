@@ -42,6 +42,7 @@ EngineError
 │   ├── TooMany              429: a principal over its limits (carries retry_after)
 │   ├── Denied               [service.access] 401/403: the request may not do this (recorded)
 │   └── ReadersBusy          [service.readers] 503: every reader busy, queue full (retry_after)
+│       └── ReaderLost       [service.reader_process] 503: the reader process ended mid-query
 ├── IdentifierRefused        a call node id, principal, actor or reason breaking its rule (422)
 ├── ServiceUnavailable       the service cannot be reached (client side)
 ├── ServiceRefused           the service answered an error status (client side)
