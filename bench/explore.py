@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.figures import Report
 from engine.explore import SCENARIOS, explore, selected_pairs
+from service.explore_seat import plug_into_the_explorer
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED_BEFORE = "bb95f3109e5abe9007a268d7810cf23d6085d32c"
@@ -51,6 +52,9 @@ def cpu_seconds() -> float:
     process for deep branches (engine/explore/prune.py), and their CPU is the exploration's too."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system
+
+
+plug_into_the_explorer()  # the group scenarios run the service executor
 
 
 def one_run(permutations: int, seed: int, strategy: str) -> dict[str, float]:

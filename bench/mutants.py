@@ -533,6 +533,8 @@ import json, logging, sys, time
 logging.disable(logging.CRITICAL)
 from engine.explore.explorer import PairExplorer
 from engine.explore.scenario import SCENARIOS
+from service.explore_seat import plug_into_the_explorer
+plug_into_the_explorer()
 hint, per_pair, hint_budget, duckdb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 pairs = [(s, p) for s in SCENARIOS for p in s.protocols]
 pairs.sort(key=lambda sp: sp[0].name != hint)

@@ -899,7 +899,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["explore"]:
         from engine.explore.cli import main as explore_main
+        from service.explore_seat import plug_into_the_explorer
 
+        plug_into_the_explorer()  # the group scenarios run this service's own executor
         return explore_main(argv[1:])
     if argv[:1] == ["refserver"]:
         from refserver.cli import main as refserver_main

@@ -10,6 +10,7 @@ server or writes a real ledger (except ``cli.main --ledger``, which records summ
 
 from engine.explore.explorer import PairResult, explore, explore_pair, render_trace, replay, selected_pairs
 from engine.explore.scenario import SCENARIOS, Scenario, scenario_named
+from engine.explore.shipped import use_service_executor
 
 __all__ = [
     "SCENARIOS",
@@ -21,4 +22,5 @@ __all__ = [
     "replay",
     "scenario_named",
     "selected_pairs",
+    "use_service_executor",
 ]

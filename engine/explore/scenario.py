@@ -78,7 +78,7 @@ class Scenario:
     """AIP-151: the service is declared to deduplicate ``request_id`` (AIP-155), so a lookup by key
     can prove a lost submission absent and the driver resubmits it under the same key."""
     groups: bool = False
-    """Run each executor as the service does (``engine.explore.groups``): its writes are buffered and
+    """Run each executor as the service does (``service.explore_seat``): its writes are buffered and
     group-committed, an advance is handed back only after its group is durable, and a crash may
     come between the buffering and the commit."""
 

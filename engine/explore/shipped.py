@@ -33,7 +33,14 @@ from typing import Any
 from engine.adapters import AdapterOptions, open_backend
 from engine.adapters.base import Backend, Capabilities
 from engine.adapters.config import Timeouts
-from engine.errors import BackendError, EngineError, LedgerError, NegotiationError, ReceiptConflict
+from engine.errors import (
+    BackendError,
+    ConfigError,
+    EngineError,
+    LedgerError,
+    NegotiationError,
+    ReceiptConflict,
+)
 from engine.explore.checks import PRINCIPAL, Action, Finding, Kinds, RunChecks, S
 from engine.explore.keys import StateKeys
 from engine.explore.scenario import Scenario
@@ -121,11 +128,10 @@ class Incarnation:
         )
         recording = Recording(world.ledger, world.writes, index, epoch)
         self.seat: Any = None
-        """The service executor this incarnation runs in (``engine.explore.groups.Seat``): group
+        """The service executor this incarnation runs in (``service.explore_seat.Seat``): group
         scenarios only; otherwise the ``Driver`` writes straight to the ledger."""
         if world.scenario.groups:
-            from engine.explore.groups import Seat  # the service's code: group scenarios only
-
+            Seat = _seat_for(world.scenario)
             # The service negotiates with every server before its loop starts (``Loop.start``).
             caps = world.negotiate(self.backend)
             self.negotiated = True
@@ -157,6 +163,37 @@ class Incarnation:
         return self.task is not None and not self.task.done()
 
 
+SeatFactory = Callable[..., Any]
+"""Builds one service executor incarnation for a group scenario (``service.explore_seat.Seat``)."""
+
+_service_seat: list[SeatFactory] = []
+
+
+def use_service_executor(seat: SeatFactory) -> None:
+    """Run the scenarios with ``groups`` on ``seat``: the service executor's own write groups.
+
+    The service composes the engine, never the other way round, so the engine cannot import the
+    executor it explores; a composition root hands it in (``service.explore_seat.plug_into_the_explorer``:
+    ``finality explore``, the benchmarks and the tests do).
+    """
+    _service_seat[:] = [seat]
+
+
+def _seat_for(scenario: Scenario) -> SeatFactory:
+    """The service executor's seat for ``scenario``.
+
+    Raises:
+        ConfigError: no composition root plugged the service executor in.
+    """
+    if not _service_seat:
+        raise ConfigError(
+            f"scenario {scenario.name}",
+            "runs the service executor's write groups: plug it in first "
+            "(service.explore_seat.plug_into_the_explorer(); `finality explore` does)",
+        )
+    return _service_seat[0]
+
+
 class WireWorld(RunChecks, StateKeys):
     """The state of one run of the shipped code, and the steps that may change it (its checks are
     ``checks.RunChecks``, its state key ``keys.StateKeys``)."""
@@ -166,6 +203,8 @@ class WireWorld(RunChecks, StateKeys):
     ) -> None:
         if ledger not in LEDGERS:
             raise ValueError(f"unknown ledger {ledger!r}; choose one of {', '.join(LEDGERS)}")
+        if scenario.groups:
+            _seat_for(scenario)  # refused before the first run, not inside one
         self.scenario = scenario
         self.protocol = protocol
         self.ledger_kind = ledger
@@ -725,5 +764,7 @@ __all__ = [
     "Incarnation",
     "Kinds",
     "S",
+    "SeatFactory",
     "WireWorld",
+    "use_service_executor",
 ]

@@ -7,6 +7,11 @@ import pytest
 from engine.adapters.base import CancelResult
 from engine.adapters.mcp_2026_07_28 import Mcp2026Backend
 from engine.model import Operation
+from service.explore_seat import plug_into_the_explorer
+
+# The group scenarios run the service executor, which the engine does not import: plug it in as
+# every composition root does.
+plug_into_the_explorer()
 
 
 @pytest.fixture

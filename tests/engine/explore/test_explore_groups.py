@@ -1,4 +1,4 @@
-"""The explorer over the service executor's write groups (``engine.explore.groups``): buffered writes,
+"""The explorer over the service executor's write groups (``service.explore_seat``): buffered writes,
 group commits the explorer lets land, crashes between the buffering and the commit."""
 
 from __future__ import annotations
@@ -7,6 +7,8 @@ import logging
 
 import pytest
 
+from engine.errors import ConfigError
+from engine.explore import shipped
 from engine.explore.explorer import explore_pair
 from engine.explore.result import replay
 from engine.explore.scenario import scenario_named
@@ -119,3 +121,12 @@ def test_the_clean_executor_sends_the_resubmission_only_after_its_group_landed()
         assert "unrecorded" not in [k for k, _ in world.finish()]  # (the run is cut short here)
     finally:
         world.close()
+
+
+def test_a_group_scenario_without_the_service_executor_plugged_in_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The engine never imports the service: a group scenario with no seat handed in says how to hand one in."""
+    monkeypatch.setattr(shipped, "_service_seat", [])
+    with pytest.raises(ConfigError, match="plug_into_the_explorer"):
+        WireWorld(scenario_named("group-crash"), P.MCP_2026_07_28)

@@ -1,5 +1,6 @@
-"""The service executor's write groups under the explorer: the shipped ``service.executor`` code that
-buffers an advance's writes, commits them as a group and only then hands the advance back.
+"""The service executor's seat in the race explorer: the shipped ``service.executor`` code that
+buffers an advance's writes, commits them as a group and only then hands the advance back, run by
+``engine.explore`` for the scenarios with ``groups``.
 
 A scenario with ``groups`` runs each executor incarnation as the service does: its ``Driver`` writes
 into the executor's ``BatchingLedger``; an advance is launched by the executor's own ``_launch``
@@ -12,9 +13,10 @@ writes and a group in the middle of its commit are then lost, and the restarted 
 from the ledger (``_track``, as ``start`` does). Cancel clicks go through the executor's own person
 action (``_cancel_now``, committed at once).
 
-This is the one module of ``engine`` that imports ``service``: the explorer runs the code that ships,
-and the write groups ship in the service. Imported only when a group scenario runs. It decides
-nothing itself and must not copy any of the executor's decisions.
+The explorer lives in the engine and the executor in the service, which composes the engine: so
+the engine never imports this module. A composition root (``finality explore``, the benchmarks, the
+tests) plugs it in with ``plug_into_the_explorer()``; a group scenario run without it is refused,
+naming that. It decides nothing itself and must not copy any of the executor's decisions.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 
 from engine.adapters.base import Backend, Capabilities
 from engine.clock import Clock
+from engine.explore.shipped import use_service_executor
 from engine.explore.wire import Recording
 from engine.model import Epoch, Operation, OperationId, Protocol
 from engine.runtime.driver import Driver
@@ -126,4 +129,9 @@ class Seat:
         )
 
 
-__all__ = ["Seat"]
+def plug_into_the_explorer() -> None:
+    """Let the explorer run its group scenarios on this seat (``engine.explore.use_service_executor``)."""
+    use_service_executor(Seat)
+
+
+__all__ = ["Seat", "plug_into_the_explorer"]
