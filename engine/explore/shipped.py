@@ -41,7 +41,8 @@ from engine.errors import (
     NegotiationError,
     ReceiptConflict,
 )
-from engine.explore.checks import PRINCIPAL, Action, Finding, Kinds, RunChecks, S
+from engine.explore.actors import ActorSteps
+from engine.explore.checks import PRINCIPAL, Action, Finding, Kinds, S
 from engine.explore.keys import StateKeys
 from engine.explore.scenario import Scenario
 from engine.explore.wire import (
@@ -79,7 +80,6 @@ MAX_UNKNOWNS = 3
 CONFIGURED_EPOCH = Epoch(1)
 """The epoch an executor's configuration names (a restarted one runs at the ledger's, if recorded)."""
 _PASSIVE = frozenset({S.WORKING, S.INPUT_REQUIRED, S.CANCEL_REQUESTED})
-_EXCUSING = frozenset({Kind.SUBMIT, Kind.LOOKUP, Kind.RESULT})
 _RECORDED_BEFORE = {
     Kind.SUBMIT: frozenset({S.SUBMITTING, S.SUBMISSION_UNKNOWN}),
     Kind.CANCEL: frozenset({S.CANCEL_REQUESTED}),
@@ -194,9 +194,10 @@ def _seat_for(scenario: Scenario) -> SeatFactory:
     return _service_seat[0]
 
 
-class WireWorld(RunChecks, StateKeys):
+class WireWorld(ActorSteps, StateKeys):
     """The state of one run of the shipped code, and the steps that may change it (its checks are
-    ``checks.RunChecks``, its state key ``keys.StateKeys``)."""
+    ``checks.RunChecks``, its state key ``keys.StateKeys``, the network's and the caller's steps
+    ``actors.ActorSteps``)."""
 
     def __init__(
         self, scenario: Scenario, protocol: Protocol, *, trace: bool = False, ledger: str = "memory"
@@ -588,80 +589,6 @@ class WireWorld(RunChecks, StateKeys):
             for w in self.writes
             if w.transition.after.state is S.UNKNOWN and w.transition.before.state is not S.UNKNOWN
         )
-
-    async def _network(self, verb: str, msg: Message) -> None:
-        net = self.net
-        if verb != "deliver" and msg.kind in _EXCUSING:
-            self.faulted = True
-        if verb == "deliver":
-            if msg.reply is None:
-                net.deliver(msg)
-            else:
-                net.deliver_reply(msg)
-        elif verb == "drop":
-            self.drops -= 1
-            net.lose(msg, "request lost")
-        elif verb == "drop-reply":
-            self.drops -= 1
-            net.lose(msg, "reply lost")
-        elif verb == "delay":
-            self.delays -= 1
-            net.time_out(msg)
-        elif verb == "duplicate":
-            self.dups -= 1
-            net.duplicate(msg)
-        elif verb == "throttle":
-            self.throttles -= 1
-            net.throttle(msg)
-        elif verb == "truncate":
-            self.corrupts -= 1
-            net.deliver_reply(msg, truncate=True)
-        else:
-            raise ValueError(f"unknown network step {verb!r}")
-
-    def _caller(self, verb: str) -> None:
-        op = self.ledger.get(self.op_id)
-        assert op is not None
-        inc = self.executors[self.active]
-        if verb == "cancel":
-            self.cancels -= 1
-            try:
-                if inc.seat is not None:
-                    after = inc.seat.cancel(op, actor="caller", reason="cancel clicked")
-                else:
-                    after = inc.driver.request_cancel(op, actor="caller", reason="cancel clicked")
-            except EngineError:
-                return
-            self.max_generation = max(self.max_generation, after.cancel_generation)
-            return
-        if verb == "answer":
-            message = self._round_message(op.input_round) or ""
-            round_ = op.input_round
-
-            async def work() -> None:
-                await inc.driver.answer(
-                    op, input_round=round_, answer={"approve": True, "note": message}, actor="caller"
-                )
-
-            async def start() -> None:
-                self.answering = self.loop.create_task(self._guard(work))
-
-            self._run(start())
-            return
-        raise ValueError(f"unknown caller step {verb!r}")
-
-    async def _guard(self, work: Callable[[], Any]) -> None:
-        try:
-            await work()
-        except asyncio.CancelledError:
-            raise
-        except EngineError as exc:
-            # A refused answer (the round moved on) is the caller's problem, not a divergence.
-            if isinstance(exc, LedgerError):
-                self.findings.append((Kinds.REFUSED, f"{type(exc).__name__}: {exc}"))
-                self.aborted = True
-        except (BackendError, NegotiationError):
-            pass  # the answer did not get through; the driver re-sends it when the round shows again
 
     def _crash(self) -> None:
         dead = self.executors[self.active]

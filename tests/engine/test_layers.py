@@ -1,4 +1,5 @@
-"""The engine is the library the rest composes: no module of it imports a package above it."""
+"""The house's shape: the engine, the library the rest composes, imports no package above it, and
+no class of the product outgrows the 500-line rule."""
 
 from __future__ import annotations
 
@@ -28,3 +29,19 @@ def test_no_engine_module_imports_a_package_that_composes_the_engine() -> None:
         if name.split(".")[0] in ABOVE
     )
     assert upward == []
+
+
+def test_no_class_of_the_product_is_over_500_lines() -> None:
+    """The house rule for every package that ships (a class that grows past it is split by concern)."""
+    root = ENGINE.parent
+    packages = ("engine", "service", "console", "rollout", "demo", "refserver", "pages")
+    over = sorted(
+        f"{path.relative_to(root)}: {node.name} {node.end_lineno - node.lineno + 1} lines"
+        for package in packages
+        for path in (root / package).rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > 500
+    )
+    assert over == []
