@@ -159,17 +159,8 @@ async def test_an_executor_restarted_with_its_operation_in_submitting_never_send
     """A call found in SUBMITTING by a new process (its create may have reached the server) is looked
     up by key where the server can, else handed to a person; never submitted blindly again."""
     spec = spec_for(server, sim={"duration_ms": QUICK})
-    request = CallRequest(CallNodeId(spec.call_node), spec.tool, spec.arguments, Principal(spec.principal))
     # What the crashed process left: the operation recorded in SUBMITTING, nothing of its reply.
-    left = new_operation(
-        request,
-        operation_id=OperationId("op-crashed"),
-        protocol=Protocol(server.protocol),
-        adapter_version=ADAPTER_VERSION,
-        server=spec.server,
-        epoch=Epoch(spec.epoch),
-        now=SystemClock().now(),
-    )
+    left, _ = _left_after_a_crash(server, spec)
     ledger.create_operation(left, spec.arguments)
     op = await drive(spec, ledger)
     methods = [str(p["method"]) for p in ledger.polls(op.operation_id)]
