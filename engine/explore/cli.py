@@ -119,12 +119,30 @@ def _listing(out: TextIO) -> None:
         print(f"  {s.name:<26} {', '.join(s.protocols)}: {s.summary}", file=out)
 
 
+SMALL_SPACE = 1_000_000
+"""Pairs with fewer interleavings than this must be explored exhaustively (issue 15)."""
+
+
+def _space(r: PairResult) -> str:
+    """The pair's size: the exact count when exhaustive, ``~`` an estimate when sampled."""
+    if r.space is None:
+        return "?"
+    if r.exhaustive:
+        return f"{int(r.space):,}"
+    return f"~{r.space:.1e}"
+
+
 def _row(r: PairResult) -> str:
     mode = "exhaustive" if r.exhaustive else "sampled"
     return (
-        f"{r.scenario:<26} {r.protocol:<15} {r.explored:>19,} {r.runs:>7,} {mode:<10} "
+        f"{r.scenario:<26} {r.protocol:<15} {r.explored:>19,} {r.runs:>7,} {mode:<10} {_space(r):>12} "
         f"{r.receipts:>19,} {r.parked:>17,} {r.divergent:>15,}"
     )
+
+
+def _small_sampled(results: Sequence[PairResult]) -> list[PairResult]:
+    """Sampled pairs whose space is estimated under ``SMALL_SPACE``."""
+    return [r for r in results if not r.exhaustive and r.space is not None and r.space < SMALL_SPACE]
 
 
 def _shortest(results: Sequence[PairResult]) -> PairResult | None:
@@ -162,6 +180,10 @@ def _as_json(
                 "distinct_interleavings": r.explored,
                 "runs": r.runs,
                 "exhaustive": r.exhaustive,
+                "space": None if r.space is None else (int(r.space) if r.exhaustive else round(r.space)),
+                "space_estimated": not r.exhaustive,
+                "space_method": "exact" if r.exhaustive else f"Knuth random probes ({r.space_probes})",
+                "space_under_1m": None if r.space is None else r.space < SMALL_SPACE,
                 "states": r.states,
                 "receipts": r.receipts,
                 "parked": r.parked,
@@ -172,6 +194,7 @@ def _as_json(
             for r in results
         ],
         "shortest_trace": shortest.trace if shortest else None,
+        "small_spaces_sampled": [f"{r.scenario}@{r.protocol.value}" for r in _small_sampled(results)],
     }
     return json.dumps(doc, indent=2)
 
@@ -261,7 +284,7 @@ def _print_table(
     divergent = sum(r.divergent for r in results)
     print(f"finality explore: {code} code, rules {rules}, seed {seed}", file=out)
     print(
-        f"{'scenario':<26} {'protocol':<15} {'interleavings':>19} {'runs':>7} {'mode':<10} "
+        f"{'scenario':<26} {'protocol':<15} {'interleavings':>19} {'runs':>7} {'mode':<10} {'space':>12} "
         f"{'receipts':>19} {'parked':>17} {'divergent':>15}",
         file=out,
     )
@@ -273,6 +296,21 @@ def _print_table(
     print(
         f"{divergent:,} divergent of {explored:,} distinct interleavings, {runs:,} runs "
         f"({exhausted} of {len(results)} scenario/protocol pairs exhaustive) in {seconds:.1f} s, {rate}",
+        file=out,
+    )
+    small = _small_sampled(results)
+    unknown = sum(r.space is None for r in results)
+    print(
+        "space: the interleavings of a pair, exact when exhaustive, ~ an estimate when sampled "
+        "(Knuth's random probes over the merged tree); "
+        + (
+            f"the space of {unknown} pairs is not known (only --strategy merge estimates it)"
+            if unknown
+            else f"every pair under {SMALL_SPACE:,} is exhaustive"
+            if not small
+            else f"sampled though estimated under {SMALL_SPACE:,}: "
+            + ", ".join(f"{r.scenario}@{r.protocol}" for r in small)
+        ),
         file=out,
     )
     for r in results:

@@ -26,14 +26,17 @@ says ``exhaustive=False``. Deterministic; no I/O.
 from __future__ import annotations
 
 import gc
-import hashlib
 import os
 import pickle
+import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.clock import monotonic_seconds
 from engine.errors import EngineError, Nondeterminism
+from engine.explore.keys import Digest, digest
 from engine.explore.result import RULES, Failing, Finding, PairResult, new_world
 from engine.explore.scenario import Scenario
 from engine.model import Protocol
@@ -48,35 +51,11 @@ FORK_AFTER = 12
 """Branches after this many steps are reached by forking, shorter ones by replaying their prefix:
 a fork costs about as much as replaying a dozen steps (it copies the process's page tables, and
 the child its pages as it writes them)."""
-Fingerprint = bytes
+Fingerprint = Digest
 
 
-def fingerprint(key: tuple[object, ...]) -> Fingerprint:
-    """A 128-bit digest of a state key, the memo's key (a forked child sends back digests, not keys).
-
-    Pickled without its memo (``fast``), so equal keys give equal bytes however their parts are
-    shared; keys that are equal but pickle differently (``1`` and ``1.0``) only merge less. Two
-    different keys with the same digest would merge wrongly; at 2**-128 a pair that is not a risk
-    (TLC's model checker keys its states by 64-bit fingerprints).
-    """
-    buf = _Sink()
-    pickler = pickle.Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL)
-    pickler.fast = True  # no memo: the bytes depend on the values only
-    pickler.dump(key)
-    return buf.digest.digest()
-
-
-class _Sink:
-    """A file-like object that hashes what is written to it."""
-
-    __slots__ = ("digest",)
-
-    def __init__(self) -> None:
-        self.digest = hashlib.blake2b(digest_size=16)
-
-    def write(self, data: bytes) -> int:
-        self.digest.update(data)
-        return len(data)
+fingerprint = digest
+"""The memo's key of a state key (``engine.explore.keys.digest``)."""
 
 
 def can_fork() -> bool:
@@ -99,11 +78,13 @@ class Summary:
     parked: int = 0
     receipts: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
-    shortest: tuple[int, ...] | None = None
-    """Choices from this state to the shortest divergent end (``None``: nothing below diverges)."""
+    shortest: tuple[object, ...] | None = None
+    """Steps from this state to the shortest divergent end, as data (``WireWorld.action_key``:
+    states merge whatever the order of their messages in flight, so a step's place among the
+    choices of one of them is no name for it in another); ``None``: nothing below diverges."""
     findings: tuple[Finding, ...] = ()
 
-    def add(self, choice: int, child: Summary) -> None:
+    def add(self, choice: object, child: Summary) -> None:
         self.paths += child.paths
         self.divergent += child.divergent
         self.parked += child.parked
@@ -115,6 +96,11 @@ class Summary:
         ):
             self.shortest = (choice, *child.shortest)
             self.findings = child.findings
+
+
+def _futures(summary: Summary) -> tuple[object, ...]:
+    """What a subtree's summary says of its futures, whatever the order its choices came in."""
+    return (summary.paths, summary.divergent, summary.parked, summary.receipts, sorted(summary.kinds.items()))
 
 
 def _leaf(findings: list[Finding], parked: bool) -> Summary:
@@ -133,8 +119,8 @@ class OutOfRuns(EngineError):
         super().__init__("run budget spent")
         self.partial = Summary()
 
-    def take(self, prefix: list[int], done: Summary) -> None:
-        """Add the completed children of the state after ``prefix`` (choices from the root)."""
+    def take(self, prefix: list[object], done: Summary) -> None:
+        """Add the completed children of the state after ``prefix`` (steps from the root, as data)."""
         partial = self.partial
         shortest = partial.shortest
         partial.add(0, Summary(done.paths, done.divergent, done.parked, done.receipts, done.kinds))
@@ -156,9 +142,12 @@ class MergingSearch:
         max_steps: int = MAX_STEPS,
         fork: bool | None = None,
         fork_after: int = FORK_AFTER,
+        check: Callable[[Any], Digest | None] | None = None,
     ) -> None:
         """``fork``: reach branches by forking (``None``: where ``can_fork`` says it is safe), those
-        after ``fork_after`` steps."""
+        after ``fork_after`` steps. ``check``: merge nothing, key every state by ``check(world)``
+        and list in ``unsound`` every state whose key an earlier state had with other futures (the
+        state key's own test: a sound key lists none; no forking)."""
         self.scenario = scenario
         self.protocol = protocol
         self.max_runs = max_runs
@@ -170,10 +159,15 @@ class MergingSearch:
         """Times a state was found in the memo (a subtree not run again)."""
         self.forks = 0
         """Runs started from a fork (the others from the start)."""
-        self.fork = fork
+        self.fork = False if check is not None else fork
         self.fork_after = fork_after
+        self.check = check
+        self.unsound: list[tuple[tuple[int, ...], Summary, Summary]] = []
+        """``check`` only: (choices to a state, its futures, the futures of an earlier state with its key)."""
         self._depth = 0
         """Forked ancestors of this process waiting on it."""
+        self._path: list[object] = []
+        """The steps from the root to the state being visited, as data (``prefix`` as choices)."""
         self._added: list[tuple[Fingerprint, Summary]] = []
         """Memo entries made in this process since it was forked (sent back to its parent)."""
 
@@ -195,11 +189,14 @@ class MergingSearch:
         from engine.explore.shipped import WireWorld
 
         assert isinstance(world, WireWorld)
-        state = world.state_key()
-        key = None if state is None else fingerprint(state)
+        # The choices first: ``enabled`` moves the server's task on to the virtual now, and the key
+        # (and the label of the step taken next, ``keys.Tracked``) is of the state the step is
+        # taken in, whether the run got there by a fork or by replaying its prefix.
+        enabled = [] if world.aborted else world.enabled()
+        key = world.state_digest() if self.check is None else self.check(world)
         if key is not None:
             hit = self.memo.get(key)
-            if hit is not None:
+            if hit is not None and self.check is None:
                 self.merged += 1
                 world.close()
                 return hit
@@ -207,12 +204,12 @@ class MergingSearch:
                 world.close()
                 finding = (UNSETTLED, "the run returns to a state it was in: it can cycle for ever")
                 return Summary(1, 1, 0, 0, {UNSETTLED: 1}, (), (finding,))
-        enabled = [] if world.aborted else world.enabled()
         if not enabled or world.steps >= self.max_steps:
             parked = world.parked
             summary = _leaf(world.finish(unsettled=bool(enabled)), parked)
         else:
             n = len(enabled)
+            steps = [world.action_key(a) for a in enabled]
             summary = Summary()
             if key is not None:
                 self.on_path.add(key)
@@ -221,10 +218,12 @@ class MergingSearch:
                 for i in range(n):
                     if forking and i < n - 1:
                         prefix.append(i)
+                        self._path.append(steps[i])
                         try:
-                            summary.add(i, self._forked(world, enabled[i], prefix))
+                            summary.add(steps[i], self._forked(world, enabled[i], prefix))
                         finally:
                             prefix.pop()
+                            self._path.pop()
                         continue
                     child = world if i == (n - 1 if forking else 0) else self._start(prefix)
                     if child is not world:
@@ -237,20 +236,26 @@ class MergingSearch:
                     else:
                         world.perform(enabled[i])
                     prefix.append(i)
+                    self._path.append(steps[i])
                     try:
-                        summary.add(i, self.visit(child, prefix))
+                        summary.add(steps[i], self.visit(child, prefix))
                     finally:
                         prefix.pop()
+                        self._path.pop()
             except OutOfRuns as out:
-                out.take(prefix, summary)
+                out.take(self._path, summary)
                 world.close()  # the run in hand, if no branch took it (closing twice does nothing)
                 raise
             finally:
                 if key is not None:
                     self.on_path.discard(key)
         if key is not None:
-            self.memo[key] = summary
-            self._added.append((key, summary))
+            earlier = self.memo.get(key)
+            if earlier is None:
+                self.memo[key] = summary
+                self._added.append((key, summary))
+            elif _futures(earlier) != _futures(summary):
+                self.unsound.append((tuple(prefix), summary, earlier))
         return summary
 
     def _forking(self, prefix: list[int]) -> bool:
@@ -357,6 +362,67 @@ def _portable(exc: BaseException) -> BaseException:
     return exc
 
 
+def choices_of(scenario: Scenario, protocol: Protocol, steps: tuple[object, ...]) -> tuple[int, ...]:
+    """The choices (places among the enabled steps) that take ``steps`` (``action_key`` data) from
+    the start: a replay that finds them by name (one run, not counted in the budget)."""
+    world = new_world(scenario, protocol, trace=False)
+    choices: list[int] = []
+    try:
+        for step in steps:
+            enabled = world.enabled()
+            names = [world.action_key(a) for a in enabled]
+            if step not in names:
+                raise Nondeterminism(f"{scenario.name}/{protocol}: {step} is not enabled after {choices}")
+            i = names.index(step)
+            world.perform(enabled[i])
+            choices.append(i)
+    finally:
+        world.close()
+    return tuple(choices)
+
+
+PROBES = 16
+"""Random probes per sampled pair for the estimate of its size (``estimate_paths``)."""
+
+
+def estimate_paths(search: MergingSearch, probes: int, seed: int = 0) -> float:
+    """An estimate of the interleavings of ``search``'s pair: Knuth's random-probe estimator (1975)
+    over the merged tree, the mean of ``probes`` probes.
+
+    A probe runs from the start, choosing every step at random, and multiplies the numbers of
+    choices it met; where it reaches a state whose subtree the search finished (in its memo), it
+    multiplies by that subtree's exact count of interleavings and stops. Each probe's product is
+    an unbiased estimate of the number of interleavings; their spread is wide (the trees are
+    lopsided), so it is an estimate, good for "over or under a million", not a count.
+    """
+    rng = random.Random(seed)
+    total = 0.0
+    for _ in range(probes):
+        world: Any = new_world(search.scenario, search.protocol, trace=False)
+        product = 1.0
+        seen: set[Fingerprint] = set()
+        try:
+            while True:
+                enabled = [] if world.aborted else world.enabled()
+                key = world.state_digest()
+                if key is not None:
+                    hit = search.memo.get(key)
+                    if hit is not None:
+                        product *= hit.paths
+                        break
+                    if key in seen:
+                        break  # a cycle: one divergent interleaving in the search's count
+                    seen.add(key)
+                if not enabled or world.steps >= search.max_steps:
+                    break
+                product *= len(enabled)
+                world.perform(enabled[rng.randrange(len(enabled))])
+        finally:
+            world.close()
+        total += product
+    return total / probes if probes else 0.0
+
+
 def explore_merged(
     scenario: Scenario,
     protocol: Protocol,
@@ -364,10 +430,13 @@ def explore_merged(
     max_runs: int,
     max_steps: int = MAX_STEPS,
     fork: bool | None = None,
+    probes: int = PROBES,
 ) -> PairResult:
     """Every interleaving of ``scenario`` under ``protocol`` (each distinct state run once), within
     ``max_runs`` runs; ``explored`` is the interleavings covered, ``runs`` the runs it took,
-    ``states`` the distinct quiet states keyed.
+    ``states`` the distinct states keyed, ``space`` the pair's interleavings: the exact count when
+    exhaustive, else ``estimate_paths`` with ``probes`` probes (``space_probes``; runs of their own,
+    not counted in ``runs``).
     """
     started = monotonic_seconds()
     search = MergingSearch(scenario, protocol, max_runs=max_runs, max_steps=max_steps, fork=fork)
@@ -377,14 +446,30 @@ def explore_merged(
     result.runs = search.runs
     result.states = len(search.memo)
     result.exhaustive = complete
+    if complete:
+        result.space = float(summary.paths)
+    elif probes:
+        result.space = max(float(summary.paths), estimate_paths(search, probes))
+        result.space_probes = probes
     result.divergent = summary.divergent
     result.parked = summary.parked
     result.receipts = summary.receipts
     result.kinds = dict(summary.kinds)
     if summary.shortest is not None:
-        result.shortest = Failing(summary.shortest, summary.findings)
+        result.shortest = Failing(choices_of(scenario, protocol, summary.shortest), summary.findings)
     result.seconds = monotonic_seconds() - started
     return result
 
 
-__all__ = ["MAX_STEPS", "MergingSearch", "OutOfRuns", "Summary", "can_fork", "explore_merged", "fingerprint"]
+__all__ = [
+    "MAX_STEPS",
+    "PROBES",
+    "MergingSearch",
+    "OutOfRuns",
+    "Summary",
+    "can_fork",
+    "choices_of",
+    "estimate_paths",
+    "explore_merged",
+    "fingerprint",
+]

@@ -64,6 +64,11 @@ class PairResult:
     """Which code ran (``CODES``)."""
     runs: int = 0
     """Worlds actually run (with state merging, ``explored`` counts the interleavings covered)."""
+    space: float | None = None
+    """The pair's interleavings, all of them: exact when ``exhaustive``, else an estimate
+    (``space_probes`` random probes, ``engine.explore.prune.estimate_paths``); ``None``: not known."""
+    space_probes: int = 0
+    """Probes behind an estimated ``space`` (0: exact, or none made)."""
 
 
 def new_world(scenario: Scenario, protocol: Protocol, *, trace: bool, ledger: str = "memory") -> Any:

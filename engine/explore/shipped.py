@@ -43,7 +43,7 @@ from engine.errors import (
 )
 from engine.explore.actors import ActorSteps
 from engine.explore.checks import PRINCIPAL, Action, Finding, Kinds, S
-from engine.explore.keys import StateKeys
+from engine.explore.keys import StateKeys, track_tasks
 from engine.explore.scenario import Scenario
 from engine.explore.wire import (
     EngineClock,
@@ -221,6 +221,7 @@ class WireWorld(ActorSteps, StateKeys):
         self.ref = ref_server(_PROTOCOLS[protocol], idempotency=scenario.lookup_by_key)
         self.vt = self.ref.vt
         self.loop = self.ref.loop
+        track_tasks(self.loop)  # every coroutine of the run keyed by its label (``keys.Tracked``)
         self.clock = EngineClock(self.vt)
         self.app = self.ref.app
         self.store = self.app.state.ctx.store
@@ -449,8 +450,10 @@ class WireWorld(ActorSteps, StateKeys):
     def perform(self, action: Action) -> None:
         """Run one step, then every coroutine it woke until all wait on the explorer again."""
         label = self.label(action) if self.lines is not None else ""
+        mark = self.before_step(action)
         self._perform(action)
         self.steps += 1
+        self.after_step(mark)
         if self.lines is not None:
             self.lines.append(f"{self.steps:>3}  {action[0]:<9} {label:<62} -> {self.state_text()}")
 
