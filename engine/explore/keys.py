@@ -167,8 +167,7 @@ class StateKeys:
         """Everything the run's future depends on; ``None`` where the key cannot say it.
 
         Data: the ledger (rows, receipts, held outcomes, answers, open items), the server's task
-        records, keys and seeded generator, the messages in flight (a multiset: their order only
-        orders the explorer's choices), the virtual time and the loop's timers, what every live
+        records, keys and seeded generator, the messages in flight, the virtual time and the loop's timers, what every live
         executor's ``Driver`` keeps in memory (and its adapter's negotiated state), the fault budgets
         left and what was found so far. Code: every live coroutine (the executor's advance, the
         caller's answer, the server's handler of a request) by its ``Tracked`` label, so states in
@@ -203,7 +202,11 @@ class StateKeys:
             ),
             canon(self.store, _SERVER_HISTORY if self._main_task() is None else _SERVER_AFTER_CREATE),
             self.ref.protocol_state(),
-            tuple(sorted((message_key(m) for m in net.inflight), key=repr)),
+            # In their order, not as a multiset: the order names the explorer's choices (a merged
+            # state's shortest divergent choices must replay from the other ways there), and the
+            # server's generator, out of the key once the task exists, jitters reply bodies, so an
+            # order by content would not carry over to the states merged with it.
+            tuple(message_key(m) for m in net.inflight),
             self.vt.seconds,
             self.active,
             tuple((i.alive, i.epoch, i.busy) for i in self.executors),
@@ -263,12 +266,12 @@ class StateKeys:
         return found
 
     def action_key(self, action: tuple[str, str, object]) -> tuple[object, ...]:
-        """``action`` as data: a network step names its message by ``message_key`` instead of by
-        its place in flight (the key holds the messages as a multiset)."""
+        """``action`` as data: a network step names its message by ``message_key`` as well as by
+        its place in flight."""
         actor, verb, arg = action
         if actor == "network":
             assert isinstance(arg, int)
-            return (actor, verb, message_key(self.net.inflight[arg]))
+            return (actor, verb, arg, message_key(self.net.inflight[arg]))
         return action
 
     def before_step(self, action: tuple[str, str, object]) -> tuple[Digest | None, dict[Tracked, int]]:

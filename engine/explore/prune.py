@@ -78,13 +78,11 @@ class Summary:
     parked: int = 0
     receipts: int = 0
     kinds: dict[str, int] = field(default_factory=dict)
-    shortest: tuple[object, ...] | None = None
-    """Steps from this state to the shortest divergent end, as data (``WireWorld.action_key``:
-    states merge whatever the order of their messages in flight, so a step's place among the
-    choices of one of them is no name for it in another); ``None``: nothing below diverges."""
+    shortest: tuple[int, ...] | None = None
+    """Choices from this state to the shortest divergent end (``None``: nothing below diverges)."""
     findings: tuple[Finding, ...] = ()
 
-    def add(self, choice: object, child: Summary) -> None:
+    def add(self, choice: int, child: Summary) -> None:
         self.paths += child.paths
         self.divergent += child.divergent
         self.parked += child.parked
@@ -119,8 +117,8 @@ class OutOfRuns(EngineError):
         super().__init__("run budget spent")
         self.partial = Summary()
 
-    def take(self, prefix: list[object], done: Summary) -> None:
-        """Add the completed children of the state after ``prefix`` (steps from the root, as data)."""
+    def take(self, prefix: list[int], done: Summary) -> None:
+        """Add the completed children of the state after ``prefix`` (choices from the root)."""
         partial = self.partial
         shortest = partial.shortest
         partial.add(0, Summary(done.paths, done.divergent, done.parked, done.receipts, done.kinds))
@@ -166,8 +164,6 @@ class MergingSearch:
         """``check`` only: (choices to a state, its futures, the futures of an earlier state with its key)."""
         self._depth = 0
         """Forked ancestors of this process waiting on it."""
-        self._path: list[object] = []
-        """The steps from the root to the state being visited, as data (``prefix`` as choices)."""
         self._added: list[tuple[Fingerprint, Summary]] = []
         """Memo entries made in this process since it was forked (sent back to its parent)."""
 
@@ -209,7 +205,6 @@ class MergingSearch:
             summary = _leaf(world.finish(unsettled=bool(enabled)), parked)
         else:
             n = len(enabled)
-            steps = [world.action_key(a) for a in enabled]
             summary = Summary()
             if key is not None:
                 self.on_path.add(key)
@@ -218,12 +213,10 @@ class MergingSearch:
                 for i in range(n):
                     if forking and i < n - 1:
                         prefix.append(i)
-                        self._path.append(steps[i])
                         try:
-                            summary.add(steps[i], self._forked(world, enabled[i], prefix))
+                            summary.add(i, self._forked(world, enabled[i], prefix))
                         finally:
                             prefix.pop()
-                            self._path.pop()
                         continue
                     child = world if i == (n - 1 if forking else 0) else self._start(prefix)
                     if child is not world:
@@ -236,14 +229,12 @@ class MergingSearch:
                     else:
                         world.perform(enabled[i])
                     prefix.append(i)
-                    self._path.append(steps[i])
                     try:
-                        summary.add(steps[i], self.visit(child, prefix))
+                        summary.add(i, self.visit(child, prefix))
                     finally:
                         prefix.pop()
-                        self._path.pop()
             except OutOfRuns as out:
-                out.take(self._path, summary)
+                out.take(prefix, summary)
                 world.close()  # the run in hand, if no branch took it (closing twice does nothing)
                 raise
             finally:
@@ -362,25 +353,6 @@ def _portable(exc: BaseException) -> BaseException:
     return exc
 
 
-def choices_of(scenario: Scenario, protocol: Protocol, steps: tuple[object, ...]) -> tuple[int, ...]:
-    """The choices (places among the enabled steps) that take ``steps`` (``action_key`` data) from
-    the start: a replay that finds them by name (one run, not counted in the budget)."""
-    world = new_world(scenario, protocol, trace=False)
-    choices: list[int] = []
-    try:
-        for step in steps:
-            enabled = world.enabled()
-            names = [world.action_key(a) for a in enabled]
-            if step not in names:
-                raise Nondeterminism(f"{scenario.name}/{protocol}: {step} is not enabled after {choices}")
-            i = names.index(step)
-            world.perform(enabled[i])
-            choices.append(i)
-    finally:
-        world.close()
-    return tuple(choices)
-
-
 PROBES = 16
 """Random probes per sampled pair for the estimate of its size (``estimate_paths``)."""
 
@@ -456,7 +428,7 @@ def explore_merged(
     result.receipts = summary.receipts
     result.kinds = dict(summary.kinds)
     if summary.shortest is not None:
-        result.shortest = Failing(choices_of(scenario, protocol, summary.shortest), summary.findings)
+        result.shortest = Failing(summary.shortest, summary.findings)
     result.seconds = monotonic_seconds() - started
     return result
 
@@ -468,7 +440,6 @@ __all__ = [
     "OutOfRuns",
     "Summary",
     "can_fork",
-    "choices_of",
     "estimate_paths",
     "explore_merged",
     "fingerprint",

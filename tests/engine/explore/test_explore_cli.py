@@ -97,3 +97,28 @@ def test_json_and_the_ledger_carry_interleavings_covered_and_runs_per_pair(tmp_p
     assert [r["distinct_interleavings"] for r in rows] == [p["explored"] for p in doc["pairs"]]
     assert [r["explored"] for r in rows] == [p["runs"] for p in doc["pairs"]]
     assert rows[2]["distinct_interleavings"] == 51
+
+
+def test_each_pair_says_the_size_of_its_space_exact_when_exhaustive_estimated_when_sampled() -> None:
+    """An exhaustive pair's space is its exact count of interleavings; a sampled pair's is an
+    estimate (Knuth's random probes), at least what it covered, and a sampled pair estimated under
+    a million is named, in the table and in the JSON."""
+    code, out, _ = run(
+        "--json", "--scenario", "task-id-reused", "--scenario", "happy", "--permutations", "60"
+    )
+    doc = json.loads(out)
+    assert code == EXIT_OK
+    exhaustive = [p for p in doc["pairs"] if p["exhaustive"]]
+    sampled = [p for p in doc["pairs"] if not p["exhaustive"]]
+    assert exhaustive
+    assert sampled
+    for p in exhaustive:
+        assert (p["space"], p["space_estimated"], p["space_method"]) == (p["explored"], False, "exact")
+    for p in sampled:
+        assert p["space_estimated"]
+        assert p["space_method"].startswith("Knuth random probes")
+        assert p["space"] >= p["explored"]
+    small = {f"{p['scenario']}@{p['protocol']}" for p in sampled if p["space_under_1m"]}
+    assert set(doc["small_spaces_sampled"]) == small
+    _, table, _ = run("--scenario", "happy", "--permutations", "30")
+    assert "sampled though estimated under 1,000,000: happy@mcp-2025-11-25" in table

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from engine.explore.explorer import explore_pair
-from engine.explore.prune import MergingSearch, explore_merged
+from engine.explore.keys import digest
+from engine.explore.prune import MergingSearch, estimate_paths, explore_merged
 from engine.explore.result import render_trace
 from engine.explore.scenario import scenario_named
 from engine.model import Protocol
@@ -122,3 +123,56 @@ def test_states_that_differ_only_in_the_servers_interval_jitter_merge_and_count_
     assert one_by_one.exhaustive
     assert _counts(merged) == _counts(one_by_one)
     assert merged.runs < one_by_one.explored
+
+
+def _key_without_the_coroutines(world: object) -> bytes | None:
+    """The state key with its live coroutines' labels left out: an unsound key (mid-exchange, two
+    states then look alike whose executors wait on different replies or hold different locals)."""
+    key = world.state_key()  # type: ignore[attr-defined]
+    if key is None:
+        return None
+    live = world._live()  # type: ignore[attr-defined]
+    return digest(tuple(part for part in key if part != live))
+
+
+@pytest.mark.parametrize(
+    ("name", "protocol", "budget"),
+    [
+        ("complete-vs-cancel", P.AIP_151, 200),
+        ("cancel-not-found", P.MCP_2026_07_28, 200),
+        ("happy", P.AIP_151, 150),
+    ],
+)
+def test_states_the_key_merges_mid_exchange_have_equal_futures(
+    name: str, protocol: Protocol, budget: int
+) -> None:
+    """Nothing merged, every state keyed: every two states with one key, in the middle of an
+    exchange or not, have the same futures below them (interleavings, receipts, parks,
+    divergences by kind)."""
+    search = MergingSearch(scenario_named(name), protocol, max_runs=budget, check=lambda w: w.state_digest())
+    search.run()
+    assert len(search.memo) > 0
+    assert search.unsound == []
+
+
+def test_a_key_that_leaves_out_the_coroutines_is_caught_merging_states_with_different_futures() -> None:
+    """The check above can fail: without the live coroutines' labels the key gives one name to
+    states whose futures differ, and the check lists them."""
+    search = MergingSearch(
+        scenario_named("happy"), P.AIP_151, max_runs=150, check=_key_without_the_coroutines
+    )
+    search.run()
+    assert search.unsound
+    _, futures, earlier = search.unsound[0]
+    assert (futures.paths, futures.receipts) != (
+        earlier.paths,
+        earlier.receipts,
+    ) or futures.kinds != earlier.kinds
+
+
+def test_a_space_estimate_of_a_finished_search_is_its_exact_count() -> None:
+    """Every probe of a search that finished meets its root in the memo: the estimate is exact."""
+    search = MergingSearch(scenario_named("complete-vs-cancel"), P.AIP_151, max_runs=1_000)
+    summary, complete = search.run()
+    assert complete
+    assert estimate_paths(search, 4) == summary.paths
