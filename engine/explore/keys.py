@@ -265,6 +265,11 @@ class StateKeys:
         self._key_cache = (self.steps, found)
         return found
 
+    def prime_digest(self, known: Digest | None) -> None:
+        """Take ``known`` as this state's ``state_digest`` (the same run replayed to a state it
+        was in before: the search keyed it then)."""
+        self._key_cache = (self.steps, known)
+
     def action_key(self, action: tuple[str, str, object]) -> tuple[object, ...]:
         """``action`` as data: a network step names its message by ``message_key`` as well as by
         its place in flight."""

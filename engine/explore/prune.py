@@ -52,6 +52,7 @@ FORK_AFTER = 12
 a fork costs about as much as replaying a dozen steps (it copies the process's page tables, and
 the child its pages as it writes them)."""
 Fingerprint = Digest
+_UNKNOWN = object()
 
 
 fingerprint = digest
@@ -164,6 +165,9 @@ class MergingSearch:
         """``check`` only: (choices to a state, its futures, the futures of an earlier state with its key)."""
         self._depth = 0
         """Forked ancestors of this process waiting on it."""
+        self._digests: dict[tuple[int, ...], Fingerprint | None] = {}
+        """The key of the state after each prefix visited (a replayed prefix's steps are labelled
+        from them, not by keying every state again)."""
         self._added: list[tuple[Fingerprint, Summary]] = []
         """Memo entries made in this process since it was forked (sent back to its parent)."""
 
@@ -171,12 +175,18 @@ class MergingSearch:
         if self.runs >= self.max_runs:
             raise OutOfRuns
         self.runs += 1
-        world = new_world(self.scenario, self.protocol, trace=False)
-        for i in prefix:
+        world: Any = new_world(self.scenario, self.protocol, trace=False)
+        digests = self._digests
+        for j, i in enumerate(prefix):
             enabled = world.enabled()
             if i >= len(enabled):
                 world.close()
                 raise Nondeterminism(f"{self.scenario.name}/{self.protocol}: {prefix} no longer replays")
+            # The run is the same run again: the state before each step has the key it had when
+            # visited (the step's label reads it), so it is not computed again.
+            known = digests.get(tuple(prefix[:j]), _UNKNOWN)
+            if known is not _UNKNOWN:
+                world.prime_digest(known)
             world.perform(enabled[i])
         return world
 
@@ -190,6 +200,8 @@ class MergingSearch:
         # taken in, whether the run got there by a fork or by replaying its prefix.
         enabled = [] if world.aborted else world.enabled()
         key = world.state_digest() if self.check is None else self.check(world)
+        if self.check is None:
+            self._digests[tuple(prefix)] = key
         if key is not None:
             hit = self.memo.get(key)
             if hit is not None and self.check is None:
