@@ -1,9 +1,12 @@
-"""The state key of one run of the shipped code at a quiet point: what the merging search compares.
+"""The state key of one run of the shipped code, at every state: what the merging search compares.
 
 ``StateKeys.state_key`` renders everything a run's future depends on as data (``wire.canon``) and
-leaves out what it provably does not (each left-out part named below with the reason);
-``fingerprint`` is the smaller key of what an advance could see change (an executor is not asked
-again until it moves). Part of ``engine.explore.shipped.WireWorld`` (a mixin): reads only.
+leaves out what it provably does not (each left-out part named below with the reason); the live
+coroutines, whose places in the code are not data, by the label of the last step they ran in
+(``Tracked``; ``before_step`` / ``after_step`` label them, the only writes this module makes, to
+the coroutines' own labels). ``fingerprint`` is the smaller key of what an advance could see
+change (an executor is not asked again until it moves). Part of ``engine.explore.shipped.WireWorld``
+(a mixin); it never changes the run.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Exhaustive exploration of the shipped code with equivalent interleavings merged.
 
 A depth-first walk over the choice tree of one (scenario, protocol) pair in which a state seen
-before is not explored again: at every quiet point (``WireWorld.state_key``: no coroutine of the
-driver or the server mid-exchange) the run's state is keyed, and two interleavings that reach equal
-keys have the same futures, so the subtree below is run once and its summary (how many
+before is not explored again: at every state (``WireWorld.state_key``; in the middle of an exchange
+the live coroutines by the label of the step they last ran in) the run's state is keyed, and two
+interleavings that reach equal keys have the same futures, so the subtree below is run once and its summary (how many
 interleavings lie below, how many diverge and how, how many end parked or with a receipt, the
 shortest divergent continuation) is reused for every other way of reaching it. The counts are exact
 counts of distinct interleavings, though only distinct states are executed; the tests check them
