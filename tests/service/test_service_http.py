@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -9,29 +10,44 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from cli_kit import finality
 
 from engine.errors import ServiceRefused
 from engine.ledger.duckdb import Ledger
 from engine.schedule import busiest_window
 from refserver.testing import RefServer
 from service.client import ServiceClient
-from service.testing import ServiceProcess, all_terminal, wait_until
+from service.testing import ServiceProcess, all_terminal, service_in, wait_until
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def service(
-    tmp_path: Path, write_config: Callable[..., Path], servers: dict[str, RefServer]
+    tmp_path_factory: pytest.TempPathFactory, servers: dict[str, RefServer]
 ) -> Iterator[ServiceProcess]:
+    """One service on the default config for the module: each test uses call nodes of its own, and a
+    test that counts the servers' operations resets them first (every earlier call is terminal)."""
+    with service_in(tmp_path_factory.mktemp("service-http"), servers) as svc:
+        yield svc
+
+
+def reset(servers: dict[str, RefServer]) -> None:
     for server in servers.values():
         server.reset()
-    with ServiceProcess(tmp_path / "ledger.duckdb", write_config()) as svc:
-        yield svc
+
+
+def accepted_on_mcp(metrics: str) -> float:
+    """The ACCEPTED operations on the MCP 2025-11-25 server in /metrics (0 before the first)."""
+    found = re.search(
+        r'^finality_operations\{protocol="mcp-2025-11-25",state="ACCEPTED"\} (\S+)$', metrics, re.M
+    )
+    return float(found.group(1)) if found else 0.0
 
 
 def test_calls_on_every_protocol_end_with_one_receipt_each(
     service: ServiceProcess, servers: dict[str, RefServer]
 ) -> None:
     """Submitted calls on the three protocols each end ACCEPTED with a receipt and one server operation."""
+    reset(servers)
     nodes = []
     with service.client() as client:
         for i in range(3):
@@ -51,6 +67,7 @@ def test_submitting_a_call_node_again_returns_its_operation(
     service: ServiceProcess, servers: dict[str, RefServer]
 ) -> None:
     """Asking twice for one call node never creates a second operation."""
+    reset(servers)
     with service.client() as client:
         first = client.submit(call_node="again", tool="generate_report", arguments={"x": 1})
         second = client.submit(call_node="again", tool="generate_report", arguments={"x": 1})
@@ -124,11 +141,12 @@ def test_input_answer_is_bound_to_its_round(service: ServiceProcess) -> None:
 def test_metrics_and_health_are_served(service: ServiceProcess) -> None:
     """/metrics speaks Prometheus text; health reports the servers' negotiated protocols."""
     with service.client() as client:
+        before = accepted_on_mcp(client.metrics())
         client.submit(call_node="m", tool="generate_report", arguments={})
         wait_until(lambda: all_terminal(client, ["m"]), what="terminal")
         text = client.metrics()
         health = client.health()
-    assert 'finality_operations{protocol="mcp-2025-11-25",state="ACCEPTED"} 1.0' in text
+    assert accepted_on_mcp(text) == before + 1
     assert health["servers"] == {"mcp": "mcp-2025-11-25", "aip": "aip-151", "ext": "mcp-2026-07-28"}
     assert health["dialect"] == "duckdb"
 
@@ -224,24 +242,15 @@ def test_the_service_records_a_gate_run_every_interval(
 def test_a_negative_gate_interval_is_refused_naming_the_key(
     tmp_path: Path, write_config: Callable[..., Path]
 ) -> None:
-    """gate_interval_s must be 0 (off) or a number of seconds."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "service",
-            "serve",
-            "--ledger",
-            str(tmp_path / "l.duckdb"),
-            "--config",
-            str(write_config(top="gate_interval_s = -1")),
-            "--port",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    """gate_interval_s must be 0 (off) or a number of seconds (``finality serve`` run in this process)."""
+    result = finality(
+        "serve",
+        "--ledger",
+        str(tmp_path / "l.duckdb"),
+        "--config",
+        str(write_config(top="gate_interval_s = -1")),
+        "--port",
+        "0",
     )
     assert result.returncode == 2
     assert "gate_interval_s" in result.stderr

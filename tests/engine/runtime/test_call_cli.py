@@ -1,25 +1,22 @@
 """`finality call` and `finality show` from the command line, against real reference servers.
 
 One test runs ``python -m service`` as its own process (the entry point and its exit status); the
-others run the same ``main(argv)`` in this process, bounded by a thread join: a fresh interpreter
-costs about 2.5 CPU-s of imports, and a command's arguments, exit code and output are the same.
+others run the same ``main(argv)`` in this process (``cli_kit``): a fresh interpreter costs about
+2.5 CPU-s of imports, and a command's arguments, exit code and output are the same.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from cli_kit import finality
 
 from refserver.testing import RefServer
-from service.cli import main
 
 HOURS_OF_WORK = '{"duration_ms": 3600000}'
 """Work that cannot finish while a test waits on it, however slow the CLI is to start."""
@@ -45,30 +42,6 @@ def finality_process(*args: str, timeout: float = 60) -> subprocess.CompletedPro
     return subprocess.run(
         [sys.executable, "-m", "service", *args], capture_output=True, text=True, timeout=timeout, check=False
     )
-
-
-def finality(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``main(ARGS)`` in this process (argparse's exits included), waited for at most ``timeout`` s."""
-    out, err = io.StringIO(), io.StringIO()
-    ended: list[int | BaseException] = []
-
-    def run() -> None:
-        try:
-            ended.append(main(list(args)))
-        except SystemExit as exc:  # argparse's usage errors
-            ended.append(exc.code if isinstance(exc.code, int) else 2)
-        except BaseException as exc:
-            ended.append(exc)
-
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        thread.join(timeout)
-    assert ended, f"finality {' '.join(args)} still running after {timeout} s"
-    (code,) = ended
-    if isinstance(code, BaseException):
-        raise code
-    return subprocess.CompletedProcess(["finality", *args], code, out.getvalue(), err.getvalue())
 
 
 def call(
