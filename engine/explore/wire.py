@@ -801,6 +801,73 @@ class Recording:
         return getattr(self._inner, name)
 
 
+class SeenRows:
+    """The DuckDB ledger as the explorer's own steps read it: a row once read by ``get`` is answered
+    from memory until something else is called on the ledger.
+
+    A DuckDB read is a SQL query, and the explorer's own reads (what is enabled, what an advance
+    changed, the idle mark) were three quarters of a DuckDB run's queries. Every write reaches the
+    ledger through this object (the explorer's own calls) or through ``writer`` (what the drivers'
+    ``Recording``s are given), and either forgets every row before and after the call, so a row
+    answered from memory is the one the ledger holds. The drivers' own reads go to the ledger
+    itself: what the shipped code runs is unchanged.
+    """
+
+    _READS = frozenset({"get"})
+    """Calls of the drivers that change nothing (every other call may write, so it forgets)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._rows: dict[str, Operation | None] = {}
+        self.writer = _Forgetting(self)
+
+    def get(self, operation_id: str) -> Operation | None:
+        rows = self._rows
+        if operation_id in rows:
+            return rows[operation_id]
+        op: Operation | None = self._inner.get(operation_id)
+        rows[operation_id] = op
+        return op
+
+    @property
+    def ledger(self) -> Any:
+        """The DuckDB ledger itself."""
+        return self._inner
+
+    def forget(self) -> None:
+        self._rows.clear()
+
+    def __getattr__(self, name: str) -> Any:
+        return _forgetting(self, getattr(self._inner, name))
+
+
+class _Forgetting:
+    """The ledger as the drivers see it, telling ``SeenRows`` of every call that may write."""
+
+    def __init__(self, seen: SeenRows) -> None:
+        self._seen = seen
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._seen._inner, name)
+        if name in SeenRows._READS:
+            return value
+        return _forgetting(self._seen, value)
+
+
+def _forgetting(seen: SeenRows, value: Any) -> Any:
+    if not callable(value):
+        return value
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        seen.forget()
+        try:
+            return value(*args, **kwargs)
+        finally:
+            seen.forget()
+
+    return call
+
+
 def task_id_of(value: str | None) -> TaskId | None:
     return TaskId(value) if value is not None else None
 
@@ -816,6 +883,7 @@ __all__ = [
     "Network",
     "Recording",
     "RefServer",
+    "SeenRows",
     "ServerClock",
     "Stream",
     "VirtualLoop",

@@ -96,9 +96,31 @@ def test_a_share_of_runs_write_through_the_real_duckdb_ledger_and_pass_the_same_
     while (enabled := world.enabled()) and world.steps < 100:
         world.perform(enabled[choices % len(enabled)])
         choices += 1
-    assert type(world.ledger).__name__ == "Ledger"
+    assert type(world.ledger.ledger).__name__ == "Ledger"
     assert world.finish() == []
     assert world.ledger.receipt(world.node) is not None
+
+
+@pytest.mark.parametrize(
+    ("scenario", "protocol"),
+    [("crash-restart", P.MCP_2026_07_28), ("group-crash", P.AIP_151), ("input-replayed", P.MCP_2025_11_25)],
+)
+def test_on_duckdb_the_row_the_explorer_sees_is_the_row_the_ledger_holds(
+    scenario: str, protocol: Protocol
+) -> None:
+    """The explorer answers its own reads of a DuckDB run's row from memory (``SeenRows``) between
+    writes; after every step, crashes, restarts and group commits included, that row is the one a
+    query of the ledger returns."""
+    from engine.explore.shipped import WireWorld
+
+    world = WireWorld(scenario_named(scenario), protocol, ledger="duckdb")
+    steps = 0
+    while (enabled := world.enabled()) and world.steps < 60:
+        world.perform(enabled[(steps * 7) % len(enabled)])
+        steps += 1
+        assert world.ledger.get(world.op_id) == world.ledger.ledger.get(world.op_id)
+    assert steps > 5
+    world.finish()
 
 
 def test_a_fault_free_run_that_parks_in_unknown_is_a_divergence(monkeypatch: pytest.MonkeyPatch) -> None:
