@@ -7,13 +7,21 @@ polls table, not from the executor's own counters). Every run checks exactly one
 (in the ledger) and one server operation per call node (the server's count), and fails otherwise.
 
     python bench/scale.py [--ops 10000] [--qps 1000] [--duration-s 10] [--interval-s 5] [--cancel-share 0.1]
-                          [--runs 5] [--json] [--keep-ledger PATH]
+                          [--runs 5] [--json] [--keep-ledger PATH] [--memory-census]
+
+``rss_mib`` is the peak RSS of the executor's process (this one: the executor runs in it, the bench's
+own per-call-node bookkeeping included); ``server_rss_mib`` the reference server subprocess's, read
+apart. ``--memory-census`` (slow: tracemalloc) prints to stderr where the executor's memory is when
+every operation has been submitted and when the last operation is terminal: the largest allocation
+sites and the live object counts by type.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import gc
 import json
 import math
 import resource
@@ -22,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from datetime import timedelta
 from pathlib import Path
 
@@ -37,6 +46,47 @@ from service.config import parse_config
 from service.executor import Executor
 
 CLOCK = SystemClock()
+
+
+def census(label: str, ledger: Ledger) -> None:
+    """Where this process's memory is now (``--memory-census``): allocation sites, object counts,
+    and DuckDB's own accounting of its buffers (which tracemalloc does not see)."""
+    gc.collect()
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [
+            tracemalloc.Filter(False, tracemalloc.__file__),
+            tracemalloc.Filter(False, "<frozen importlib._bootstrap>"),
+        ]
+    )
+    stats = snapshot.statistics("lineno")
+    total = sum(stat.size for stat in stats)
+    lines = [f"--- memory census: {label}: {total / 2**20:.1f} MiB traced, RSS peak {peak_rss_mib()} MiB"]
+    lines += [
+        f"{stat.size / 2**20:8.1f} MiB {stat.count:9} blocks  {stat.traceback[0]}" for stat in stats[:30]
+    ]
+    counts = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+    lines += [f"{n:9} {name}" for name, n in counts.most_common(25)]
+    duck = ledger._con.execute(
+        "SELECT tag, memory_usage_bytes FROM duckdb_memory() WHERE memory_usage_bytes > 0 ORDER BY 2 DESC"
+    ).fetchall()
+    lines += [f"duckdb {tag}: {used / 2**20:.1f} MiB" for tag, used in duck]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def peak_rss_mib() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def server_peak_rss_mib(pid: int | None) -> float | None:
+    """The reference server subprocess's peak RSS (``VmHWM``), read before it stops."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[str, object]:
@@ -66,6 +116,8 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
         created = await executor.submit_many([(n, "generate_report", {"n": n, "_sim": sim}) for n in chunk])
         op_of.update({op.call_node_id: op.operation_id for op in created})
     phases = {"submitted": round(time.perf_counter() - wall0, 1)}
+    if args.memory_census:
+        census(f"{args.ops} submitted, {executor.in_flight} in flight", ledger)
     # A person cancels each chosen operation a third of its duration after it started working,
     # as many API requests arriving over time would (concurrent with each other and the polling).
     waiting = set(nodes[:: max(1, int(1 / args.cancel_share))] if args.cancel_share > 0 else [])
@@ -98,11 +150,16 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
     await asyncio.gather(*cancels)
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
+    if args.memory_census:
+        census(f"{executor.in_flight} in flight after {wall:.0f} s", ledger)
     store = executor._store
     flushes, ticks = store.flushes, executor.stats["ticks"]
     commit_s = executor.commit_seconds
     await executor.aclose()
     runner.cancel()
+    # The executor's peak, read before this benchmark's own analysis below loads every poll row and
+    # every operation into Python (at 100,000 operations that analysis would be the peak).
+    rss_mib = peak_rss_mib()
     polls = ledger.polls()
     ops = ledger.operations()
     sent = [row["sent_at"] for row in polls]
@@ -125,7 +182,7 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
         "unfinished": sum(1 for op in ops if op.state not in RECEIPT_STATES),
         "peak_in_flight": peak_in_flight,
         "wall_s": round(wall, 1),
-        "rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "rss_mib": rss_mib,
         "requests": len(polls),
         "cpu_s_per_1000_requests": round(cpu / max(1, len(polls)) * 1000, 3),
         "polls_per_completed_op": round(polls_completed / max(1, len(completed)), 3),
@@ -149,6 +206,7 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
 FIGURES = (
     # (result key, figure name, unit, better)
     ("rss_mib", "peak RSS", "MiB", "lower"),
+    ("server_rss_mib", "reference server's peak RSS (its own process)", "MiB", "lower"),
     ("cpu_s_per_1000_requests", "CPU per 1,000 protocol requests", "CPU-s", "lower"),
     ("ratio_to_minimum", "status polls per completed operation / advised minimum", "ratio", "lower"),
     (
@@ -188,8 +246,11 @@ def one_run(args: argparse.Namespace, keep: Path | None) -> dict[str, object]:
     with RefServer(args.protocol, time_scale=1.0) as server, tempfile.TemporaryDirectory() as tmp:
         url = server.endpoint if args.protocol.startswith("mcp") else server.url
         path = keep or Path(tmp) / "scale.duckdb"
+        if args.memory_census:
+            tracemalloc.start()
         result = asyncio.run(drive(args, url, path))
-        created = int(server.stats()["operations_created"]["total"])
+        result["server_rss_mib"] = server_peak_rss_mib(server.pid)
+        created = int(server.counts()["operations_created"]["total"])
         result["server_operations_created"] = created
         result["problems"] = checks(path, args.ops, created)
     return result
@@ -211,6 +272,9 @@ def main() -> int:
         "--json", action="store_true", help="print a bench/figures.py report as the last line"
     )
     parser.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)  # one run, its dict as JSON
+    parser.add_argument(
+        "--memory-census", action="store_true", help="print where the memory is to stderr (slow: tracemalloc)"
+    )
     parser.add_argument("--keep-ledger", help="write the ledger here (a new file) and keep it for analysis")
     args = parser.parse_args()
     keep = Path(args.keep_ledger) if args.keep_ledger else None

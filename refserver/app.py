@@ -44,6 +44,7 @@ class Admin:
         return [
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/admin/stats", self.stats, methods=["GET"]),
+            Route("/admin/counts", self.counts, methods=["GET"]),
             Route("/admin/reset", self.reset, methods=["POST"]),
             Route("/admin/faults", self.faults, methods=["GET", "POST"]),
         ]
@@ -53,6 +54,9 @@ class Admin:
 
     async def stats(self, request: Request) -> Response:
         return Reply({"protocol": self.ctx.options.protocol.value, **self.ctx.store.stats()})
+
+    async def counts(self, request: Request) -> Response:
+        return Reply({"protocol": self.ctx.options.protocol.value, **self.ctx.store.counts()})
 
     async def reset(self, request: Request) -> Response:
         self.ctx.reset()

@@ -316,6 +316,11 @@ class RefServer:
         result: dict[str, Any] = self._admin("GET", "/admin/stats")
         return result
 
+    def counts(self) -> dict[str, Any]:
+        """``operations_created`` and ``requests`` alone: cheap however many tasks the server holds."""
+        result: dict[str, Any] = self._admin("GET", "/admin/counts")
+        return result
+
     def set_faults(self, rules: Sequence[Mapping[str, Any]], *, seed: int | None = None) -> None:
         """Replace the fault plan; each rule is ``{"fault", "tool", "rate" | "count", "params"}``.
 

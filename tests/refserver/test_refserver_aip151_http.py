@@ -75,6 +75,17 @@ def test_same_request_id_and_body_returns_the_same_operation(server, aip):
     assert len(stats["executions"]["apply_batch_change"]) == 1
 
 
+def test_counts_report_creations_and_requests_as_stats_does_without_the_tasks(server, aip):
+    """/admin/counts answers stats' creation and request counters, and no task list."""
+    aip.start("apply_batch_change", {"batch_id": "c", **LONG}, request_id="r-c")
+    aip.start("generate_report", {"report": "c", **LONG})
+    counts, stats = server.counts(), server.stats()
+    assert counts["operations_created"] == stats["operations_created"]
+    assert counts["operations_created"]["total"] == 2
+    assert counts["requests"] == stats["requests"]
+    assert "tasks" not in counts
+
+
 def test_same_request_id_with_another_body_is_409(aip):
     """Reusing a request_id for a different request is ALREADY_EXISTS."""
     aip.start("apply_batch_change", {"batch_id": "a", **LONG}, request_id="r-2")
