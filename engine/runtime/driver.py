@@ -17,7 +17,7 @@ from datetime import datetime
 
 from engine.adapters.base import Json
 from engine.errors import BackendUnavailable, StaleWrite
-from engine.model import CancelRequested, FetchStarted, LocalState, Operation, Resubmitted
+from engine.model import RECEIPT_STATES, CancelRequested, FetchStarted, LocalState, Operation, Resubmitted
 from engine.runtime.cancelling import Cancelling
 from engine.runtime.plan import Step, next_step
 from engine.runtime.polling import MAX_FETCH_ATTEMPTS, UNKNOWN_PROBE_INTERVAL
@@ -74,6 +74,16 @@ class Driver(Submission, Cancelling):
 
     async def advance(self, op: Operation) -> Wake:
         """Carry out the one action the operation's state calls for; say when to come back."""
+        wake = await self._act(op)
+        if wake.operation.state in RECEIPT_STATES:
+            # A receipt ends the operation: nothing remembered of it is needed again. The cancel
+            # path and a terminal status answered by a poll reach it without passing ``Step.DONE``,
+            # and a service that kept their memory (arguments included) grew with every operation
+            # it had ever driven, not with the ones in flight.
+            self.forget(wake.operation)
+        return wake
+
+    async def _act(self, op: Operation) -> Wake:
         now = self.clock.now()
         due, deadline = self._due(op, now)
         if due is Step.FENCED:

@@ -57,9 +57,12 @@ if TYPE_CHECKING:  # the port both ledgers (DuckDB, PostgreSQL) offer; imported 
     from engine.ledger.port import LedgerPort
 
 
-@dataclass
+@dataclass(slots=True)
 class Memory:
-    """What the driver remembers about one operation between actions (lost on restart, by design)."""
+    """What the driver remembers about one operation between actions (lost on restart, by design).
+
+    One per operation in flight (100,000 in one process: bench/scale.py), hence slots; forgotten
+    when the operation reaches its receipt (``Driver.advance``)."""
 
     fresh_submit: bool = False
     cancel_sent: int = 0
@@ -78,7 +81,7 @@ class Memory:
     reads it back from the ledger's log: ``Submission.proof_of_absence``)."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Wake:
     """The driver's answer to ``advance``: the operation now, and when to call again (None: parked)."""
 
@@ -109,7 +112,10 @@ class DriverCore:
     # ------------------------------------------------------------------------------ bookkeeping
 
     def _mem(self, op: Operation) -> Memory:
-        return self._memory.setdefault(op.operation_id, Memory())
+        mem = self._memory.get(op.operation_id)
+        if mem is None:
+            mem = self._memory[op.operation_id] = Memory()
+        return mem
 
     def forget(self, op: Operation) -> None:
         self._memory.pop(op.operation_id, None)
