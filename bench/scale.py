@@ -8,6 +8,7 @@ polls table, not from the executor's own counters). Every run checks exactly one
 
     python bench/scale.py [--ops 10000] [--qps 1000] [--duration-s 10] [--interval-s 5] [--cancel-share 0.1]
                           [--runs 5] [--json] [--keep-ledger PATH] [--memory-census]
+    python bench/scale.py --from-ledger PATH [--duration-s 10] [--interval-s 5]
 
 ``rss_mib`` is the peak RSS of the executor's process (this one: the executor runs in it, the bench's
 own per-call-node bookkeeping included); ``server_rss_mib`` the reference server subprocess's, read
@@ -160,6 +161,28 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
     # The executor's peak, read before this benchmark's own analysis below loads every poll row and
     # every operation into Python (at 100,000 operations that analysis would be the peak).
     rss_mib = peak_rss_mib()
+    figures = ledger_figures(ledger, args)
+    ledger.close()
+    return {
+        "ops": args.ops,
+        "terminal": figures.pop("terminal"),
+        "unfinished": figures.pop("unfinished"),
+        "peak_in_flight": peak_in_flight,
+        "wall_s": round(wall, 1),
+        "rss_mib": rss_mib,
+        "requests": figures["requests"],
+        "cpu_s_per_1000_requests": round(cpu / max(1, int(figures["requests"])) * 1000, 3),
+        **figures,
+        "flushes": flushes,
+        "ticks": ticks,
+        "commit_wait_s": round(commit_s, 1),
+        "phases_s": phases,
+        "qps_cap": args.qps,
+    }
+
+
+def ledger_figures(ledger: Ledger, args: argparse.Namespace) -> dict[str, object]:
+    """The run's figures that the ledger holds (requests, polls, cancels, the busiest window)."""
     polls = ledger.polls()
     ops = ledger.operations()
     sent = [row["sent_at"] for row in polls]
@@ -169,7 +192,6 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
     for op in ops:
         if op.cancel_requested_at is not None and op.state in RECEIPT_STATES:
             cancel_latencies.append((op.updated_at - op.cancel_requested_at).total_seconds())
-    ledger.close()
     minimum = math.ceil(args.duration_s / args.interval_s)
     # One set, not one per poll row (that was quadratic: 2 % of a profiled run, after the CPU figure).
     completed_ids = {op.operation_id for op in completed}
@@ -177,14 +199,9 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
         1 for row in polls if row["method"] == "get" and row["operation_id"] in completed_ids
     )
     return {
-        "ops": args.ops,
         "terminal": sum(1 for op in ops if op.state in RECEIPT_STATES),
         "unfinished": sum(1 for op in ops if op.state not in RECEIPT_STATES),
-        "peak_in_flight": peak_in_flight,
-        "wall_s": round(wall, 1),
-        "rss_mib": rss_mib,
         "requests": len(polls),
-        "cpu_s_per_1000_requests": round(cpu / max(1, len(polls)) * 1000, 3),
         "polls_per_completed_op": round(polls_completed / max(1, len(completed)), 3),
         "advised_minimum_polls": minimum,
         "ratio_to_minimum": round(polls_completed / max(1, len(completed)) / minimum, 3),
@@ -195,12 +212,23 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
         if len(cancel_latencies) > 1
         else None,
         "busiest_window": busiest_window(sent, timedelta(seconds=1)),
-        "flushes": flushes,
-        "ticks": ticks,
-        "commit_wait_s": round(commit_s, 1),
-        "phases_s": phases,
-        "qps_cap": args.qps,
     }
+
+
+def from_ledger(path: Path, args: argparse.Namespace) -> dict[str, object]:
+    """The ledger's figures of a run that was stopped (kill -9) before every operation was terminal,
+    and its receipts checked as a finished run's are (more than one receipt per call node fails;
+    an unfinished call node has none yet)."""
+    ledger = Ledger.open(path)
+    try:
+        figures = ledger_figures(ledger, args)
+    finally:
+        ledger.close()
+    nodes, one, more = run_query(path, RECEIPTS_SQL, max_rows=1).rows[0]
+    figures["call_nodes"] = nodes
+    figures["call_nodes_with_one_receipt"] = one
+    figures["call_nodes_with_more_than_one"] = more
+    return figures
 
 
 FIGURES = (
@@ -275,8 +303,14 @@ def main() -> int:
     parser.add_argument(
         "--memory-census", action="store_true", help="print where the memory is to stderr (slow: tracemalloc)"
     )
+    parser.add_argument(
+        "--from-ledger", help="print the ledger figures of a stopped run's ledger (a copy: it is migrated)"
+    )
     parser.add_argument("--keep-ledger", help="write the ledger here (a new file) and keep it for analysis")
     args = parser.parse_args()
+    if args.from_ledger:
+        print(json.dumps(from_ledger(Path(args.from_ledger), args), default=str))
+        return 0
     keep = Path(args.keep_ledger) if args.keep_ledger else None
     if keep is not None and keep.exists():
         parser.error(f"--keep-ledger {keep} exists; the benchmark writes a new ledger")
