@@ -9,7 +9,7 @@ from pathlib import Path
 
 import http_kit
 import pytest
-from rollout_kit import TIME_SCALE, created, executions
+from rollout_kit import TIME_SCALE, created, executions, rollout_config
 
 from engine.clock import monotonic_seconds
 from engine.errors import ServiceRefused
@@ -36,6 +36,17 @@ def service(
         yield svc
 
 
+@pytest.fixture(scope="module")
+def quiet(tmp_path_factory: pytest.TempPathFactory, paths: dict[str, RefServer]) -> Iterator[ServiceProcess]:
+    """One service for the tests that record nothing (status reads and refused requests): its rollout
+    stays off at epoch 1 with no events whatever order they run in."""
+    folder = tmp_path_factory.mktemp("rollout-quiet")
+    config = folder / "rollout.toml"
+    config.write_text(rollout_config(paths))
+    with ServiceProcess(folder / "ledger.duckdb", config) as svc:
+        yield svc
+
+
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
@@ -52,21 +63,21 @@ def act(service: ServiceProcess, capsys: pytest.CaptureFixture[str], *argv: str)
 
 
 def test_status_needs_no_actor_and_starts_off(
-    service: ServiceProcess, capsys: pytest.CaptureFixture[str]
+    quiet: ServiceProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A fresh service is off at epoch 1 with an intact (empty) audit chain; status takes no actor."""
-    code, out, _ = cli(capsys, "rollout", "status", "--service", service.url, "--json")
+    code, out, _ = cli(capsys, "rollout", "status", "--service", quiet.url, "--json")
     assert code == 0
     status = json.loads(out)
     assert (status["stage"], status["percentage"], status["epoch"]) == ("off", 0, 1)
     assert status["audit"]["verified"] is True
     assert status["disabled_protocols"] == []
-    code, out, _ = cli(capsys, "rollout", "status", "--service", service.url)
+    code, out, _ = cli(capsys, "rollout", "status", "--service", quiet.url)
     assert "stage       off" in out
 
 
 def test_shadowing_a_tool_with_side_effects_is_refused_with_a_clear_error(
-    service: ServiceProcess, capsys: pytest.CaptureFixture[str]
+    quiet: ServiceProcess, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """422 naming the rule; the CLI exits 2 with the same message; nothing is recorded."""
     code, _, err = cli(
@@ -76,7 +87,7 @@ def test_shadowing_a_tool_with_side_effects_is_refused_with_a_clear_error(
         "--tool",
         "apply_batch_change",
         "--service",
-        service.url,
+        quiet.url,
         "--actor",
         "rm",
         "--reason",
@@ -84,10 +95,10 @@ def test_shadowing_a_tool_with_side_effects_is_refused_with_a_clear_error(
     )
     assert code == 2
     assert "side-effect-free" in err
-    with service.client() as client, pytest.raises(ServiceRefused) as refused:
+    with quiet.client() as client, pytest.raises(ServiceRefused) as refused:
         client.rollout("shadow", {"actor": "rm", "reason": "try", "tools": ["apply_batch_change"]})
     assert refused.value.status == 422
-    with service.client() as client:
+    with quiet.client() as client:
         assert client.rollout_status()["audit"]["events"] == 0
 
 
@@ -353,9 +364,9 @@ def test_audit_verify_detects_edited_deleted_and_reordered_rows(
         assert any(named in p for p in report["problems"]), (name, report["problems"])
 
 
-def test_unknown_rollout_actions_and_bad_bodies_are_refused(service: ServiceProcess) -> None:
+def test_unknown_rollout_actions_and_bad_bodies_are_refused(quiet: ServiceProcess) -> None:
     """404 for an unknown action, 400 for a missing actor or a bad percentage."""
-    with service.client() as client:
+    with quiet.client() as client:
         for action, body, status in (
             ("jump", {"actor": "a", "reason": "r"}, 404),
             ("shadow", {"reason": "r"}, 400),
@@ -367,8 +378,8 @@ def test_unknown_rollout_actions_and_bad_bodies_are_refused(service: ServiceProc
             assert refused.value.status == status, (action, body)
 
 
-def test_a_client_cannot_claim_a_shadow_call_node(service: ServiceProcess) -> None:
+def test_a_client_cannot_claim_a_shadow_call_node(quiet: ServiceProcess) -> None:
     """Call node ids ending in #shadow belong to shadow operations."""
-    with ServiceClient(service.url) as client, pytest.raises(ServiceRefused) as refused:
+    with ServiceClient(quiet.url) as client, pytest.raises(ServiceRefused) as refused:
         client.submit(call_node="x#shadow", tool="generate_report", arguments={})
     assert refused.value.status == 400
