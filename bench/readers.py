@@ -1,7 +1,8 @@
 """The executor while analysts read (issue 22 points 3-4): windows with and without 4 analyst clients.
 
 Each run starts one MCP 2025-11-25 reference server (real time) and ``finality serve`` (shipped
-defaults for ``[analyst]``: 2 reader workers, a queue of 8, 10-s queries, readers at nice 19),
+defaults for ``[analyst]``: 2 reader workers, a queue of 8, 10-s queries, readers at nice 19,
+at most one fewer analyst queries at once than the cores, at least one),
 submits ``--ops`` calls that poll for longer than the run (server-advised interval ``--interval-s``),
 lets them settle for ``--warmup-s``, then measures windows of ``--window-s`` each, the modes in the
 order A B B A ... (``--rounds`` passes): both modes are measured on the same service, the same

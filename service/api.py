@@ -518,13 +518,13 @@ def build_api(
         reads = _reads()
         query, max_rows = await _sql_request(request, 1000)
         # The answer arrives encoded (from a reader process on DuckDB): the loop only sends its bytes.
-        body = await pool.run("analyst SQL", lambda: reads.query_json(query, max_rows))
+        body = await pool.run("analyst SQL", lambda: reads.query_json(query, max_rows), analyst=True)
         return Response(body, media_type="application/json")
 
     async def run_sql_arrow(request: Request) -> Response:
         reads = _reads()
         query, max_rows = await _sql_request(request, 10_000)
-        body = await pool.run("analyst SQL", lambda: reads.arrow_ipc(query, max_rows))
+        body = await pool.run("analyst SQL", lambda: reads.arrow_ipc(query, max_rows), analyst=True)
         return Response(body, media_type=ARROW_STREAM)
 
     async def publish_snapshot(request: Request) -> Response:

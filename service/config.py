@@ -47,6 +47,8 @@ Example::
     [analyst]                                # reads that are not the executor's own (all optional)
     workers = 2                              # reader threads (analyst SQL, console, gates, metrics)
     queue = 8                                # reads waiting beyond those; more get 503 + Retry-After
+    queries = 0                              # analyst queries running at once (0: one fewer than
+                                             # the cores, at least 1); the rest wait in the queue
     timeout_s = 10                           # one query's time limit
     memory_limit_mb = 512                    # DuckDB sandbox: memory per query (no spilling)
     threads = 1                              # DuckDB sandbox: threads per query
@@ -119,6 +121,7 @@ _TOP_KEYS = {
 _ANALYST_KEYS = {
     "workers",
     "queue",
+    "queries",
     "timeout_s",
     "memory_limit_mb",
     "threads",
@@ -184,6 +187,10 @@ class AnalystConfig:
 
     workers: int = 2
     queue: int = 8
+    queries: int = 0
+    """Analyst queries that may run at once (0: one fewer than the cores, at least one; never more
+    than ``workers``): a query that runs for its whole time limit holds a core, and a core is left
+    to the executor however many analysts ask (``service.readers.analyst_slots``)."""
     timeout: timedelta = timedelta(seconds=10)
     memory_limit_mb: int = 512
     threads: int = 1
@@ -417,6 +424,7 @@ def _analyst(table: dict[str, object]) -> AnalystConfig:
     return AnalystConfig(
         workers=whole("workers", d.workers, 1),
         queue=whole("queue", d.queue, 0),
+        queries=whole("queries", d.queries, 0),
         timeout=timedelta(seconds=timeout_s) if timeout_s is not None else d.timeout,
         memory_limit_mb=whole("memory_limit_mb", d.memory_limit_mb, 16),
         threads=whole("threads", d.threads, 1),

@@ -18,6 +18,14 @@ one per worker, and its worker only waits for the answer's bytes. The reads that
 workers' threads read the live ledger, which only this process may open (snapshots, lists,
 gates, metrics, rollout status, the audit check), or wait on PostgreSQL's own processes.
 
+Niceness does not make a busy core free, though: a reader at nice 19 that holds a core delays each
+wake-up of the executor's loop (and of its database backends) by up to the kernel's time slice,
+and with as many busy readers as cores every wake-up waits so. Analyst SQL, the one read that may
+run for its whole time limit, therefore has a second bound: at most ``analyst_limit`` analyst
+queries run at once (``analyst_slots``: by default one fewer than this process's cores, at least
+one), so a core is left to the executor however many analysts ask; the rest wait in the queue
+(they hold no worker thread while they wait: the other reads go on) and count against its limit.
+
 Holds no rules about what a read may do: the sandbox (``engine.ledger.sandbox``) and the
 PostgreSQL analyst path (``engine.ledger.analyst``) own the per-query limits.
 """
@@ -28,9 +36,10 @@ import asyncio
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from engine.errors import ServiceError
 
@@ -45,6 +54,21 @@ class ReadersBusy(ServiceError):
         self.retry_after_s = retry_after_s
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the platform says, else all)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def analyst_slots(workers: int, configured: int = 0, cores: int | None = None) -> int:
+    """How many analyst queries may run at once: ``configured`` if set (> 0), else one fewer than
+    ``cores`` (default: this process's), at least one; never more than the ``workers`` to run them."""
+    wanted = configured if configured > 0 else (cores if cores is not None else usable_cores()) - 1
+    return max(1, min(workers, wanted))
+
+
 @dataclass(frozen=True, slots=True)
 class ReaderStats:
     workers: int
@@ -53,6 +77,8 @@ class ReaderStats:
     queued: int
     refused: int
     nice: int
+    analyst_limit: int
+    analyst_running: int
 
     def as_json(self) -> dict[str, int]:
         return {
@@ -62,26 +88,42 @@ class ReaderStats:
             "running": self.running,
             "queued": self.queued,
             "refused": self.refused,
+            "analyst_limit": self.analyst_limit,
+            "analyst_running": self.analyst_running,
         }
 
 
 class ReaderPool:
     """``workers`` threads for reads, at most ``queue_limit`` more waiting; beyond that ``ReadersBusy``.
 
-    Each worker runs at niceness ``nice`` (0-19; 19 the lowest priority).
+    Each worker runs at niceness ``nice`` (0-19; 19 the lowest priority). Of the reads, at most
+    ``analyst_limit`` analyst queries (``run(..., analyst=True)``) run at once (None: as many as
+    there are workers); the others wait in the queue without a thread.
     """
 
     def __init__(
-        self, workers: int = 2, queue_limit: int = 8, *, retry_after_s: int = 2, nice: int = 19
+        self,
+        workers: int = 2,
+        queue_limit: int = 8,
+        *,
+        retry_after_s: int = 2,
+        nice: int = 19,
+        analyst_limit: int | None = None,
     ) -> None:
         if workers < 1 or queue_limit < 0:
             raise ValueError("a reader pool needs at least one worker and a non-negative queue")
         if not 0 <= nice <= 19:
             raise ValueError("a reader pool's niceness is 0 (normal) to 19 (lowest)")
+        if analyst_limit is not None and analyst_limit < 1:
+            raise ValueError("a reader pool runs at least one analyst query at a time")
         self.workers = workers
         self.queue_limit = queue_limit
         self.retry_after_s = retry_after_s
         self.nice = nice
+        self.analyst_limit = min(workers, analyst_limit or workers)
+        # Created on first use, on the loop that awaits it (a pool serves one loop).
+        self._analyst_slots: asyncio.Semaphore | None = None
+        self._analyst_running = 0
         self._threads = ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="finality-reader", initializer=self._lower_priority
         )
@@ -112,10 +154,15 @@ class ReaderPool:
                 self._admitted - self._running,
                 self._refused,
                 self._niced,
+                self.analyst_limit,
+                self._analyst_running,
             )
 
-    async def run(self, what: str, fn: Callable[[], T]) -> T:
+    async def run(self, what: str, fn: Callable[[], T], *, analyst: bool = False) -> T:
         """Run ``fn`` on a reader thread and await its result; refuse at once when the pool is full.
+
+        ``analyst``: ``fn`` is an analyst query; it waits (in the queue, without a thread) while
+        ``analyst_limit`` of them run.
 
         Raises:
             ReadersBusy: ``workers`` reads are running and ``queue_limit`` more are waiting.
@@ -140,7 +187,54 @@ class ReaderPool:
                     self._running -= 1
                     self._admitted -= 1
 
-        return await asyncio.wrap_future(self._threads.submit(job))
+        if not analyst:
+            plain = self._threads.submit(job)
+            plain.add_done_callback(self._forget_if_cancelled)
+            return await asyncio.wrap_future(plain)
+        if self._analyst_slots is None:
+            self._analyst_slots = asyncio.Semaphore(self.analyst_limit)
+        slots = self._analyst_slots
+        try:
+            await slots.acquire()
+        except BaseException:
+            # Cancelled while queued: it leaves the queue, it never ran.
+            with self._lock:
+                self._admitted -= 1
+            raise
+        loop = asyncio.get_running_loop()
+
+        def analyst_job() -> T:
+            with self._lock:
+                self._analyst_running += 1
+            try:
+                return job()
+            finally:
+                with self._lock:
+                    self._analyst_running -= 1
+
+        try:
+            future = self._threads.submit(analyst_job)
+        except BaseException:
+            slots.release()
+            with self._lock:
+                self._admitted -= 1
+            raise
+        future.add_done_callback(self._forget_if_cancelled)
+
+        def free_slot(_: Future[T]) -> None:
+            # The slot is free when the query ends on its thread, not when its caller stops waiting
+            # (a client that hangs up leaves its query running to its time limit).
+            with suppress(RuntimeError):  # the loop is closed: nobody waits for a slot
+                loop.call_soon_threadsafe(slots.release)
+
+        future.add_done_callback(free_slot)
+        return await asyncio.wrap_future(future)
+
+    def _forget_if_cancelled(self, future: Future[Any]) -> None:
+        """A read cancelled before a worker took it never ran: it leaves the queue's count."""
+        if future.cancelled():
+            with self._lock:
+                self._admitted -= 1
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -150,4 +244,6 @@ __all__ = [
     "ReaderPool",
     "ReaderStats",
     "ReadersBusy",
+    "analyst_slots",
+    "usable_cores",
 ]

@@ -34,7 +34,7 @@ from service.api import build_api
 from service.config import AnalystConfig, ServiceConfig
 from service.executor import Executor
 from service.reader_process import ReaderProcesses
-from service.readers import ReaderPool
+from service.readers import ReaderPool, analyst_slots
 
 if TYPE_CHECKING:  # imported where a PostgreSQL ledger is opened: a DuckDB service never loads psycopg
     from engine.ledger.postgres import PgLedger
@@ -71,7 +71,12 @@ async def serve(
     )
     await executor.start()
     analyst = config.analyst
-    readers = ReaderPool(analyst.workers, analyst.queue, nice=analyst.nice)
+    readers = ReaderPool(
+        analyst.workers,
+        analyst.queue,
+        nice=analyst.nice,
+        analyst_limit=analyst_slots(analyst.workers, analyst.queries),
+    )
     with tempfile.TemporaryDirectory(prefix="finality-sql-") as folder:
         sql, owned = analyst_reads(ledger, ledger_target, analyst, Path(folder), executor.clock)
         app = build_api(executor, ledger, sql=sql, readers=readers, analyst=analyst)

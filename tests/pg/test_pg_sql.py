@@ -365,7 +365,8 @@ def test_an_answer_over_the_result_size_limit_is_refused_naming_it_and_the_next_
 ) -> None:
     """100,000 rows of 100 characters (about 11 MB) are refused under max_result_mb = 1, as JSON and as Arrow."""
     analysts = PgLedger.open(pg_url, read_only=True, pool_size=1)
-    reads = PgReads(analysts, AnalystConfig(max_result_mb=1))
+    # At nice 19 on a loaded machine the 100,000 rows may take longer than the 10-s default to read.
+    reads = PgReads(analysts, AnalystConfig(max_result_mb=1, timeout=timedelta(seconds=120)))
     wide = "SELECT repeat('x', 100) AS s FROM generate_series(1, 100000) g"
     try:
         with pytest.raises(SqlRefused, match=r"over the service's result-size limit of 1 MB"):

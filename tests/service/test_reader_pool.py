@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from service.readers import ReaderPool, ReadersBusy
+from service.readers import ReaderPool, ReadersBusy, analyst_slots
 
 
 def _own_priority() -> int:
@@ -60,6 +60,104 @@ def test_a_full_pool_refuses_at_once_naming_its_limits_and_counts_the_refusal() 
     try:
         assert asyncio.run(scenario()) == "done"
         assert pool.stats().refused == 1
+    finally:
+        release.set()
+        pool.close()
+
+
+def test_analyst_queries_run_on_one_fewer_than_the_cores_at_least_one_and_no_more_than_the_workers() -> None:
+    """The default leaves a core to the executor; a configured number wins, the workers cap both."""
+    assert analyst_slots(workers=2, cores=2) == 1
+    assert analyst_slots(workers=2, cores=1) == 1
+    assert analyst_slots(workers=2, cores=8) == 2
+    assert analyst_slots(workers=4, cores=3) == 2
+    assert analyst_slots(workers=4, configured=3, cores=2) == 3
+    assert analyst_slots(workers=2, configured=5, cores=16) == 2
+    assert 1 <= analyst_slots(workers=64) <= 64
+
+
+def test_an_analyst_query_over_the_limit_waits_in_the_queue_without_a_thread_and_one_more_gets_503() -> None:
+    """One analyst slot, two workers, a queue of one: the second analyst query waits while a plain read
+    runs on the free worker; a fourth read is refused; the waiting query runs when the first ends."""
+    pool = ReaderPool(workers=2, queue_limit=1, retry_after_s=4, analyst_limit=1)
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def hold() -> str:
+        started.set()
+        release.wait(timeout=30)
+        ran.append("first")
+        return "first"
+
+    def second() -> str:
+        ran.append("second")
+        return "second"
+
+    plain_started, plain_release = threading.Event(), threading.Event()
+
+    def plain() -> str:
+        plain_started.set()
+        plain_release.wait(timeout=30)
+        return "plain"
+
+    async def scenario() -> list[str]:
+        first = asyncio.ensure_future(pool.run("analyst SQL", hold, analyst=True))
+        assert await asyncio.to_thread(started.wait, 30)
+        waiting = asyncio.ensure_future(pool.run("analyst SQL", second, analyst=True))
+        # A plain read takes the second worker: the waiting analyst query holds no thread. (The
+        # waiting task reaches its slot first: tasks start in the order they were made.)
+        other = asyncio.ensure_future(pool.run("plain read", plain))
+        assert await asyncio.to_thread(plain_started.wait, 30)
+        stats = pool.stats()
+        assert (stats.analyst_limit, stats.analyst_running, stats.running, stats.queued) == (1, 1, 2, 1)
+        assert ran == []
+        with pytest.raises(ReadersBusy, match="queue limit") as busy:
+            await pool.run("analyst SQL", lambda: "never", analyst=True)
+        assert (busy.value.status, busy.value.retry_after_s) == (503, 4)
+        plain_release.set()
+        assert await other == "plain"
+        assert ran == []
+        release.set()
+        return [await first, await waiting]
+
+    try:
+        assert asyncio.run(scenario()) == ["first", "second"]
+        assert ran == ["first", "second"]
+        stats = pool.stats()
+        assert (stats.running, stats.queued, stats.analyst_running, stats.refused) == (0, 0, 0, 1)
+    finally:
+        release.set()
+        plain_release.set()
+        pool.close()
+
+
+def test_an_analyst_query_cancelled_while_it_waits_for_a_slot_leaves_the_queue() -> None:
+    """A caller that stops waiting before its query got a slot frees its place in the queue; it never runs."""
+    pool = ReaderPool(workers=2, queue_limit=0, analyst_limit=1)
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+
+    def hold() -> str:
+        started.set()
+        release.wait(timeout=30)
+        return "first"
+
+    async def scenario() -> str:
+        first = asyncio.ensure_future(pool.run("analyst SQL", hold, analyst=True))
+        assert await asyncio.to_thread(started.wait, 30)
+        waiting = asyncio.ensure_future(pool.run("analyst SQL", lambda: ran.append("never"), analyst=True))
+        await asyncio.to_thread(lambda: None)  # the waiting task reaches its slot
+        assert pool.stats().queued == 1
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert pool.stats().queued == 0
+        release.set()
+        return await first
+
+    try:
+        assert asyncio.run(scenario()) == "first"
+        assert ran == []
     finally:
         release.set()
         pool.close()
