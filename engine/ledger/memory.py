@@ -372,13 +372,28 @@ class MemoryPort:
         refuse_receipt_states(transitions)
         _, _, chain_errors = chain(transitions)
         out: list[BatchOutcome] = []
+        refused: dict[str, LedgerError] = {}
         for i, t in enumerate(transitions):
             if i in chain_errors:
                 out.append(BatchOutcome(None, chain_errors[i]))
                 continue
+            key = t.after.operation_id
+            if key in refused:
+                # The SQL ledgers swap an operation's chain as one (its head's ``before`` to its last
+                # ``after``): the rest of a refused chain is refused with it, even where its row
+                # version happens to match the row another writer left (a rollback's adoption).
+                error = refused[key]
+                out.append(
+                    BatchOutcome(
+                        None,
+                        StaleWrite(key, t.before.row_version) if isinstance(error, StaleWrite) else error,
+                    )
+                )
+                continue
             try:
                 out.append(BatchOutcome(self.apply(t), None))
             except (StaleWrite, DuplicateOperation) as refusal:
+                refused[key] = refusal
                 out.append(BatchOutcome(None, refusal))
         return out
 
@@ -597,6 +612,18 @@ class MemoryPort:
 
     def arguments(self, operation_id: str) -> Json:
         return self.mem.arguments(operation_id)
+
+    def operations(
+        self, *, states: Sequence[LocalState] | None = None, limit: int | None = None
+    ) -> list[Operation]:
+        """The operations, in creation order (of ``states`` only, if given; at most ``limit``)."""
+        wanted = None if not states else set(states)
+        found = [op for op in self.mem.operations() if wanted is None or op.state in wanted]
+        return found if limit is None else found[:limit]
+
+    def shadow_pairs(self, *, ready_only: bool) -> list[tuple[str, str]]:
+        """No shadow pairs: the memory ledger keeps no rollout arms (see the class docstring)."""
+        return []
 
     def receipt(self, call_node_id: str) -> Receipt | None:
         return self.mem.receipts.get(call_node_id)

@@ -437,6 +437,22 @@ def test_group_commit_chains_transitions_of_one_operation(ledger: LedgerPort) ->
     ]
 
 
+def test_a_chain_begun_on_a_superseded_row_is_refused_whole_though_its_tail_matches_the_row(
+    ledger: LedgerPort,
+) -> None:
+    """A batch's chain of one operation is swapped as one: when its head was read before another write
+    moved the row, its tail is refused too, even where the tail's row version is the row's now (an
+    old-epoch driver's writes after a rollback's adoption; found by the explorer's group-rollback)."""
+    op = created(ledger, "superseded")
+    moved = advance(ledger, op, Submitted(TaskId("t-s"), E))  # another writer: row version 1 now
+    t1 = step(op, Submitted(TaskId("t-s"), E), NOW)  # read at row version 0
+    t2 = step(t1.after, StatusObserved(TaskId("t-s"), ServerStatus.COMPLETED, E), NOW)
+    assert t2.before.row_version == moved.row_version
+    outcomes = ledger.apply_many([t1, t2])
+    assert [type(o.error).__name__ for o in outcomes] == ["StaleWrite", "StaleWrite"]
+    assert ledger.get(op.operation_id) == moved
+
+
 def test_group_commit_with_mixed_outcomes(ledger: LedgerPort) -> None:
     """Fresh, stale, chained, unchained, log-only and stale log-only transitions in one batch: each gets its own verdict."""
     a, b, c, d, e, f = (created(ledger, n) for n in "abcdef")
