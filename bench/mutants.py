@@ -443,7 +443,43 @@ MUTANTS: tuple[Mutant, ...] = (
         "group-create-lost",
         ("tests/service/test_executor_hot_path.py", "tests/engine/explore/test_explore_groups.py"),
     ),
+    Mutant(
+        "executor-relaunched-before-durable",
+        "service executor",
+        "service/executor/loop.py",
+        "        if op_id in self._running or op_id in self._awaiting_group:",
+        "        if op_id in self._running:",
+        "an operation put back on the heap while its advance ran (a rollback's adoption, a cancel) is "
+        "launched again before that advance's group is durable: both advances' writes share a group",
+        True,
+        "group-rollback",
+        ("tests/engine/explore/test_explore_groups.py", "tests/service/test_executor_hot_path.py"),
+    ),
     # ------------------------------------------------------------------ rollout fencing, adoption
+    Mutant(
+        "rollout-raise-keeps-old-drivers",
+        "rollout adoption",
+        "service/executor/adoption.py",
+        "            server.driver = self._new_driver(server.config, server.backend, server.caps)",
+        "            server.driver = server.driver",
+        "a rollback adopts the operations but keeps each server's driver of the old epoch, which is "
+        "fenced from every adopted operation",
+        True,
+        "group-rollback",
+        ("tests/rollout/test_adoption.py", "tests/rollout/test_rollback.py"),
+    ),
+    Mutant(
+        "rollout-restart-skips-adoption",
+        "rollout adoption",
+        "service/executor/loop.py",
+        "        if left_behind:",
+        "        if left_behind and False:",
+        "an executor restarted after a rollback that stopped before adopting never adopts what it left "
+        "behind the epoch",
+        True,
+        "group-rollback-restart",
+        ("tests/rollout/test_adoption.py", "tests/service/test_restart_recovery.py"),
+    ),
     Mutant(
         "rollout-adoption-keeps-epoch",
         "rollout adoption",

@@ -13,6 +13,13 @@ writes and a group in the middle of its commit are then lost, and the restarted 
 from the ledger (``_track``, as ``start`` does). Cancel clicks go through the executor's own person
 action (``_cancel_now``, committed at once).
 
+A rollback is the executor's own epoch raise (``RolloutAdoption._raise_epoch``, what
+``rollout_act`` runs once the rollout state's compare-and-swap recorded the raised epoch: fresh
+drivers at the new epoch, every live operation adopted through ``_adopt_operations``); advances
+still running keep their old driver, so their replies arrive after the raise. A restarted executor
+starts as the service's does (``Loop._resume``: what a rollback left behind the epoch is adopted
+first, every live operation held and due, none resubmitted).
+
 The explorer lives in the engine and the executor in the service, which composes the engine: so
 the engine never imports this module. A composition root (``finality explore``, the benchmarks, the
 tests) plugs it in with ``plug_into_the_explorer()``; a group scenario run without it is refused,
@@ -22,18 +29,44 @@ naming that. It decides nothing itself and must not copy any of the executor's d
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
 from engine.adapters.base import Backend, Capabilities
 from engine.clock import Clock
 from engine.explore.shipped import use_service_executor
 from engine.explore.wire import Recording
-from engine.model import Epoch, Operation, OperationId, Protocol
+from engine.model import Epoch, LocalState, Operation, OperationId, Protocol
 from engine.runtime.driver import Driver
 from engine.schedule import PollPolicy
 from service.config import ServerConfig, ServiceConfig
 from service.executor.base import Server
 from service.executor.core import Executor
+
+ROLLBACK_ACTOR = "operator (rollback)"
+
+
+class RunLedger:
+    """The ledger as one run's executor sees it: the run's own slice of the explorer's ledger.
+
+    The explorer keeps one DuckDB ledger per process (opening one costs ~0.4 s), each run with a
+    server of its own in it; a service owns its ledger alone, so its start and its rollback read
+    "every live operation" (``SoleOwner``): here, those of this run's server. Everything else is the
+    wrapped ledger's own (the explorer's ``Recording``).
+    """
+
+    def __init__(self, inner: Recording, server: str) -> None:
+        self._inner = inner
+        self._server = server
+
+    def operations(
+        self, *, states: Sequence[LocalState] | None = None, limit: int | None = None
+    ) -> list[Operation]:
+        found = [op for op in self._inner.operations(states=states) if op.server == self._server]
+        return found if limit is None else found[:limit]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
 class Seat:
@@ -52,8 +85,9 @@ class Seat:
         caps: Capabilities,
         policy: PollPolicy,
     ) -> None:
+        self._recording = ledger
         self.executor = Executor(
-            ledger=ledger,
+            ledger=RunLedger(ledger, server),
             config=ServiceConfig(servers={}, tools={}),
             clock=clock,
             rng=random.Random(index),
@@ -62,9 +96,17 @@ class Seat:
         ex = self.executor
         ex._policy = policy
         config = ServerConfig(name=server, url=server, protocol=protocol.value)
-        self.driver: Driver = ex._new_driver(config, backend, caps)
-        ex._servers[server] = Server(config, protocol, backend, caps, self.driver)
+        ex._servers[server] = Server(config, protocol, backend, caps, ex._new_driver(config, backend, caps))
         self._server = ex._servers[server]
+
+    @property
+    def driver(self) -> Driver:
+        """The server's current driver (a rollback replaces it; advances running keep the old one)."""
+        return self._server.driver
+
+    @property
+    def epoch(self) -> Epoch:
+        return self.executor.epoch
 
     # ------------------------------------------------------------------------- what the loop does
 
@@ -102,6 +144,30 @@ class Seat:
         ex = self.executor
         return bool(ex._finished or ex._store.pending) or ex._commit_in_flight()
 
+    def resume(self) -> None:
+        """The executor starts from the ledger as the service's does (``Loop._resume``)."""
+        self.executor._resume()
+
+    def flush(self) -> None:
+        """What ``rollout_act`` does first: commit everything buffered, on the loop's thread (the
+        finished advances go back to the heap), before the rollout state is read and written."""
+        self.executor._flush()
+
+    def rollback(self, epoch: Epoch) -> None:
+        """The rollback recorded ``epoch`` in the ledger: the executor raises its own epoch and
+        adopts (``_raise_epoch``, as ``rollout_act`` does next). Between ticks, as ``rollout_act``
+        runs: never while a group commit is in flight (``can_roll_back``)."""
+        self._recording.moved_to(int(epoch))
+        self.executor._raise_epoch(epoch, ROLLBACK_ACTOR)
+
+    def can_roll_back(self) -> bool:
+        """Whether a rollout action may run now: between ticks, no group commit in flight."""
+        return not self.executor._commit_in_flight()
+
+    def refused(self) -> int:
+        """How many buffered writes the ledger has refused so far (``_refused`` followed each)."""
+        return self.executor.stats["refused"]
+
     def cancel(self, op: Operation, *, actor: str, reason: str) -> Operation:
         """A person's cancel, recorded at once through the executor (``_cancel_now``)."""
         return self.executor._cancel_now(op, actor=actor, reason=reason)
@@ -120,6 +186,7 @@ class Seat:
         held = ex._ops.get(op_id)
         return (
             held,
+            ex.epoch,
             op_id in ex._due_at,
             op_id in ex._urgent,
             op_id in ex._dirty,

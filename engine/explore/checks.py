@@ -75,6 +75,7 @@ class RunChecks:
     writes: list[Write]
     findings: list[Finding]
     recorded_epoch: int | None
+    raised_at: list[tuple[int, int]]
     max_generation: int
     faulted: bool
     aborted: bool
@@ -155,7 +156,11 @@ class RunChecks:
                 out.append((Kinds.LOST, f"INPUT_REQUIRED round {op.input_round} without an approval item"))
         else:
             out.append((Kinds.LOST, f"ended in {op.state} with nothing left to do"))
-        if self.recorded_epoch is not None and op.epoch < self.recorded_epoch:
+        if (
+            self.recorded_epoch is not None
+            and op.epoch < self.recorded_epoch
+            and op.state not in RECEIPT_STATES
+        ):
             out.append(
                 (
                     Kinds.FENCE,
@@ -172,11 +177,27 @@ class RunChecks:
             out.append(
                 (Kinds.FENCE, f"{sent} sent for an operation another epoch owns: the fenced driver talked")
             )
-        for w in self.writes:
+        marks = iter(self.raised_at)
+        mark = next(marks, None)
+        ruling = 0
+        """The execution epoch the ledger recorded when the write was made (0: none recorded)."""
+        for index, w in enumerate(self.writes):
+            while mark is not None and mark[0] <= index:
+                ruling = mark[1]
+                mark = next(marks, None)
             t = w.transition
             before, after = t.before, t.after
             if not t.accepted or after == before:
                 continue
+            if before.epoch < ruling and not isinstance(t.event, EpochRaised):
+                out.append(
+                    (
+                        Kinds.FENCE,
+                        f"{type(t.event).__name__} of epoch {before.epoch} moved {before.state} -> "
+                        f"{after.state} after the rollback to epoch {ruling}: a write of the older "
+                        "epoch was accepted",
+                    )
+                )
             if after.row_version != before.row_version + 1:
                 out.append(
                     (
@@ -187,12 +208,16 @@ class RunChecks:
                 )
             if before.state in RECEIPT_STATES and after.state is not before.state:
                 out.append((Kinds.AFTER_CANCEL, f"a receipt was moved on: {before.state} -> {after.state}"))
-            if w.writer >= 0 and w.writer_epoch != before.epoch:
+            # An adoption moves the operation to its writer's epoch; every other write keeps it there.
+            adopted = isinstance(t.event, EpochRaised)
+            owner = after.epoch if adopted else before.epoch
+            if w.writer >= 0 and w.writer_epoch != owner:
                 out.append(
                     (
                         Kinds.FENCE,
                         f"executor {w.writer} at epoch {w.writer_epoch} recorded {type(t.event).__name__} "
-                        f"on an operation at epoch {before.epoch}",
+                        f"on an operation at epoch {before.epoch}"
+                        + (f" (adopting it at {after.epoch})" if adopted else ""),
                     )
                 )
             stamped = None if isinstance(t.event, EpochRaised) else getattr(t.event, "epoch", None)

@@ -306,6 +306,25 @@ SCENARIOS: tuple[Scenario, ...] = (
         ),
         groups=True,
     ),
+    Scenario(
+        "group-rollback",
+        "the service executor's rollback (its own epoch raise and adoption, ``_raise_epoch``) at any "
+        "point between group commits: an advance still awaiting a reply keeps its old driver, whose "
+        "replies and writes arrive after the raise and must be fenced; a cancel click in play",
+        cancels=1,
+        epoch_raises=1,
+        groups=True,
+    ),
+    Scenario(
+        "group-rollback-restart",
+        "the service executor's rollback and a crash: the process dies at any point, or after the "
+        "raised epoch is recorded and before it adopts; the restarted executor starts at the "
+        "recorded epoch and adopts what was left behind (``Loop._resume``) while replies of the old "
+        "epoch are still in flight",
+        epoch_raises=1,
+        crashes=1,
+        groups=True,
+    ),
 )
 
 

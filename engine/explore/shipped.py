@@ -123,7 +123,7 @@ class Incarnation:
         self.idle_at: object = None
         """The world's fingerprint when an advance last changed nothing (no use asking again until it moves)."""
         self.parked = False
-        self.client = world.net.client(index, epoch)
+        self.client = world.net.gate(index, epoch)
         self.backend: Backend = open_backend(
             world.protocol, world.url, client=self.client, token=None, options=world.options
         )
@@ -245,6 +245,8 @@ class WireWorld(ActorSteps, StateKeys):
         self.writes: list[Write] = []
         self.recorded_epoch: int | None = None
         """The execution epoch the ledger records (set by a rollback; what a restart runs at)."""
+        self.raised_at: list[tuple[int, int]] = []
+        """Each rollback: how many writes the ledger had logged when it recorded the raised epoch, and that epoch."""
         self.executors = [Incarnation(self, 0, CONFIGURED_EPOCH)]
         self.active = 0
         self.fault_kinds = _fault_kinds(scenario)
@@ -436,8 +438,10 @@ class WireWorld(ActorSteps, StateKeys):
         ):
             out.append(("caller", "answer", op.input_round))
         if state not in RECEIPT_STATES:
-            if self.raises:
+            if self.raises and (seat is None or (inc.alive and seat.can_roll_back())):
                 out.append(("operator", "raise-epoch", None))
+                if seat is not None and self.crashes:  # the raise recorded, the process dead before it adopts
+                    out.append(("operator", "raise-epoch-crash", None))
             crash_in = self.scenario.crash_in
             if self.crashes and (crash_in is None or state.value in crash_in):
                 out.append(("executor", "crash", self.active))
@@ -470,9 +474,14 @@ class WireWorld(ActorSteps, StateKeys):
             if verb == "crash":
                 self._crash()
             elif verb == "commit":
-                self._run(self._commit_start(self.executors[self.active]))
+                self._run(_on_loop(self.executors[self.active].seat.start_commit))
             elif verb == "write":
+                seat = self.executors[self.active].seat
+                refused = seat.refused()
                 self._run(self._land())
+                if seat.refused() != refused:
+                    # The executor put what the ledger refused back on its heap: its own decision.
+                    self.executors[self.active].idle_at = None
             elif verb == "advance-stale":
                 assert isinstance(arg, int)
                 self.stale_advances -= 1
@@ -500,15 +509,12 @@ class WireWorld(ActorSteps, StateKeys):
         elif actor == "caller":
             self._caller(verb)
         elif actor == "operator":
-            self._raise_epoch()
+            self._raise_epoch(crash=verb == "raise-epoch-crash")
         else:
             raise ValueError(f"unknown actor {actor!r}")
 
     async def _wake_server(self) -> None:
         self.app.state.ctx.notify()
-
-    async def _commit_start(self, inc: Incarnation) -> None:
-        inc.seat.start_commit()
 
     async def _land(self) -> None:
         """The group commit handed to the writer thread lands (it runs, on the explorer's thread)."""
@@ -629,6 +635,10 @@ class WireWorld(ActorSteps, StateKeys):
         fresh = Incarnation(self, len(self.executors), epoch)
         self.executors.append(fresh)
         self.active = fresh.index
+        if fresh.seat is not None:
+            # The service's own start (``Loop._resume``): adopt what a rollback left behind, hold the rest.
+            fresh.seat.resume()
+            return
         op = self.ledger.get(self.op_id)
         for left in behind([] if op is None else [op], epoch):
             t = adoption(left, epoch, "executor taking over", self.clock.now())
@@ -637,19 +647,26 @@ class WireWorld(ActorSteps, StateKeys):
             except LedgerError:
                 continue
             self.writes.append(Write(-1, int(epoch), t, None, False))
-        op = self.ledger.get(self.op_id)
-        if fresh.seat is not None and op is not None and op.state not in RECEIPT_STATES:
-            # The service's start: every live operation in the ledger is held and due (none resubmitted).
-            fresh.seat.track(op, created=False, arguments=None)
 
-    def _raise_epoch(self) -> None:
-        """A rollback: the raised execution epoch is recorded in the ledger (the rollout state's
-        compare-and-swap), and an executor at that epoch takes over while the old one's requests
-        are still in flight."""
+    def _raise_epoch(self, *, crash: bool = False) -> None:
+        """A rollback: the raised epoch is recorded (the rollout state's compare-and-swap) and an executor
+        at it takes over; a service executor raises its own (``Seat.rollback``) or dies first (``crash``)."""
         self.raises -= 1
         self.faulted = True
+        inc = self.executors[self.active]
+        if inc.seat is not None:
+            self._run(_on_loop(inc.seat.flush))
         self.recorded_epoch = (self.recorded_epoch or CONFIGURED_EPOCH) + 1
-        self._start_executor()
+        self.raised_at.append((len(self.writes), self.recorded_epoch))
+        if crash:
+            self._crash()
+        elif inc.seat is not None:
+            inc.epoch = Epoch(self.recorded_epoch)
+            self._run(_on_loop(lambda: inc.seat.rollback(inc.epoch)))
+            inc.client.epoch = inc.epoch  # what the process sends from now on is sent at the raised epoch
+            inc.driver, inc.idle_at = inc.seat.driver, None
+        else:
+            self._start_executor()
 
     # -------------------------------------------------------------------------------- checks
 
@@ -677,6 +694,10 @@ class WireWorld(ActorSteps, StateKeys):
     def parked(self) -> bool:
         op = self.ledger.get(self.op_id)
         return op is not None and op.state in (S.UNKNOWN, S.INPUT_REQUIRED)
+
+
+async def _on_loop(call: Callable[[], object]) -> None:
+    call()  # a seat's call that may create tasks or futures: made on the running loop
 
 
 _DUCK_RUNS = itertools.count(1)

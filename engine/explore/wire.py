@@ -764,6 +764,11 @@ class Recording:
         self._writer = writer
         self._epoch = writer_epoch
 
+    def moved_to(self, epoch: int) -> None:
+        """The executor process this log names raised its own epoch (a rollback in the service):
+        what it writes from now on is written at ``epoch``."""
+        self._epoch = epoch
+
     def apply(self, transition: Transition) -> Operation:
         out = self._inner.apply(transition)
         self._log.append(Write(self._writer, self._epoch, transition, None, False))

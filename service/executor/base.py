@@ -191,6 +191,9 @@ class ExecutorState(abc.ABC):
     """The group commit running on the writer thread while the loop goes on launching due
     operations (None: none running)."""
     _rerun: set[str] = field(default_factory=set)
+    _awaiting_group: set[str] = field(default_factory=set)
+    """Operations whose finished advance waits in ``_finished`` for its group commit: not launched
+    again before that group is durable (``_launch``, ``_after``)."""
     _dirty: set[str] = field(default_factory=set)
     _budget_flagged: set[str] = field(default_factory=set)
     """Operations whose spent wait budget was handed to a person (no cancel capability)."""

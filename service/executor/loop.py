@@ -335,7 +335,13 @@ class Loop(ExecutorState):
         op = self._ops.get(op_id)
         if op is None:
             return 0
-        if op_id in self._running:
+        if op_id in self._running or op_id in self._awaiting_group:
+            # Its last advance has not ended, or its writes are not durable yet: launched again once
+            # its group commit is (``_after``). An operation put back on the heap while its advance
+            # ran (a rollback's adoption, a person's action) was launched as soon as that advance
+            # ended, and the two advances' writes shared one group: refused together behind the
+            # first one's stale row, the second's acceptance with them, and the executor dropped the
+            # operation as accepted (found by the explorer's group-rollback scenario).
             self._rerun.add(op_id)
             return 0
         task = asyncio.ensure_future(self._advance(op))
@@ -349,6 +355,7 @@ class Loop(ExecutorState):
             if not self._finished:
                 self._finished_since = self.clock.now()
             self._finished.append(task.result())
+            self._awaiting_group.add(op_id)
             if len(self._finished) == 1 or self._store.pending >= FLUSH_BATCH:
                 self._wake.set()
         else:
@@ -386,6 +393,7 @@ class Loop(ExecutorState):
 
     def _after(self, wake: Wake) -> None:
         op = wake.operation
+        self._awaiting_group.discard(op.operation_id)
         self._note_rounds(op)
         if op.operation_id in self._lost:
             # Its lease was lost while the advance ran: another executor drives it now.

@@ -130,3 +130,62 @@ def test_a_group_scenario_without_the_service_executor_plugged_in_is_refused_nam
     monkeypatch.setattr(shipped, "_service_seat", [])
     with pytest.raises(ConfigError, match="plug_into_the_explorer"):
         WireWorld(scenario_named("group-crash"), P.MCP_2026_07_28)
+
+
+def _to_the_end(world: WireWorld) -> None:
+    """Take the first enabled step that is not a fault or a person's action, until nothing is enabled."""
+    for _ in range(80):
+        enabled = [
+            a for a in world.enabled() if a[1] not in ("crash", "cancel", "raise-epoch", "raise-epoch-crash")
+        ]
+        if not enabled:
+            return
+        world.perform(enabled[0])
+
+
+@pytest.mark.parametrize("ledger", ["memory", "duckdb"])
+def test_a_rollback_while_a_poll_is_in_flight_adopts_the_operation_and_fences_the_old_drivers_reply(
+    ledger: str,
+) -> None:
+    """The executor raises its own epoch while its advance awaits a status read: the operation is adopted at
+    epoch 2; the reply, delivered after the raise to the old driver, is refused; the operation is not advanced
+    again before that advance's group is durable, and it ends accepted once, at epoch 2 (before, the second
+    advance's acceptance shared a group with the refused old writes, was refused with them, and the executor
+    dropped the operation as accepted: it stayed WORKING, driven by nobody)."""
+    world = WireWorld(scenario_named("group-rollback"), P.MCP_2026_07_28, ledger=ledger)
+    try:
+        _walk(world, "executor:submit", "executor:advance", "network:deliver", "network:deliver")
+        _walk(
+            world, "executor:commit", "executor:write", "server:work", "executor:advance", "network:deliver"
+        )
+        assert world.ledger.get(world.op_id).state is S.WORKING
+        _walk(world, "operator:raise-epoch")
+        assert world.ledger.get(world.op_id).epoch == 2
+        _walk(world, "network:deliver")  # the completed status, to the driver of epoch 1
+        _to_the_end(world)
+        op = world.ledger.get(world.op_id)
+        assert (op.state, op.epoch) == (S.ACCEPTED, 2)
+        assert world.finish() == []
+    finally:
+        world.close()
+
+
+def test_a_rollback_recorded_by_a_process_that_dies_before_adopting_is_adopted_by_the_restarted_one() -> None:
+    """The raised epoch is recorded and the executor dies before it adopts: the restarted executor starts at
+    epoch 2 and adopts the operation itself (``Loop._resume``), then drives it to its receipt."""
+    world = WireWorld(scenario_named("group-rollback-restart"), P.AIP_151)
+    try:
+        _walk(world, "executor:submit", "executor:advance", "network:deliver", "network:deliver")
+        _walk(world, "executor:commit", "executor:write")
+        assert world.ledger.get(world.op_id).state is S.WORKING
+        _walk(world, "operator:raise-epoch-crash")
+        fresh = world.executors[world.active]
+        assert (fresh.index, fresh.epoch) == (1, 2)
+        adopted = world.writes[-1]
+        assert (adopted.writer, type(adopted.transition.event).__name__) == (1, "EpochRaised")
+        assert world.ledger.get(world.op_id).epoch == 2
+        _to_the_end(world)
+        assert world.ledger.get(world.op_id).state is S.ACCEPTED
+        assert world.finish() == []
+    finally:
+        world.close()
