@@ -27,6 +27,7 @@ from engine.errors import (
 )
 from engine.ledger import duckdb_client
 from engine.ledger.duckdb import Ledger
+from engine.ledger.port import HeldOutcome, WriteGroup
 from engine.ledger.rows import operation_from_record, operation_to_record
 from engine.ledger.schema import SUPPORTED_SCHEMA
 from engine.machine import step
@@ -585,6 +586,28 @@ def test_batched_acceptance_writes_each_matching_receipt_and_refuses_the_rest_al
         assert ledger.result_payload(op.operation_id) == PAYLOAD
     assert ledger.receipt(wrong_op.call_node_id) is None
     assert len(ledger.transitions(good[0].operation_id)) == 5
+
+
+def test_a_group_that_accepts_a_held_outcome_writes_no_held_row_and_a_refused_one_keeps_it(
+    ledger: Ledger,
+) -> None:
+    """An inline outcome held and accepted in one group needs no held row (its receipt and result
+    are written beside it); an outcome whose acceptance the group refuses is still held."""
+    ok, refused = to_fetching(ledger, "held-ok"), to_fetching(ledger, "held-refused")
+    wrong: dict[str, object] = {"content": [{"type": "text", "text": "other"}], "isError": False}
+
+    def held(op: Operation) -> tuple[str, HeldOutcome]:
+        return op.operation_id, HeldOutcome("completed", digest_of(PAYLOAD), PAYLOAD, op.task_id, None, NOW)
+
+    outcome = ledger.commit_group(
+        WriteGroup(
+            acceptances=[(verified(ok), PAYLOAD), (verified(refused), wrong)], held=[held(ok), held(refused)]
+        )
+    )
+    assert [o.error is None for o in outcome.acceptances] == [True, False]
+    assert ledger.result_payload(ok.operation_id) == PAYLOAD
+    assert ledger.held_outcome(ok.operation_id) is None
+    assert ledger.held_outcome(refused.operation_id) == held(refused)[1]
 
 
 def test_batched_acceptance_refuses_an_operation_accepted_twice_in_one_batch(ledger: Ledger) -> None:
