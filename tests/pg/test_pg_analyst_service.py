@@ -13,6 +13,7 @@ import threading
 from pathlib import Path
 
 import http_kit
+from pg_kit import analyst_backends
 
 from engine.ledger import pg_client
 from refserver.testing import RefServer
@@ -41,16 +42,6 @@ queue = 0
 queries = 1
 timeout_s = 120
 """
-
-
-def _running(pg_url: str) -> list[int]:
-    """Pids of the backends running an analyst query now (it runs in the FETCH of its cursor)."""
-    with pg_client.connect(pg_url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE state = 'active' "
-            "AND query LIKE '%finality_analyst_query%' AND pid <> pg_backend_pid()"
-        ).fetchall()
-    return [int(r[0]) for r in rows]
 
 
 def _cancel(pg_url: str, pid: int) -> None:
@@ -93,13 +84,13 @@ def test_with_one_analyst_slot_the_second_query_waits_in_the_queue_and_the_third
         ServiceClient(svc.url, timeout=60.0) as client,
     ):
         first = _Query(svc.url)
-        wait_until(lambda: len(_running(pg_url)) == 1, what="the first analyst query running")
-        (first_pid,) = _running(pg_url)
+        wait_until(lambda: len(analyst_backends(pg_url)) == 1, what="the first analyst query running")
+        (first_pid,) = analyst_backends(pg_url)
         second = _Query(svc.url)
         wait_until(lambda: client.health()["readers"]["queued"] == 1, what="the second query queued")
         readers = client.health()["readers"]
         assert (readers["analyst_limit"], readers["analyst_running"], readers["running"]) == (1, 1, 1)
-        assert _running(pg_url) == [first_pid], "the queued query must not hold a backend"
+        assert analyst_backends(pg_url) == [first_pid], "the queued query must not hold a backend"
 
         refused = http_kit.post(f"{svc.url}/api/v1/sql", json={"query": "SELECT 1"}, timeout=60)
         assert refused.status_code == 503, refused.text
@@ -110,10 +101,10 @@ def test_with_one_analyst_slot_the_second_query_waits_in_the_queue_and_the_third
         assert first.result().status_code == 400
         # (It may run on the first's connection, so on the same backend.)
         wait_until(
-            lambda: client.health()["readers"]["queued"] == 0 and len(_running(pg_url)) == 1,
+            lambda: client.health()["readers"]["queued"] == 0 and len(analyst_backends(pg_url)) == 1,
             what="the queued query running once the first ended",
         )
-        (second_pid,) = _running(pg_url)
+        (second_pid,) = analyst_backends(pg_url)
         assert os.getpriority(os.PRIO_PROCESS, second_pid) == 19
         _cancel(pg_url, second_pid)
         assert second.result().status_code == 400

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from pg_kit import analyst_backends
 
 from engine.errors import SqlRefused
 from engine.ledger import open_ledger, pg_client
@@ -325,21 +326,12 @@ def test_the_services_analyst_queries_hold_no_connection_of_the_executors_pool(
         except SqlRefused as exc:
             refused.append(str(exc))
 
-    def sleeping() -> list[int]:
-        with pg_client.connect(pg_url, autocommit=True) as conn:
-            rows = conn.execute(
-                # The query runs in the FETCH from its server-side cursor.
-                "SELECT pid FROM pg_stat_activity WHERE state = 'active' "
-                "AND query LIKE '%finality_analyst_query%' AND pid <> pg_backend_pid()"
-            ).fetchall()
-        return [int(r[0]) for r in rows]
-
     threads = [threading.Thread(target=slow) for _ in range(2)]
     try:
         for t in threads:
             t.start()
         wait_until(
-            lambda: len(sleeping()) == 2 or bool(refused),
+            lambda: len(analyst_backends(pg_url)) == 2 or bool(refused),
             timeout=60,
             every=0.1,
             what="both analyst queries running",
@@ -348,10 +340,10 @@ def test_the_services_analyst_queries_hold_no_connection_of_the_executors_pool(
         # The executor's only connection is free: it writes and reads while both queries still run.
         executor_side.put_setting("probe", "written", NOW)
         assert executor_side.setting("probe") == "written"
-        assert len(sleeping()) == 2
+        assert len(analyst_backends(pg_url)) == 2
     finally:
         with pg_client.connect(pg_url, autocommit=True) as conn:
-            for pid in sleeping():
+            for pid in analyst_backends(pg_url):
                 conn.execute("SELECT pg_cancel_backend(%s)", [pid])
         for t in threads:
             t.join(timeout=60)
