@@ -136,8 +136,7 @@ class Driver(Submission, Cancelling):
                     # An open round wakes the operation at its deadline, when it moves on unanswered.
                     return Wake(op, deadline if deadline is not None and deadline > now else None)
                 case Step.DONE:
-                    self.forget(op)
-                    return Wake(op, None)
+                    return Wake(op, None)  # (forgotten by ``advance``, as every receipt is)
             raise AssertionError(f"no action for {due}")  # unreachable: every Step is handled above
         except BackendUnavailable as exc:
             mem.failures += 1
