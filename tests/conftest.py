@@ -14,6 +14,7 @@ import pytest
 # Files whose tests take over about 30 s together on a CI machine, slowest first. A new slow file
 # belongs here; a file missing from the list runs after these, in the usual order.
 SLOW_FIRST = (
+    "tests/bench/test_mutants_explorer.py",  # the explorer half of make mutants, ~90 s of one core
     "tests/console/test_browser.py",
     "tests/demo/test_demo_living.py",
     "tests/service/test_restart_recovery.py",
