@@ -101,6 +101,16 @@ def _reject(op: Operation, event: Event, now: datetime, reason: str) -> Transiti
     return Transition(before=op, after=op, event=event, effects=(), accepted=False, reason=reason, at=now)
 
 
+def _still(op: Operation, event: StatusObserved, now: datetime) -> Transition:
+    """The server says again what ``op`` holds (``_observe`` changed nothing): poll on, unlogged.
+
+    Accepted against ``op`` only: the ledger still compares it with the row, so a reply that is late
+    for a row another writer moved is refused, and the retry against that row decides it afresh."""
+    return Transition(
+        before=op, after=op, event=event, effects=(Poll(),), accepted=True, reason="", at=now, logged=False
+    )
+
+
 def _event_epoch(event: Event) -> int | None:
     match event:
         case InputAnswered() | CancelRequested() | Reconciled() | EpochRaised():
@@ -168,13 +178,18 @@ def _not_found(op: Operation, event: NotFound, now: datetime) -> Transition:
 
 
 def _observe(op: Operation, ev: StatusObserved) -> Operation:
-    return replace(
-        op,
-        server_status=ev.status,
-        poll_cursor=ev.poll_cursor if ev.poll_cursor is not None else op.poll_cursor,
-        expires_at=ev.expires_at if ev.expires_at is not None else op.expires_at,
-        result_held=ev.result_held if ev.status.terminal else op.result_held,
-    )
+    """``op`` with what the status report says; ``op`` itself when it says nothing new."""
+    cursor = ev.poll_cursor if ev.poll_cursor is not None else op.poll_cursor
+    expires_at = ev.expires_at if ev.expires_at is not None else op.expires_at
+    held = ev.result_held if ev.status.terminal else op.result_held
+    if (
+        ev.status is op.server_status
+        and cursor == op.poll_cursor
+        and expires_at == op.expires_at
+        and held == op.result_held
+    ):
+        return op
+    return replace(op, server_status=ev.status, poll_cursor=cursor, expires_at=expires_at, result_held=held)
 
 
 def _status_while_running(op: Operation, ev: StatusObserved, now: datetime) -> Transition:
@@ -199,6 +214,8 @@ def _status_while_running(op: Operation, ev: StatusObserved, now: datetime) -> T
             seen, state=S.INPUT_REQUIRED, input_round=round_, input_request_key=ev.input_request_key
         )
         return _ok(op, ev, now, after, (AwaitApproval(round_, ev.input_request_key),))
+    if seen is op and op.state is S.WORKING:
+        return _still(op, ev, now)
     return _ok(op, ev, now, replace(seen, state=S.WORKING), (Poll(),))
 
 
@@ -309,6 +326,8 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
                         (FetchResult(),),
                         reason="the task ended before the cancel took effect",
                     )
+                if seen is op:
+                    return _still(op, event, now)
                 return _ok(op, event, now, seen, (Poll(),))
             if state in (S.TERMINAL_OBSERVED, S.FETCHING_RESULT, S.EXPIRED_WITH_RECEIPT):
                 if event.status is op.server_status:

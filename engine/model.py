@@ -486,6 +486,11 @@ class Transition:
     accepted: bool
     reason: str
     at: datetime
+    logged: bool = True
+    """False only for a status report that repeats what the operation already holds (the task is
+    still working, nothing else new): the ledger still compares it with the row as it is, so a late
+    or stale one is refused like any other write (and its retry against the row it finds is logged
+    as refused), but it keeps no ``transitions`` row for it: the request is in ``polls``."""
 
     @property
     def state_changed(self) -> bool:

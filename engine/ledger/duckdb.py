@@ -364,7 +364,8 @@ class Ledger(SqlLedger, DuckBulk):
                     tx.execute(
                         sql.TASK_BINDING_INSERT, [after.server, after.task_id, after.operation_id, t.at]
                     )
-            tx.execute(sql.TRANSITION_INSERT, codec._transition_row(t))
+            if t.logged:
+                tx.execute(sql.TRANSITION_INSERT, codec._transition_row(t))
         return BatchOutcome(after, None)
 
     def _apply_batch(self, transitions: Sequence[Transition]) -> Sequence[BatchOutcome]:

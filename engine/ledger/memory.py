@@ -363,7 +363,8 @@ class MemoryPort:
 
     def apply(self, transition: Transition) -> Operation:
         after = self.mem.apply(transition)
-        self._logged(transition)
+        if transition.logged:
+            self._logged(transition)
         return after
 
     def apply_many(self, transitions: Sequence[Transition]) -> Sequence[BatchOutcome]:

@@ -409,7 +409,8 @@ class PgLedger(SqlLedger, PgFencing, PgLeases, PgSendSlots):
                         self._q(sql.TASK_BINDING_INSERT),
                         [after.server, after.task_id, after.operation_id, t.at],
                     )
-            cur.execute(self._q(sql.TRANSITION_INSERT), codec._transition_row(t))
+            if t.logged:
+                cur.execute(self._q(sql.TRANSITION_INSERT), codec._transition_row(t))
         return BatchOutcome(after, None)
 
     def _apply_batch(self, transitions: Sequence[Transition]) -> Sequence[BatchOutcome]:

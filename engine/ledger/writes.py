@@ -40,6 +40,7 @@ _AFTER_ID: Final = attrgetter("after.operation_id")
 _BEFORE_ID: Final = attrgetter("before.operation_id")
 _AFTER_TASK: Final = attrgetter("after.task_id")
 _BEFORE_TASK: Final = attrgetter("before.task_id")
+_LOGGED: Final = attrgetter("logged")
 
 
 def chain(
@@ -317,13 +318,16 @@ class GroupWrites(Receipts, EngineReads):
         bindings = [[last[k].after.server, last[k].after.task_id, k, last[k].at] for k in bound]
         if bindings:
             self._insert_many(tx, "task_bindings", bindings)
+        # A status report that repeats what the row holds is checked like any write but not logged
+        # (``Transition.logged``, step's decision); whether a group has any is asked at C speed.
+        unlogged = not all(map(_LOGGED, transitions))
         logged = (
             [
                 t
                 for i, t in enumerate(transitions)
-                if i not in chain_errors and t.after.operation_id not in refused
+                if t.logged and i not in chain_errors and t.after.operation_id not in refused
             ]
-            if chain_errors or refused
+            if chain_errors or refused or unlogged
             else transitions
         )
         if logged:

@@ -411,6 +411,35 @@ def test_a_group_of_polls_and_one_submission_binds_only_the_submitted_task(ledge
         ledger.apply(step(other, Submitted(TaskId("tp2"), E), NOW))
 
 
+def test_a_repeated_status_is_compared_with_the_row_and_writes_no_log_row(ledger: LedgerPort) -> None:
+    """A status report step leaves unlogged (``Transition.logged``) is checked like any write, alone
+    (apply), in a batch (apply_many) and in a write group: on the row as it is it writes nothing at
+    all; once another writer moved the row it is refused; in neither case is a log row written."""
+    task = TaskId("t-still")
+    op = advance(ledger, created(ledger, "still"), Submitted(task, E))
+    op = advance(ledger, op, StatusObserved(task, ServerStatus.WORKING, E))
+    again = step(op, StatusObserved(task, ServerStatus.WORKING, E), NOW)
+    assert (again.accepted, again.logged, again.after) == (True, False, op)
+    other = created(ledger, "other")
+    submitted = step(other, Submitted(TaskId("t-other"), E), NOW)
+    log = ledger.count("transitions")
+
+    assert ledger.apply(again) == op
+    assert [o.error for o in ledger.apply_many([again, submitted])] == [None, None]
+    assert ledger.commit_group(WriteGroup(transitions=(again,))).transitions[0].error is None
+    assert ledger.count("transitions") == log + 1  # the submission's row alone
+    assert ledger.get(op.operation_id) == op
+
+    moved = advance(ledger, op, CancelRequested(1, "bob", "no longer needed"))
+    log = ledger.count("transitions")
+    with pytest.raises(StaleWrite):
+        ledger.apply(again)
+    assert isinstance(ledger.apply_many([again])[0].error, StaleWrite)
+    assert isinstance(ledger.commit_group(WriteGroup(transitions=(again,))).transitions[0].error, StaleWrite)
+    assert ledger.count("transitions") == log
+    assert ledger.get(op.operation_id) == moved
+
+
 def test_group_commit_applies_many_and_refuses_only_the_stale(ledger: LedgerPort) -> None:
     """One transaction for many operations; a stale one is refused alone."""
     ops = [created(ledger, f"g{i}") for i in range(50)]

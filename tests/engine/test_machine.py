@@ -35,6 +35,7 @@ from engine.model import (
     NotFound,
     OpenReconciliation,
     Operation,
+    Poll,
     Reconciled,
     Resubmitted,
     ResultRejected,
@@ -335,6 +336,28 @@ def test_not_found_before_expiry_goes_to_reconciliation() -> None:
     assert "before expiry" in t.effects[0].reason
 
 
+def test_a_status_that_repeats_what_a_running_operation_holds_is_accepted_and_not_logged() -> None:
+    """Still working, nothing else new (in WORKING or CANCEL_REQUESTED): accepted, polled on, the
+    operation unchanged, no log row; a new status, cursor or expiry, a stale reply and a move out of
+    UNKNOWN are all logged."""
+    working = in_state(S.WORKING, server_status=ServerStatus.WORKING)
+    cancelling = in_state(S.CANCEL_REQUESTED, server_status=ServerStatus.WORKING)
+    for op in (working, cancelling):
+        t = step(op, StatusObserved(T, ServerStatus.WORKING, E), NOW)
+        assert (t.accepted, t.logged, t.after, t.effects) == (True, False, op, (Poll(),))
+    news = [
+        (in_state(S.WORKING), StatusObserved(T, ServerStatus.WORKING, E)),  # first status seen
+        (working, StatusObserved(T, ServerStatus.WORKING, E, poll_cursor="c2")),
+        (working, StatusObserved(T, ServerStatus.WORKING, E, expires_at=NOW + timedelta(hours=1))),
+        (working, StatusObserved(T, ServerStatus.WORKING, Epoch(0))),  # stale: rejected
+        (in_state(S.UNKNOWN, server_status=ServerStatus.WORKING), StatusObserved(T, ServerStatus.WORKING, E)),
+    ]
+    for op, event in news:
+        t = step(op, event, NOW)
+        assert t.logged, (op.state, event)
+        assert not t.accepted or t.after != op or op.state is S.UNKNOWN
+
+
 # ----------------------------------------------------------------------------------- properties
 
 event_strategy = (
@@ -386,5 +409,7 @@ def test_any_event_sequence_yields_at_most_one_receipt(events: list[Event], side
             assert t.after.result_digest in verified
         if not t.accepted:
             assert t.after == op
+        if not t.logged:
+            assert (t.accepted, t.after, t.effects) == (True, op, (Poll(),)), "only a repeat goes unlogged"
         op = t.after
     assert receipts <= 1

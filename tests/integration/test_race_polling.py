@@ -8,7 +8,7 @@ import random
 from datetime import datetime, timedelta
 
 import pytest
-from race_kit import OPTIONS, PLAIN, POLICY, QUICK, call, engine_url, invariants
+from race_kit import LONG, OPTIONS, PLAIN, POLICY, QUICK, call, engine_url, invariants
 
 from engine.adapters import open_backend, open_client
 from engine.clock import SystemClock
@@ -87,6 +87,25 @@ async def test_a_late_poll_reply_is_logged_as_refused_not_as_accepted_from_a_sta
     terminal_at = next(i for i, t in enumerate(rows) if t["to_state"] == "TERMINAL_OBSERVED")
     late = rows[terminal_at + 1 :]
     assert [(t["from_state"], t["accepted"]) for t in late] == [("TERMINAL_OBSERVED", False)]
+
+
+@pytest.mark.parametrize("server", PLAIN, indirect=True)
+async def test_a_poll_that_finds_the_task_still_working_is_in_the_polls_table_and_not_in_the_log(
+    server, ledger
+):
+    """Status reads that repeat what the operation holds each leave their request in polls (sent and
+    received) and no transitions row: the log keeps only what changed."""
+    op = await call(server, ledger, sim={"duration_ms": LONG})
+    seen = invariants(ledger, server)
+    assert op.state is LocalState.ACCEPTED
+    reads = [p for p in seen.polls["node-1"] if p["method"] == "get"]
+    assert len(reads) >= 3, reads
+    assert all(p["outcome"] == "ok" and p["received_at"] >= p["sent_at"] for p in reads)
+    observed = [t for t in seen.transitions["node-1"] if t["event"] == "StatusObserved"]
+    assert [(t["from_state"], t["to_state"]) for t in observed] == [
+        ("WORKING", "WORKING"),
+        ("WORKING", "TERMINAL_OBSERVED"),
+    ]
 
 
 @pytest.mark.parametrize("fault", ["poll_429", "poll_503"])
