@@ -15,12 +15,14 @@ import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from itertools import chain, repeat
-from operator import attrgetter
+from operator import attrgetter, is_
 from typing import Any, Final
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from engine.errors import (
     InvalidRecord,
@@ -99,6 +101,57 @@ def _details_of(cls: type, events: Sequence[object]) -> list[str]:
     return list(map(bytes.decode, texts))
 
 
+def event_detail_array(transitions: Sequence[Transition]) -> pa.Array:
+    """``event_details`` as an Arrow string column, for a group commit's log table.
+
+    Each field of an event class with scalar fields is spelt on its own, a column at a time: once
+    for the whole group where every event holds the very same object (a status, an epoch, None),
+    else one orjson dump per value; Arrow then joins the spelt fields and their keys row by row in
+    C. No dict and no Python step per event (the dict per event was the largest part of the log
+    table). orjson spells a scalar alone as it spells it inside an object, so each text is
+    ``event_details``' byte for byte (``tests/engine/ledger/test_rows.py`` holds it to that).
+    """
+    events = list(map(_EVENT, transitions))
+    classes = list(map(type, events))
+    kinds = set(classes)
+    if len(kinds) == 1:
+        return _detail_array_of(kinds.pop(), events)
+    parts: list[pa.Array] = []
+    where: list[int] = []
+    for cls in kinds:
+        at = [i for i, c in enumerate(classes) if c is cls]
+        parts.append(_detail_array_of(cls, [events[i] for i in at]))
+        where += at
+    # The parts hold the events a class at a time: each goes back to its place in the group.
+    return pa.concat_arrays(parts).take(pc.sort_indices(pa.array(where, pa.int64())))
+
+
+def _detail_array_of(cls: type, events: Sequence[object]) -> pa.Array:
+    """``event_detail_array`` of events that are all of class ``cls``."""
+    fields = _scalar_fields(cls)
+    if fields is None:
+        return pa.array(_details_of(cls, events), pa.string())
+    pieces: list[pa.Array | pa.Scalar] = []
+    text = "{"
+    for k, name in enumerate(fields[0]):
+        text += f'{"," if k else ""}"{name}":'
+        column = list(map(attrgetter(name), events))  # (a getter per field: cheaper than transposing)
+        first = column[0]
+        if all(map(is_, column, repeat(first))):
+            text += orjson.dumps(first).decode()
+        else:
+            # Each dump decoded at once: a bytes object kept alive a row each costs far more.
+            spelt = pa.array(list(map(bytes.decode, map(orjson.dumps, column))), pa.string())
+            pieces += [pa.scalar(text, pa.string()), spelt]
+            text = ""
+    text += "}"
+    if not pieces:
+        return pa.repeat(pa.scalar(text, pa.string()), len(events))
+    pieces.append(pa.scalar(text, pa.string()))
+    return pc.binary_join_element_wise(*pieces, _NO_SEPARATOR)
+
+
+_NO_SEPARATOR: Final = pa.scalar("", pa.string())
 _EVENT: Final = attrgetter("event")
 
 
@@ -354,15 +407,30 @@ def _micros(value: datetime) -> int:
     return (aware - _UNIX) // _MICROSECOND
 
 
-def arrow_columns(columns: Sequence[Sequence[object]], schema: pa.Schema) -> pa.Table:
-    """An Arrow table of ``schema`` from its columns (timestamps through ``instants``)."""
+def arrow_columns(columns: Sequence[Sequence[object] | pa.Array], schema: pa.Schema) -> pa.Table:
+    """An Arrow table of ``schema`` from its columns (timestamps through ``instants``; a column that is
+    an Arrow array already is taken as it is)."""
     return pa.Table.from_arrays(
         [
-            instants(c) if pa.types.is_timestamp(f.type) else pa.array(c, type=f.type)  # type: ignore[arg-type]
+            c if isinstance(c, pa.Array) else _arrow_column(c, f.type)
             for c, f in zip(columns, schema, strict=True)
         ],
         schema=schema,
     )
+
+
+def _arrow_column(values: Sequence[object], type_: pa.DataType) -> pa.Array:
+    """One column as Arrow. A group's columns often hold one object throughout (its instant, its
+    event's name, the state all its polls stay in): such a column is converted once and repeated in
+    C rather than converted value by value (a column of other values stops the check at once)."""
+    convert = _instants if pa.types.is_timestamp(type_) else partial(pa.array, type=type_)
+    if len(values) > 1 and all(map(is_, values, repeat(values[0]))):
+        return pa.repeat(convert(values[:1])[0], len(values))
+    return convert(values)
+
+
+def _instants(values: Sequence[object]) -> pa.Array:
+    return instants(values)  # type: ignore[arg-type]  # (a timestamp column holds instants or None)
 
 
 def arrow_rows(rows: Sequence[Sequence[object]], schema: pa.Schema) -> pa.Table:
@@ -441,13 +509,13 @@ def transition_table(transitions: Sequence[Transition]) -> pa.Table:
     afters = list(map(_AFTER, transitions))
     befores = list(map(_BEFORE, transitions))
     event, reason, accepted, at = (list(map(g, transitions)) for g in _TRANSITION_GETTERS)
-    columns: list[Sequence[object]] = [
+    columns: list[Sequence[object] | pa.Array] = [
         list(map(_STATE_GETTERS[0], afters)),
         list(map(_CALL_NODE, afters)),
         list(map(_STATE_GETTERS[1], befores)),
         list(map(_STATE_GETTERS[1], afters)),
         event,
-        event_details(transitions),
+        event_detail_array(transitions),
         reason,
         accepted,
         list(map(_STATE_GETTERS[_STATE_COLUMNS.index("epoch")], afters)),

@@ -170,3 +170,33 @@ def test_equal_values_of_other_types_or_offsets_keep_their_own_spelling_in_a_gro
     texts = rows.event_details(group)
     assert texts == [orjson.dumps(t.event, option=orjson.OPT_SORT_KEYS).decode() for t in group]
     assert texts[0] != texts[1]
+
+
+def test_a_groups_event_detail_column_is_each_events_orjson_spelling_in_the_groups_order() -> None:
+    """The log table's detail column, spelt a field column at a time, holds each event's own orjson
+    text: for every event class alone, for interleaved classes, for values shared by the whole
+    group or equal but spelt apart, and for awkward strings."""
+    base = _transitions()
+    at = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
+    alike = [
+        StatusObserved(TaskId("t-1"), ServerStatus.WORKING, Epoch(1), poll_cursor="c", expires_at=at),
+        StatusObserved(
+            TaskId("t-2"),
+            ServerStatus.WORKING,
+            Epoch(1),
+            expires_at=at.astimezone(timezone(timedelta(hours=1))),
+        ),
+        StatusObserved(TaskId(_AWKWARD), ServerStatus.INPUT_REQUIRED, Epoch(2), poll_cursor=_AWKWARD),
+    ]
+    groups = [
+        *([dataclasses.replace(base[0], event=e)] * 3 for e in _events()),  # type: ignore[arg-type]
+        [dataclasses.replace(base[i % len(base)], event=e) for i, e in enumerate(_events() * 3)],  # type: ignore[arg-type]
+        [dataclasses.replace(base[0], event=e) for e in alike * 2],
+        base,
+    ]
+    for group in groups:
+        column = rows.event_detail_array(group)
+        assert column.type == pa.string()
+        assert column.to_pylist() == [
+            orjson.dumps(t.event, option=orjson.OPT_SORT_KEYS).decode() for t in group
+        ]
