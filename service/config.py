@@ -198,7 +198,8 @@ class AnalystConfig:
     nice: int = 19
     """Scheduling niceness of reader threads and of a local PostgreSQL analyst backend: on a
     machine with few cores a reader that burns a core takes CPU from the executor even though it
-    never holds the loop; at 19 it runs on what the executor leaves."""
+    never holds the loop; at 19 it runs on what the executor leaves (and a PostgreSQL analyst
+    backend goes into the idle scheduling class: ``engine.ledger.analyst``)."""
     max_rows: int = 100_000
     max_result_mb: int = 64
     """The most bytes (MiB) one analyst answer may carry, however few its rows."""

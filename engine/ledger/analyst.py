@@ -15,8 +15,13 @@ CPU: a query runs on its own backend only (``max_parallel_workers_per_gather = 0
 would be more processes taking cores from the executor and its backends), and with ``backend_nice``
 that backend, when it is a local PostgreSQL process this user may renice, is lowered to that niceness, so
 an analyst's slow query runs on the CPU the executor's backends leave (its autogroup's niceness too,
-as PostgreSQL gives each backend a session of its own). Only for connections kept for analysts: an
-unprivileged process cannot raise a priority back.
+as PostgreSQL gives each backend a session of its own). At 19, the lowest niceness, the backend also
+goes into Linux's idle scheduling class (``SCHED_IDLE``): a niced task that holds a core keeps it
+until its time slice ends, and on PostgreSQL every write of the executor wakes a backend of its own,
+each of which would wait that long behind the analyst; an idle-class task is preempted by any other
+wakeup at once (issue 22: health p99 2.1x with the analyst at nice 19, quiet machine). The price: on
+a machine whose cores are all busy, an analyst query gets next to no CPU and stops at its time limit.
+Only for connections kept for analysts: an unprivileged process cannot raise a priority back.
 """
 
 from __future__ import annotations
@@ -45,6 +50,9 @@ class AnalystSource(Protocol):
 
     def connection(self) -> AbstractContextManager[pg.Connection[TupleRow]]: ...
 
+
+LOWEST_NICE: Final = 19
+"""The lowest CPU priority by niceness; an analyst backend lowered to it also runs in the idle class."""
 
 _ALLOWED: Final = frozenset({"select", "with", "values", "table", "explain"})
 _WHAT: Final = {
@@ -233,9 +241,10 @@ def _local(host: str) -> bool:
 
 
 def lower_backend_priority(conn: pg.Connection[TupleRow], nice: int) -> int | None:
-    """Lower the connection's backend process to niceness ``nice`` if it is a local PostgreSQL process;
-    return its niceness then, or None when it is not ours to change (a remote server, or the
-    platform refuses: another user's process without the privilege). Never raises a priority."""
+    """Lower the connection's backend process to niceness ``nice`` if it is a local PostgreSQL process
+    (at ``LOWEST_NICE``, also to the idle scheduling class); return its niceness then, or None when it
+    is not ours to change (a remote server, or the platform refuses: another user's process without
+    the privilege). Never raises a priority."""
     if not _local(conn.info.host):
         return None
     pid = conn.info.backend_pid
@@ -250,6 +259,9 @@ def lower_backend_priority(conn: pg.Connection[TupleRow], nice: int) -> int | No
         reached = os.getpriority(os.PRIO_PROCESS, pid)
     except OSError:
         return None
+    if nice >= LOWEST_NICE:
+        with suppress(OSError):
+            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
     with suppress(OSError):
         # PostgreSQL starts every backend in a session of its own, and with Linux's autogroup
         # scheduling a session is a group of its own, weighed against the other groups by the
@@ -269,6 +281,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 __all__ = [
+    "LOWEST_NICE",
     "AnalystSource",
     "check_query",
     "first_keyword",

@@ -76,7 +76,7 @@ def test_with_one_analyst_slot_the_second_query_waits_in_the_queue_and_the_third
 ) -> None:
     """queries = 1 of 2 workers: one analyst backend runs, the next query waits for it (no second
     backend), one more is refused 503 + Retry-After; the waiting one runs when the first ends, on a
-    backend at niceness 19."""
+    backend at niceness 19 in the idle scheduling class."""
     config = tmp_path / "finality.toml"
     with (
         RefServer("aip-151", time_scale=0.05) as server,
@@ -106,6 +106,7 @@ def test_with_one_analyst_slot_the_second_query_waits_in_the_queue_and_the_third
         )
         (second_pid,) = analyst_backends(pg_url)
         assert os.getpriority(os.PRIO_PROCESS, second_pid) == 19
+        assert os.sched_getscheduler(second_pid) == os.SCHED_IDLE
         _cancel(pg_url, second_pid)
         assert second.result().status_code == 400
         assert client.health()["readers"]["refused"] == 1

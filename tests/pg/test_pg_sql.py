@@ -217,7 +217,8 @@ def test_a_read_only_ledger_handle_runs_analyst_sql(pg_url: str, ledger: PgLedge
 def test_an_analyst_query_runs_on_one_backend_lowered_to_the_lowest_cpu_priority(
     pg_url: str, ledger: PgLedger
 ) -> None:
-    """With backend_nice the (local) backend and its autogroup run at niceness 19; no parallel workers."""
+    """With backend_nice 19 the (local) backend and its autogroup run at niceness 19, in the idle
+    scheduling class; no parallel workers."""
     analysts = PgLedger.open(pg_url, read_only=True, pool_size=1)
     try:
         result = run_query(
@@ -230,10 +231,26 @@ def test_an_analyst_query_runs_on_one_backend_lowered_to_the_lowest_cpu_priority
         assert parallel == "0"
         backend = int(str(pid))
         assert os.getpriority(os.PRIO_PROCESS, backend) == 19
+        # Idle class: any other wakeup preempts it at once, where a nice-19 task keeps its slice.
+        assert os.sched_getscheduler(backend) == os.SCHED_IDLE
         # Under autogroup scheduling the backend's session is its group: the group is niced too.
         group = Path(f"/proc/{backend}/autogroup")
         if group.exists() and os.getsid(backend) == backend:
             assert group.read_text().split()[-1] == "19"
+    finally:
+        analysts.close()
+
+
+def test_an_analyst_backend_lowered_to_a_niceness_above_the_lowest_stays_in_the_normal_class(
+    pg_url: str, ledger: PgLedger
+) -> None:
+    """backend_nice 10: niceness 10, scheduled as any other process (the idle class is for 19 alone)."""
+    analysts = PgLedger.open(pg_url, read_only=True, pool_size=1)
+    try:
+        result = run_query(analysts, "SELECT pg_backend_pid()", backend_nice=10)
+        backend = int(str(result.rows[0][0]))
+        assert os.getpriority(os.PRIO_PROCESS, backend) == 10
+        assert os.sched_getscheduler(backend) == os.SCHED_OTHER
     finally:
         analysts.close()
 
