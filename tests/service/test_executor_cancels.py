@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import random
 import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.clock import SystemClock, monotonic_seconds
+from executor_kit import running_executor
+
+from engine.clock import monotonic_seconds
 from engine.errors import ServiceError
 from engine.ledger.duckdb import Ledger
 from engine.model import LocalState, Operation
 from engine.testing.wait import wait_until_async
 from refserver.testing import RefServer
 from service.config import parse_config
-from service.executor import Executor
 from service.testing import config_text
 
 LONG = {"duration_ms": 600_000, "ttl_ms": 3_600_000}  # scaled by the servers' time scale: 30 s
@@ -50,10 +50,7 @@ async def test_concurrent_cancels_share_one_commit_and_a_few_reads_and_each_is_d
     """Forty cancels at once: a handful of commits, fewer ledger reads than cancels (not three each)."""
     config = parse_config(tomllib.loads(config_text(servers, global_qps=200)))
     ledger = ReadCountingLedger.open(tmp_path / "cancels.duckdb")
-    executor = Executor(ledger=ledger, config=config, clock=SystemClock(), rng=random.Random(7))
-    await executor.start()
-    runner = asyncio.create_task(executor.run())
-    try:
+    async with running_executor(ledger, config, seed=7) as executor:
         nodes = [f"c{i}" for i in range(40)]
         await executor.submit_many([(n, "analyze_upload", {"n": n, "_sim": LONG}) for n in nodes])
 
@@ -89,11 +86,6 @@ async def test_concurrent_cancels_share_one_commit_and_a_few_reads_and_each_is_d
             executor.cancel(nodes[0], actor="ops", reason="twice"), return_exceptions=True
         )
         assert isinstance(again[0], ServiceError | type(None)) or again[0].cancel_generation >= 1  # type: ignore[union-attr]
-    finally:
-        executor.request_stop()
-        await asyncio.wait_for(runner, timeout=60)
-        await executor.aclose()
-        ledger.close()
 
 
 async def test_a_single_cancel_is_answered_without_waiting_for_company(
@@ -101,10 +93,7 @@ async def test_a_single_cancel_is_answered_without_waiting_for_company(
 ) -> None:
     config = parse_config(tomllib.loads(config_text(servers, global_qps=200)))
     ledger = Ledger.open(tmp_path / "one.duckdb")
-    executor = Executor(ledger=ledger, config=config, clock=SystemClock(), rng=random.Random(8))
-    await executor.start()
-    runner = asyncio.create_task(executor.run())
-    try:
+    async with running_executor(ledger, config, seed=8) as executor:
         await executor.submit_many([("solo", "analyze_upload", {"n": "solo", "_sim": LONG})])
         await wait_until_async(
             lambda: all(op.state is LocalState.WORKING for op in ledger.operations()),
@@ -115,8 +104,3 @@ async def test_a_single_cancel_is_answered_without_waiting_for_company(
         answer = await executor.cancel("solo", actor="ops", reason="stop")
         assert answer.state is LocalState.CANCEL_REQUESTED
         assert monotonic_seconds() - started < 5
-    finally:
-        executor.request_stop()
-        await asyncio.wait_for(runner, timeout=60)
-        await executor.aclose()
-        ledger.close()

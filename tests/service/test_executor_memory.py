@@ -7,12 +7,11 @@ process at <= 2 GiB RSS is bench/scale.py's figure; these tests hold the rule it
 
 from __future__ import annotations
 
-import asyncio
-import random
 import tomllib
 from pathlib import Path
 
-from engine.clock import SystemClock
+from executor_kit import running_executor
+
 from engine.ledger.duckdb import Ledger
 from engine.model import RECEIPT_STATES, LocalState
 from engine.testing.wait import wait_until_async
@@ -49,10 +48,7 @@ async def test_a_completed_a_failed_and_a_cancelled_operation_leave_nothing_in_m
     stayed for good: the cancel path reaches its receipt by a poll, which never forgot it)."""
     config = parse_config(tomllib.loads(config_text(servers, global_qps=200)))
     ledger = Ledger.open(tmp_path / "memory.duckdb")
-    executor = Executor(ledger=ledger, config=config, clock=SystemClock(), rng=random.Random(5))
-    await executor.start()
-    runner = asyncio.create_task(executor.run())
-    try:
+    async with running_executor(ledger, config, seed=5) as executor:
         tools = {"aip": "analyze_upload", "ext": "apply_batch_change", "mcp": "generate_report"}
         ids: set[str] = set()
         for server, tool in tools.items():
@@ -78,8 +74,3 @@ async def test_a_completed_a_failed_and_a_cancelled_operation_leave_nothing_in_m
         assert all(state in RECEIPT_STATES for state in states.values()), states
         assert {s for n, s in states.items() if n.startswith("cancelled")} == {LocalState.CANCELLED_ACCEPTED}
         assert held_of(executor, ids) == {}
-    finally:
-        executor.request_stop()
-        await asyncio.wait_for(runner, timeout=60)
-        await executor.aclose()
-        ledger.close()
