@@ -180,11 +180,13 @@ class ReaderPool:
         def job() -> T:
             with self._lock:
                 self._running += 1
+                self._analyst_running += int(analyst)
             try:
                 return fn()
             finally:
                 with self._lock:
                     self._running -= 1
+                    self._analyst_running -= int(analyst)
                     self._admitted -= 1
 
         if not analyst:
@@ -202,18 +204,8 @@ class ReaderPool:
                 self._admitted -= 1
             raise
         loop = asyncio.get_running_loop()
-
-        def analyst_job() -> T:
-            with self._lock:
-                self._analyst_running += 1
-            try:
-                return job()
-            finally:
-                with self._lock:
-                    self._analyst_running -= 1
-
         try:
-            future = self._threads.submit(analyst_job)
+            future = self._threads.submit(job)
         except BaseException:
             slots.release()
             with self._lock:
