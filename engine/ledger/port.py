@@ -86,6 +86,13 @@ class ExplorerRun:
     run). Only ``shipped`` runs count toward the terminal_divergence gate."""
     revision: str | None
     """The git revision of the code that ran (``engine.revision.running_revision``)."""
+    space: float | None = None
+    """The pair's interleavings as far as the run knows them: an exact count, a proven lower bound
+    or an estimate, as ``space_kind`` says (``None``: not known)."""
+    space_kind: str | None = None
+    """``exact`` (the pair was exhausted), ``at_least`` (the run covered ``space`` distinct
+    interleavings and stopped at its limit), ``estimate`` (random probes: neither a count nor a
+    bound); ``None``: not recorded (rows of older revisions, the demo's)."""
 
 
 @dataclass(frozen=True, slots=True)

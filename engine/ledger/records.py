@@ -41,6 +41,8 @@ class ServiceRecords(SqlCore):
                     run.finished_at,
                     run.code,
                     run.revision,
+                    run.space,
+                    run.space_kind,
                 ],
             ).fetchone()
         assert row is not None

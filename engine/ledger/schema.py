@@ -19,6 +19,18 @@ EXPLORER_CODE_MIGRATION: Final[tuple[str, ...]] = (
 )
 """Shared with the PostgreSQL ledger (its own migration number)."""
 
+EXPLORER_SPACE_NAME: Final = (
+    "explorer runs say the size of the pair's space and whether it is exact, a bound or an estimate"
+)
+EXPLORER_SPACE_MIGRATION: Final[tuple[str, ...]] = (
+    # space_kind is 'exact' (the search exhausted the pair: space is its count of interleavings),
+    # 'at_least' (it covered space distinct interleavings and stopped at its limit: a proven lower
+    # bound) or 'estimate' (Knuth's random probes: neither). Rows from before say NULL: not recorded.
+    "ALTER TABLE explorer_runs ADD COLUMN space DOUBLE",
+    "ALTER TABLE explorer_runs ADD COLUMN space_kind VARCHAR",
+)
+"""Shared by both backends (DuckDB's migration 12, PostgreSQL's 14)."""
+
 OUTBOX_DELIVERY_NAME: Final = (
     "the outbox delivered: entries numbered in acceptance order, consumers' acknowledgements"
 )
@@ -462,6 +474,7 @@ MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (9, OUTBOX_DELIVERY_NAME, OUTBOX_DELIVERY_MIGRATION),
     (10, ROUNDS_CLOSED_NAME, ROUNDS_CLOSED_MIGRATION),
     (11, ACCESS_DENIALS_NAME, ACCESS_DENIALS_MIGRATION),
+    (12, EXPLORER_SPACE_NAME, EXPLORER_SPACE_MIGRATION),
 )
 
 
@@ -562,6 +575,7 @@ PG_MIGRATIONS: Final[tuple[tuple[int, str, tuple[str, ...]], ...]] = (
     (11, OUTBOX_DELIVERY_NAME, (*OUTBOX_DELIVERY_MIGRATION, OUTBOX_SEQ_INDEX)),
     (12, ROUNDS_CLOSED_NAME, ROUNDS_CLOSED_MIGRATION),
     (13, ACCESS_DENIALS_NAME, ACCESS_DENIALS_MIGRATION),
+    (14, EXPLORER_SPACE_NAME, tuple(_postgres_spelling(s) for s in EXPLORER_SPACE_MIGRATION)),
 )
 PG_SUPPORTED_SCHEMA: Final[int] = PG_MIGRATIONS[-1][0]
 
@@ -850,6 +864,8 @@ __all__ = [
     "ACCESS_DENIAL_COLUMNS",
     "ASSIGNMENT_COLUMNS",
     "EXPLORER_CODE_MIGRATION",
+    "EXPLORER_SPACE_MIGRATION",
+    "EXPLORER_SPACE_NAME",
     "IDENTIFIER_CHECKS_NAME",
     "LEASE_COLUMNS",
     "MIGRATIONS",

@@ -213,7 +213,7 @@ SETTING_PUT: Final = (
     "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, updated_at = EXCLUDED.updated_at"
 )
 EXPLORER_RUN_INSERT: Final = (
-    f"INSERT INTO explorer_runs VALUES (nextval('explorer_run_seq'),{placeholders(13)}) RETURNING run_id"
+    f"INSERT INTO explorer_runs VALUES (nextval('explorer_run_seq'),{placeholders(15)}) RETURNING run_id"
 )
 EXPLORER_RUNS: Final = "SELECT * FROM explorer_runs ORDER BY run_id"
 DENIAL_INSERT: Final = f"INSERT INTO access_denials VALUES ({placeholders(10)})"

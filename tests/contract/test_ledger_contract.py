@@ -1065,6 +1065,64 @@ def test_settings_explorer_runs_and_gate_runs(ledger: LedgerPort) -> None:
     assert gates["terminal_divergence"]["interleavings"] == 16
 
 
+@pytest.mark.not_in_memory("explorer runs are the service's records; a simulation writes none")
+def test_an_explorer_run_records_its_space_and_whether_it_is_exact_a_bound_or_an_estimate(
+    ledger: LedgerPort,
+) -> None:
+    """Each explorer run says how big its pair's space is and what that figure is: an exact count
+    (exhausted), a proven lower bound (stopped at its limit) or an estimate; older kinds of run say
+    nothing (NULL)."""
+
+    def run(space: float | None, kind: str | None, exhaustive: bool) -> ExplorerRun:
+        return ExplorerRun(
+            "s", "p", 1, 10, 8, 0, exhaustive, "engine", None, NOW, NOW,
+            code="shipped", revision="r", space=space, space_kind=kind,
+        )  # fmt: skip
+
+    for r in (run(8, "exact", True), run(1_000_004, "at_least", False), run(2.5e7, "estimate", False)):
+        ledger.record_explorer_run(r)
+    ledger.record_explorer_run(run(None, None, False))
+    rows = ledger.explorer_runs()
+    assert [(r["exhaustive"], r["space"], r["space_kind"]) for r in rows] == [
+        (True, 8.0, "exact"),
+        (False, 1_000_004.0, "at_least"),
+        (False, 2.5e7, "estimate"),
+        (False, None, None),
+    ]
+
+
+def test_explorer_runs_recorded_before_the_space_migration_say_no_space(target: str) -> None:
+    """A ledger from before the explorer-space migration: its explorer runs get a NULL space and
+    kind (not recorded, never 'exact'), and runs recorded after carry theirs."""
+    from engine.ledger import open_ledger
+    from engine.ledger.schema import EXPLORER_SPACE_NAME, MIGRATIONS, PG_MIGRATIONS
+
+    migrations = PG_MIGRATIONS if "://" in target else MIGRATIONS
+    mine = next(version for version, name, _ in migrations if name == EXPLORER_SPACE_NAME)
+    assert mine == migrations[-1][0], "undo the migrations after this one here too"
+    old = ExplorerRun("s", "p", 1, 10, 8, 0, True, "engine", None, NOW, NOW, code="shipped", revision="r")
+    with open_ledger(target) as led:
+        for statement in (
+            "ALTER TABLE explorer_runs DROP COLUMN space",
+            "ALTER TABLE explorer_runs DROP COLUMN space_kind",
+            f"DELETE FROM schema_migrations WHERE version >= {mine}",
+        ):
+            raw(led, statement)
+        raw(
+            led,
+            "INSERT INTO explorer_runs VALUES (nextval('explorer_run_seq'), 's', 'p', 1, 10, 8, 0, true, "
+            "'engine', NULL, now(), now(), 'shipped', 'r')",
+        )
+    with open_ledger(target) as led:
+        assert led.schema_version() == migrations[-1][0]
+        led.record_explorer_run(replace(old, space=8.0, space_kind="exact"))
+        rows = led.explorer_runs()
+    assert [(r["exhaustive"], r["space"], r["space_kind"]) for r in rows] == [
+        (True, None, None),
+        (True, 8.0, "exact"),
+    ]
+
+
 # --------------------------------------------------------------------------------- rollout chain
 
 
