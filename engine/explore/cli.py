@@ -1,9 +1,12 @@
 """``finality explore``: run the race explorer, print what it found, exit 1 on any divergence.
 
 Usage: ``finality explore [--permutations N] [--scenario NAME|all] [--seed S] [--json] [--ledger PATH]
-[--strategy merge|sample|dfs] [--replay SCENARIO@PROTOCOL:CHOICES[:duckdb]] [--list]``.
+[--strategy merge|sample|dfs] [--replay SCENARIO@PROTOCOL:CHOICES[:duckdb]] [--list]``, or
+``finality explore --exhaustive [--space-limit N] [--pair-runs N] [--pair-seconds S] ...``.
 Exit codes: 0 no divergence,
-1 at least one divergent interleaving (the shortest is printed as a trace), 2 usage error.
+1 at least one divergent interleaving (the shortest is printed as a trace), 2 usage error,
+3 (``--exhaustive``) no divergence, but a pair hit its run or time cap before either exhausting
+its tree or covering ``--space-limit`` interleavings.
 Presentation only: the rules live in ``engine.machine`` and the explorer in ``engine.explore``.
 """
 
@@ -18,14 +21,25 @@ from typing import TextIO
 
 from engine.clock import SystemClock, monotonic_seconds
 from engine.errors import EngineError
-from engine.explore.explorer import MAX_STEPS, STRATEGIES, PairResult, explore, selected_pairs
-from engine.explore.result import CODES, RULES, render_trace
+from engine.explore.explorer import (
+    MAX_STEPS,
+    PAIR_RUNS,
+    SPACE_LIMIT,
+    STRATEGIES,
+    PairResult,
+    explore,
+    explore_exhaustive,
+    selected_pairs,
+)
+from engine.explore.result import CODES, RULES, SPACE_AT_LEAST, SPACE_ESTIMATE, SPACE_EXACT, render_trace
 from engine.explore.scenario import FINDINGS, SCENARIOS, Scenario, scenario_named
 from engine.model import Protocol
 
 EXIT_OK = 0
 EXIT_DIVERGENT = 1
 EXIT_USAGE = 2
+EXIT_CAPPED = 3
+"""``--exhaustive``: no divergence, but at least one pair ended neither exhausted nor at the limit."""
 
 DEFAULT_PERMUTATIONS = 10_000
 
@@ -37,6 +51,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from exc
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from exc
+    if not value > 0:
+        raise argparse.ArgumentTypeError("must be more than 0")
     return value
 
 
@@ -62,16 +86,52 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--permutations",
         type=_positive,
-        default=DEFAULT_PERMUTATIONS,
+        default=None,
         metavar="N",
         help="runs in total across the selected scenarios; with --strategy merge every run also covers "
         f"the interleavings merged with it, counted as distinct interleavings (default {DEFAULT_PERMUTATIONS})",
+    )
+    parser.add_argument(
+        "--exhaustive",
+        action="store_true",
+        help="no shared budget: search every pair (merging equal states) until its tree is exhausted "
+        "(its space then exact) or it has covered --space-limit distinct interleavings (its space then "
+        "proven at least that); a pair that hits --pair-runs or --pair-seconds first ends neither way, "
+        f"is flagged CAPPED and the exit code is {EXIT_CAPPED} (if nothing diverged)",
+    )
+    parser.add_argument(
+        "--space-limit",
+        type=_positive,
+        default=SPACE_LIMIT,
+        metavar="N",
+        help=f"with --exhaustive: interleavings covered that prove a pair large (default {SPACE_LIMIT:,})",
+    )
+    parser.add_argument(
+        "--pair-runs",
+        type=_positive,
+        default=PAIR_RUNS,
+        metavar="N",
+        help=f"with --exhaustive: runs one pair may take (default {PAIR_RUNS:,})",
+    )
+    parser.add_argument(
+        "--pair-seconds",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="with --exhaustive: seconds one pair's search may take (default: no limit)",
     )
     parser.add_argument(
         "--scenario",
         action="append",
         metavar="NAME",
         help="a scenario name, or 'all' (the default); repeat to select several",
+    )
+    parser.add_argument(
+        "--pair",
+        action="append",
+        metavar="SCENARIO@PROTOCOL",
+        help="one scenario under one protocol (e.g. the pairs an --exhaustive run capped, again with "
+        "a larger cap); repeat to select several; with --scenario, both are run",
     )
     parser.add_argument(
         "--seed", type=int, default=0, metavar="S", help="seed of the sampling order (default 0)"
@@ -110,6 +170,21 @@ def _select(names: Sequence[str] | None) -> list[Scenario]:
     return chosen
 
 
+def _pair(spec: str) -> tuple[Scenario, Protocol]:
+    """``SCENARIO@PROTOCOL`` as a pair.
+
+    Raises:
+        KeyError: no scenario has that name.
+        ValueError: no such protocol, or the scenario does not list it.
+    """
+    name, _, protocol_name = spec.partition("@")
+    scenario = scenario_named(name)
+    protocol = Protocol(protocol_name)
+    if protocol not in scenario.protocols:
+        raise ValueError(f"{name} runs on {', '.join(scenario.protocols)}, not {protocol_name!r}")
+    return scenario, protocol
+
+
 def _listing(out: TextIO) -> None:
     print("scenarios (run by 'all'):", file=out)
     for s in SCENARIOS:
@@ -119,21 +194,40 @@ def _listing(out: TextIO) -> None:
         print(f"  {s.name:<26} {', '.join(s.protocols)}: {s.summary}", file=out)
 
 
-SMALL_SPACE = 1_000_000
+SMALL_SPACE = SPACE_LIMIT
 """Pairs with fewer interleavings than this must be explored exhaustively (issue 15)."""
 
 
 def _space(r: PairResult) -> str:
-    """The pair's size: the exact count when exhaustive, ``~`` an estimate when sampled."""
+    """The pair's size: the exact count when exhaustive, ``>=`` a proven lower bound when it stopped
+    at the space limit, ``~`` an estimate when sampled."""
     if r.space is None:
         return "?"
-    if r.exhaustive:
+    if r.space_kind == SPACE_EXACT:
         return f"{int(r.space):,}"
+    if r.space_kind == SPACE_AT_LEAST:
+        return f">={int(r.space):,}"
     return f"~{r.space:.1e}"
 
 
-def _row(r: PairResult) -> str:
-    mode = "exhaustive" if r.exhaustive else "sampled"
+def ending(r: PairResult, exhaustive_mode: bool = False) -> str:
+    """How a pair's search ended: ``exhaustive`` (every interleaving covered), ``at-limit``
+    (``--exhaustive``: the space limit covered, so the space is at least that), ``capped``
+    (``--exhaustive``: a run or time cap came first, neither), ``sampled`` (the shared budget ended)."""
+    if r.exhaustive:
+        return "exhaustive"
+    if r.space_kind == SPACE_AT_LEAST:
+        return "at-limit"
+    return "capped" if exhaustive_mode else "sampled"
+
+
+def _capped(results: Sequence[PairResult], exhaustive_mode: bool) -> list[PairResult]:
+    return [r for r in results if ending(r, exhaustive_mode) == "capped"]
+
+
+def _row(r: PairResult, exhaustive_mode: bool = False) -> str:
+    mode = ending(r, exhaustive_mode)
+    mode = mode.upper() if mode == "capped" else mode
     return (
         f"{r.scenario:<26} {r.protocol:<15} {r.explored:>19,} {r.runs:>7,} {mode:<10} {_space(r):>12} "
         f"{r.receipts:>19,} {r.parked:>17,} {r.divergent:>15,}"
@@ -142,7 +236,9 @@ def _row(r: PairResult) -> str:
 
 def _small_sampled(results: Sequence[PairResult]) -> list[PairResult]:
     """Sampled pairs whose space is estimated under ``SMALL_SPACE``."""
-    return [r for r in results if not r.exhaustive and r.space is not None and r.space < SMALL_SPACE]
+    return [
+        r for r in results if r.space_kind == SPACE_ESTIMATE and r.space is not None and r.space < SMALL_SPACE
+    ]
 
 
 def _shortest(results: Sequence[PairResult]) -> PairResult | None:
@@ -150,21 +246,39 @@ def _shortest(results: Sequence[PairResult]) -> PairResult | None:
     return min(failing, key=lambda r: len(r.shortest.choices) if r.shortest else 0, default=None)
 
 
+def _space_method(r: PairResult) -> str | None:
+    if r.space_kind == SPACE_EXACT:
+        return "exact"
+    if r.space_kind == SPACE_AT_LEAST:
+        return "at least: the distinct interleavings covered when the space limit was reached"
+    if r.space_kind == SPACE_ESTIMATE:
+        return f"Knuth random probes ({r.space_probes})"
+    return None
+
+
 def _as_json(
     results: Sequence[PairResult],
     rules: str,
     seed: int,
-    requested: int,
+    requested: int | None,
     seconds: float,
     code: str = "shipped",
+    exhaustive: dict[str, object] | None = None,
 ) -> str:
     explored = sum(r.explored for r in results)
     shortest = _shortest(results)
+    mode = exhaustive is not None
+
+    def named(which: str) -> list[str]:
+        return [f"{r.scenario}@{r.protocol.value}" for r in results if ending(r, mode) == which]
+
     doc = {
         "code": code,
         "rules": rules,
         "seed": seed,
+        "mode": "exhaustive" if mode else "budget",
         "permutations": requested,
+        "exhaustive_mode": exhaustive,
         "explored": explored,
         "distinct_interleavings": explored,
         "runs": sum(r.runs for r in results),
@@ -180,10 +294,15 @@ def _as_json(
                 "distinct_interleavings": r.explored,
                 "runs": r.runs,
                 "exhaustive": r.exhaustive,
-                "space": None if r.space is None else (int(r.space) if r.exhaustive else round(r.space)),
-                "space_estimated": not r.exhaustive,
-                "space_method": "exact" if r.exhaustive else f"Knuth random probes ({r.space_probes})",
-                "space_under_1m": None if r.space is None else r.space < SMALL_SPACE,
+                "ending": ending(r, mode),
+                "space": None if r.space is None else round(r.space),
+                "space_kind": r.space_kind,
+                "space_estimated": r.space_kind == SPACE_ESTIMATE,
+                "space_method": _space_method(r),
+                "space_under_1m": None
+                if r.space is None or r.space_kind == SPACE_AT_LEAST
+                else r.space < SMALL_SPACE,
+                "seconds": round(r.seconds, 3),
                 "states": r.states,
                 "receipts": r.receipts,
                 "parked": r.parked,
@@ -195,6 +314,9 @@ def _as_json(
         ],
         "shortest_trace": shortest.trace if shortest else None,
         "small_spaces_sampled": [f"{r.scenario}@{r.protocol.value}" for r in _small_sampled(results)],
+        "exhausted": named("exhaustive"),
+        "at_limit": named("at-limit"),
+        "capped": named("capped"),
     }
     return json.dumps(doc, indent=2)
 
@@ -223,6 +345,8 @@ def _record(path: str, results: Sequence[PairResult], started: datetime, finishe
                     finished_at=finished,
                     code=r.code,
                     revision=revision,
+                    space=r.space,
+                    space_kind=r.space_kind,
                 )
             )
 
@@ -242,25 +366,71 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
     if args.replay:
         return _replay(args.replay, out, err)
     try:
-        scenarios = _select(args.scenario)
+        scenarios = _select(args.scenario) if args.scenario or not args.pair else []
+        pairs = [*selected_pairs(scenarios), *(_pair(spec) for spec in args.pair or ())]
+    except ValueError as exc:
+        print(
+            f"finality explore: --pair wants SCENARIO@PROTOCOL, a protocol the scenario lists: {exc}",
+            file=err,
+        )
+        return EXIT_USAGE
     except KeyError as exc:
         names = ", ".join(s.name for s in (*SCENARIOS, *FINDINGS))
         print(
             f"finality explore: unknown scenario {exc.args[0]!r}; choose 'all' or one of: {names}", file=err
         )
         return EXIT_USAGE
+    exhaustive: dict[str, object] | None = None
+    if args.exhaustive:
+        if args.permutations is not None or args.strategy != "merge":
+            print(
+                "finality explore: --exhaustive shares no budget and merges equal states: "
+                "it takes --pair-runs / --pair-seconds, not --permutations or --strategy",
+                file=err,
+            )
+            return EXIT_USAGE
+        exhaustive = {
+            "space_limit": args.space_limit,
+            "pair_runs": args.pair_runs,
+            "pair_seconds": args.pair_seconds,
+        }
+    elif args.pair_seconds is not None or "--pair-runs" in argv or "--space-limit" in argv:
+        print(
+            "finality explore: --space-limit, --pair-runs and --pair-seconds go with --exhaustive", file=err
+        )
+        return EXIT_USAGE
+    permutations = DEFAULT_PERMUTATIONS if args.permutations is None else args.permutations
     clock = SystemClock()
     started_at = clock.now()
     started = monotonic_seconds()
-    pairs = selected_pairs(scenarios)
-    results = explore(
-        pairs,
-        permutations=args.permutations,
-        seed=args.seed,
-        strategy=args.strategy,
-        max_steps=args.max_steps,
-        code=args.code,
-    )
+    if args.exhaustive:
+
+        def progress(r: PairResult) -> None:
+            print(
+                f"finality explore: {r.scenario}@{r.protocol} {ending(r, True)}: {r.explored:,} "
+                f"interleavings, {r.runs:,} runs, space {_space(r)}, {r.seconds:.1f} s",
+                file=err,
+                flush=True,
+            )
+
+        results = explore_exhaustive(
+            pairs,
+            limit=args.space_limit,
+            pair_runs=args.pair_runs,
+            pair_seconds=args.pair_seconds,
+            seed=args.seed,
+            max_steps=args.max_steps,
+            progress=progress,
+        )
+    else:
+        results = explore(
+            pairs,
+            permutations=permutations,
+            seed=args.seed,
+            strategy=args.strategy,
+            max_steps=args.max_steps,
+            code=args.code,
+        )
     seconds = monotonic_seconds() - started
     finished_at = clock.now()
     if args.ledger:
@@ -270,15 +440,24 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
             print(f"finality explore: cannot record in {args.ledger}: {exc}", file=err)
             return EXIT_USAGE
     divergent = sum(r.divergent for r in results)
+    requested = None if args.exhaustive else permutations
     if args.json:
-        print(_as_json(results, RULES, args.seed, args.permutations, seconds, args.code), file=out)
+        print(_as_json(results, RULES, args.seed, requested, seconds, args.code, exhaustive), file=out)
     else:
-        _print_table(results, RULES, args.seed, seconds, out, args.code)
-    return EXIT_DIVERGENT if divergent else EXIT_OK
+        _print_table(results, RULES, args.seed, seconds, out, args.code, exhaustive)
+    if divergent:
+        return EXIT_DIVERGENT
+    return EXIT_CAPPED if _capped(results, args.exhaustive) else EXIT_OK
 
 
 def _print_table(
-    results: Sequence[PairResult], rules: str, seed: int, seconds: float, out: TextIO, code: str = "shipped"
+    results: Sequence[PairResult],
+    rules: str,
+    seed: int,
+    seconds: float,
+    out: TextIO,
+    code: str = "shipped",
+    exhaustive: dict[str, object] | None = None,
 ) -> None:
     explored = sum(r.explored for r in results)
     divergent = sum(r.divergent for r in results)
@@ -288,8 +467,9 @@ def _print_table(
         f"{'receipts':>19} {'parked':>17} {'divergent':>15}",
         file=out,
     )
+    mode = exhaustive is not None
     for r in results:
-        print(_row(r), file=out)
+        print(_row(r, mode), file=out)
     exhausted = sum(r.exhaustive for r in results)
     runs = sum(r.runs for r in results)
     rate = f"{explored / seconds:,.0f} interleavings/s ({runs / seconds:,.0f} runs/s)" if seconds > 0 else ""
@@ -298,11 +478,28 @@ def _print_table(
         f"({exhausted} of {len(results)} scenario/protocol pairs exhaustive) in {seconds:.1f} s, {rate}",
         file=out,
     )
+    if exhaustive is not None:
+        _print_exhaustive(results, int(str(exhaustive["space_limit"])), out)
+    else:
+        _print_spaces(results, out)
+    for r in results:
+        if r.divergent:
+            kinds = ", ".join(f"{k}: {v}" for k, v in sorted(r.kinds.items()))
+            print(f"DIVERGENT {r.scenario} on {r.protocol}: {r.divergent} runs ({kinds})", file=out)
+    shortest = _shortest(results)
+    if shortest is not None and shortest.trace and shortest.shortest is not None:
+        print("\nshortest failing interleaving:", file=out)
+        print(shortest.trace, file=out)
+        print(f"\nreplay it: {replay_command(shortest)}", file=out)
+
+
+def _print_spaces(results: Sequence[PairResult], out: TextIO) -> None:
+    """The budget run's word on the spaces: which sampled pairs are estimated under the limit."""
     small = _small_sampled(results)
     unknown = sum(r.space is None for r in results)
     print(
         "space: the interleavings of a pair, exact when exhaustive, ~ an estimate when sampled "
-        "(Knuth's random probes over the merged tree); "
+        "(Knuth's random probes over the merged tree, not a bound; --exhaustive settles it); "
         + (
             f"the space of {unknown} pairs is not known (only --strategy merge estimates it)"
             if unknown
@@ -313,15 +510,27 @@ def _print_table(
         ),
         file=out,
     )
-    for r in results:
-        if r.divergent:
-            kinds = ", ".join(f"{k}: {v}" for k, v in sorted(r.kinds.items()))
-            print(f"DIVERGENT {r.scenario} on {r.protocol}: {r.divergent} runs ({kinds})", file=out)
-    shortest = _shortest(results)
-    if shortest is not None and shortest.trace and shortest.shortest is not None:
-        print("\nshortest failing interleaving:", file=out)
-        print(shortest.trace, file=out)
-        print(f"\nreplay it: {replay_command(shortest)}", file=out)
+
+
+def _print_exhaustive(results: Sequence[PairResult], limit: int, out: TextIO) -> None:
+    """``--exhaustive``'s verdict: which pairs are exact, which proven at least the limit, which neither."""
+    at_limit = [r for r in results if ending(r, True) == "at-limit"]
+    capped = _capped(results, True)
+    print(
+        f"exhaustive mode: {sum(r.exhaustive for r in results)} pairs exhausted (space exact), "
+        f"{len(at_limit)} covered {limit:,} interleavings without exhausting (space proven >= {limit:,}), "
+        f"{len(capped)} capped",
+        file=out,
+    )
+    if capped:
+        print(
+            f"CAPPED (a run or time cap came first: neither exhausted nor proven >= {limit:,}, so "
+            "whether it is under the limit is not known): "
+            + ", ".join(f"{r.scenario}@{r.protocol} ({r.stopped}, {r.explored:,} covered)" for r in capped),
+            file=out,
+        )
+    else:
+        print(f"every pair under {limit:,} interleavings is exhaustive", file=out)
 
 
 def replay_command(result: PairResult) -> str:
@@ -359,10 +568,12 @@ def _replay(spec: str, out: TextIO, err: TextIO) -> int:
 
 __all__ = [
     "DEFAULT_PERMUTATIONS",
+    "EXIT_CAPPED",
     "EXIT_DIVERGENT",
     "EXIT_OK",
     "EXIT_USAGE",
     "build_parser",
+    "ending",
     "main",
     "replay_command",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from engine.clock import monotonic_seconds
@@ -21,6 +21,7 @@ from engine.explore.result import (
     CODES,
     DUCKDB_SHARE,
     RULES,
+    SPACE_ESTIMATE,
     Failing,
     PairResult,
     new_world,
@@ -36,6 +37,7 @@ __all__ = [
     "PairExplorer",
     "PairResult",
     "explore",
+    "explore_exhaustive",
     "explore_pair",
     "render_trace",
     "replay",
@@ -216,9 +218,10 @@ def explore(
 ) -> list[PairResult]:
     """Share a budget of ``permutations`` runs across the pairs.
 
-    ``merge`` (the default): each pair in turn gets an equal share of what is left for its merging
-    search (``engine.explore.prune``), of which a few (one in every fourth pair, plus one in
-    ``MERGE_DUCKDB_SHARE``) are sampled runs on the real DuckDB ledger; what a pair leaves over goes to the pairs after it.
+    ``merge`` (the default): a first pass gives each pair an equal share of half the budget for its
+    merging search (``engine.explore.prune``), of which a few (one in every fourth pair, plus one
+    in ``MERGE_DUCKDB_SHARE``) are sampled runs on the real DuckDB ledger; the rest is poured into
+    the pairs still open by doubling levels (``_explore_merged``).
     ``explored`` is then the interleavings covered, ``runs`` the runs it took. ``sample``/``dfs``:
     each pair first gets an equal share of runs; what small (exhausted) trees leave over is shared
     again among the pairs that still have unexplored interleavings.
@@ -246,51 +249,170 @@ def explore(
     return [e.finish() for e in explorers]
 
 
+FIRST_PASS = 0.5
+"""The share of a merged budget run's runs spent in its first pass, equally across the pairs; the
+rest is poured into the pairs still open, level by level (``_explore_merged``)."""
+
+
 def _explore_merged(
     pairs: list[tuple[Scenario, Protocol]], permutations: int, seed: int, max_steps: int, code: str
 ) -> list[PairResult]:
-    from engine.explore.prune import explore_merged  # imported here: prune imports this module's kin
+    """First, each pair in turn gets an equal share of ``FIRST_PASS`` of the budget (what one leaves
+    over goes to those after it); small trees are exhausted there. Then the rest is poured in by
+    levels: the level doubles, and every pair still open (smallest projected need first, ``_need``,
+    from its first-pass estimate) resumes its search (``MergingSearch.run`` again: its memo is kept,
+    so what it finished costs one short run per branch on the way back, a few runs a resume) until
+    it has taken the level's runs in all, while the budget lasts. So every pair that needs fewer
+    runs than the last level reached is exhausted, whatever its place in the catalogue, and a large
+    pair takes no more than the level (before: each pair in catalogue order got an equal share of
+    what was left, and a pair just over its share stayed sampled while later ones had room)."""
+    from engine.explore.prune import PROBES, MergingSearch, estimate_paths, search_result
 
     if code not in CODES:
         raise ValueError(f"unknown code {code!r}; choose one of {', '.join(CODES)}")
-    results = []
-    duck: list[tuple[PairResult, PairExplorer, int]] = []
+    results: list[PairResult] = []
+    searches: list[MergingSearch] = []
+    duck: list[tuple[Scenario, int]] = []
     remaining = permutations
+    first = int(permutations * FIRST_PASS)
+    level = max(2, first // max(1, len(pairs)))
     for index, (scenario, protocol) in enumerate(pairs):
-        share = max(2, remaining // (len(pairs) - index))
-        # The real DuckDB ledger costs some 300 ms a run (every write a SQL transaction), about
-        # fifteen in-memory runs: a sampled share of it, one run in every fourth pair plus one in
-        # MERGE_DUCKDB_SHARE of each pair's budget. They run after every pair's merging search:
-        # DuckDB starts worker threads, and a process with threads is not forked (``prune``).
-        on_duckdb = min(share - 1, (1 if index % 4 == 0 else 0) + share // MERGE_DUCKDB_SHARE)
-        result = explore_merged(scenario, protocol, max_runs=share - on_duckdb, max_steps=max_steps)
-        result.seed = seed
-        sampler = PairExplorer(scenario, protocol, seed=seed, max_steps=max_steps, ledger="duckdb")
-        duck.append((result, sampler, on_duckdb))
-        remaining = max(0, remaining - result.runs - on_duckdb)
+        share = max(2, first // (len(pairs) - index))
+        on_duckdb = min(share - 1, _duckdb_runs(index, share))
+        search = MergingSearch(scenario, protocol, max_runs=share - on_duckdb, max_steps=max_steps)
+        result = search_result(search)
+        duck.append((scenario, on_duckdb))
+        spent = result.runs + on_duckdb
+        first = max(0, first - spent)
+        remaining = max(0, remaining - spent)
         results.append(result)
-    for result, sampler, on_duckdb in duck:
-        if on_duckdb:
-            sampler.run(on_duckdb)
-        sampled = sampler.result
-        result.runs += sampled.runs
-        result.seconds += sampled.seconds
-        result.divergent += sampled.divergent
-        for kind, n in sampled.kinds.items():
-            result.kinds[kind] = result.kinds.get(kind, 0) + n
-        if sampled.shortest is not None and (
-            result.shortest is None or len(sampled.shortest.choices) < len(result.shortest.choices)
-        ):
-            result.shortest = sampled.shortest
-        if result.shortest is not None:
-            shortest = result.shortest
-            result.trace = render_trace(
-                sampler.scenario,
-                sampler.protocol,
-                shortest.choices,
-                shortest.findings,
-                ledger=shortest.ledger,
-            )
+        searches.append(search)
+    order = sorted(range(len(results)), key=lambda i: _need(results[i]))
+    resumed: set[int] = set()
+    while remaining > 0:
+        open_ = [i for i in order if not results[i].exhaustive]
+        if not open_:
+            break
+        level *= 2
+        for i in open_:
+            grant = min(remaining, level - searches[i].runs)
+            if grant <= 0:
+                continue
+            search, before = searches[i], results[i]
+            ran = search.runs
+            search.max_runs = ran + grant
+            results[i] = search_result(search, probes=0)
+            results[i].seconds += before.seconds
+            resumed.add(i)
+            remaining -= search.runs - ran
+            if remaining <= 0:
+                break
+    for i in resumed:
+        r = results[i]
+        if not r.exhaustive:  # the estimate of a pair that stays sampled, from what it finished
+            r.space = max(float(r.explored), estimate_paths(searches[i], PROBES))
+            r.space_probes = PROBES
+            r.space_kind = SPACE_ESTIMATE
+    for result, (scenario, on_duckdb) in zip(results, duck, strict=True):
+        result.seed = seed
+        _add_duckdb_share(result, scenario, on_duckdb, seed, max_steps)
+    return results
+
+
+def _need(result: PairResult) -> float:
+    """The runs a sampled pair is projected to need to finish: the runs it took per interleaving it
+    covered, times the interleavings its estimate says are left (estimates run low more often than
+    high, so this only orders the pairs within a level)."""
+    space = result.space if result.space is not None else float(result.explored)
+    per = result.runs / max(1, result.explored)
+    return per * max(0.0, space - result.explored)
+
+
+def _duckdb_runs(index: int, runs: int) -> int:
+    """The sampled DuckDB runs of the ``index``-th pair whose merging search has ``runs`` runs.
+
+    The real DuckDB ledger costs some 300 ms a run (every write a SQL transaction), about fifteen
+    in-memory runs: a sampled share of it, one run in every fourth pair plus one in
+    ``MERGE_DUCKDB_SHARE`` of each pair's budget. They run after every pair's merging search:
+    DuckDB starts worker threads, and a process with threads is not forked (``prune``).
+    """
+    return (1 if index % 4 == 0 else 0) + runs // MERGE_DUCKDB_SHARE
+
+
+def _add_duckdb_share(result: PairResult, scenario: Scenario, runs: int, seed: int, max_steps: int) -> None:
+    """Run ``runs`` sampled interleavings of ``result``'s pair on the DuckDB ledger and add what they
+    found (runs, divergences; no interleavings: they repeat ones covered in memory); render the
+    shortest divergent run as a trace."""
+    sampler = PairExplorer(scenario, result.protocol, seed=seed, max_steps=max_steps, ledger="duckdb")
+    if runs:
+        sampler.run(runs)
+    sampled = sampler.result
+    result.runs += sampled.runs
+    result.seconds += sampled.seconds
+    result.divergent += sampled.divergent
+    for kind, n in sampled.kinds.items():
+        result.kinds[kind] = result.kinds.get(kind, 0) + n
+    if sampled.shortest is not None and (
+        result.shortest is None or len(sampled.shortest.choices) < len(result.shortest.choices)
+    ):
+        result.shortest = sampled.shortest
+    if result.shortest is not None:
+        shortest = result.shortest
+        result.trace = render_trace(
+            scenario, result.protocol, shortest.choices, shortest.findings, ledger=shortest.ledger
+        )
+
+
+SPACE_LIMIT = 1_000_000
+"""Issue 15: every pair with fewer interleavings than this is explored exhaustively."""
+PAIR_RUNS = 2_000_000
+"""``explore_exhaustive``'s default cap on one pair's runs (a pair that reaches it is ``capped``)."""
+
+
+def explore_exhaustive(
+    pairs: Iterable[tuple[Scenario, Protocol]],
+    *,
+    limit: int = SPACE_LIMIT,
+    pair_runs: int = PAIR_RUNS,
+    pair_seconds: float | None = None,
+    seed: int = 0,
+    max_steps: int = MAX_STEPS,
+    progress: Callable[[PairResult], None] | None = None,
+    clock: Callable[[], float] = monotonic_seconds,
+) -> list[PairResult]:
+    """Search every pair until its tree is exhausted or ``limit`` interleavings are covered.
+
+    Each pair ends one of three ways (``ending``): ``exhausted`` (``space`` exact, every
+    interleaving covered), ``at-limit`` (at least ``limit`` distinct interleavings covered and
+    judged without exhausting: ``space`` is that count, a proven lower bound, so the pair is not
+    one of those the rule "exhaustive under ``limit``" is about), or ``capped``: it hit
+    ``pair_runs`` or ``pair_seconds`` first and is neither (``space`` an estimate). No budget is
+    shared: every pair gets its own caps. The DuckDB share is sampled as in ``explore``.
+    ``progress`` is called with each pair's result as it ends (its DuckDB share still to come).
+    """
+    from engine.explore.prune import MergingSearch, search_result
+
+    results = []
+    searched: list[tuple[PairResult, Scenario, int]] = []
+    for index, (scenario, protocol) in enumerate(pairs):
+        deadline = None if pair_seconds is None else clock() + pair_seconds
+        search = MergingSearch(
+            scenario,
+            protocol,
+            max_runs=pair_runs,
+            max_steps=max_steps,
+            max_paths=limit,
+            deadline=deadline,
+            clock=clock,
+        )
+        result = search_result(search)
+        result.seed = seed
+        if progress is not None:
+            progress(result)
+        searched.append((result, scenario, _duckdb_runs(index, result.runs)))
+        results.append(result)
+    for result, scenario, on_duckdb in searched:
+        _add_duckdb_share(result, scenario, on_duckdb, seed, max_steps)
     return results
 
 

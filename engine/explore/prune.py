@@ -37,7 +37,16 @@ from typing import Any
 from engine.clock import monotonic_seconds
 from engine.errors import EngineError, Nondeterminism
 from engine.explore.keys import Digest, digest
-from engine.explore.result import RULES, Failing, Finding, PairResult, new_world
+from engine.explore.result import (
+    RULES,
+    SPACE_AT_LEAST,
+    SPACE_ESTIMATE,
+    SPACE_EXACT,
+    Failing,
+    Finding,
+    PairResult,
+    new_world,
+)
 from engine.explore.scenario import Scenario
 from engine.model import Protocol
 
@@ -111,12 +120,22 @@ def _leaf(findings: list[Finding], parked: bool) -> Summary:
     return Summary(1, 0, 0, 1)
 
 
-class OutOfRuns(EngineError):
-    """The run budget ended; ``partial`` sums the subtrees completed so far (none of them twice)."""
+STOP_RUNS = "runs"
+"""The search stopped at its run budget (``max_runs``)."""
+STOP_PATHS = "paths"
+"""The search stopped having covered ``max_paths`` interleavings: the pair has at least that many."""
+STOP_TIME = "time"
+"""The search stopped at its deadline."""
 
-    def __init__(self) -> None:
-        super().__init__("run budget spent")
+
+class OutOfRuns(EngineError):
+    """The run budget ended; ``partial`` sums the subtrees completed so far (none of them twice);
+    ``reason`` says which budget (``STOP_RUNS``, ``STOP_PATHS``, ``STOP_TIME``)."""
+
+    def __init__(self, reason: str = STOP_RUNS) -> None:
+        super().__init__(f"run budget spent ({reason})")
         self.partial = Summary()
+        self.reason = reason
 
     def take(self, prefix: list[int], done: Summary) -> None:
         """Add the completed children of the state after ``prefix`` (choices from the root)."""
@@ -142,18 +161,32 @@ class MergingSearch:
         fork: bool | None = None,
         fork_after: int = FORK_AFTER,
         check: Callable[[Any], Digest | None] | None = None,
+        max_paths: int | None = None,
+        deadline: float | None = None,
+        clock: Callable[[], float] = monotonic_seconds,
     ) -> None:
         """``fork``: reach branches by forking (``None``: where ``can_fork`` says it is safe), those
         after ``fork_after`` steps. ``check``: merge nothing, key every state by ``check(world)``
         and list in ``unsound`` every state whose key an earlier state had with other futures (the
-        state key's own test: a sound key lists none; no forking)."""
+        state key's own test: a sound key lists none; no forking). ``max_paths``: start no new run
+        once the finished subtrees cover this many interleavings (the pair is then proven to have
+        at least that many). ``deadline``: start no new run once ``clock()`` has passed it."""
         self.scenario = scenario
         self.protocol = protocol
         self.max_runs = max_runs
+        self.max_paths = max_paths
+        self.deadline = deadline
+        self.clock = clock
         self.max_steps = max_steps
         self.memo: dict[Fingerprint, Summary] = {}
         self.on_path: set[Fingerprint] = set()
         self.runs = 0
+        self.covered = 0
+        """Interleavings below the subtrees finished so far in this ``run`` (each leaf, cycle and
+        memo hit adds its count as it returns: together they tile every finished subtree)."""
+        self.stopped: str | None = None
+        """Why the last ``run`` ended early: ``STOP_RUNS``, ``STOP_PATHS``, ``STOP_TIME``; ``None``: it
+        covered every interleaving."""
         self.merged = 0
         """Times a state was found in the memo (a subtree not run again)."""
         self.forks = 0
@@ -171,9 +204,19 @@ class MergingSearch:
         self._added: list[tuple[Fingerprint, Summary]] = []
         """Memo entries made in this process since it was forked (sent back to its parent)."""
 
-    def _start(self, prefix: list[int]) -> object:
+    def _spent(self) -> str | None:
+        """Why no new run may start (``None``: one may)."""
         if self.runs >= self.max_runs:
-            raise OutOfRuns
+            return STOP_RUNS
+        if self.max_paths is not None and self.covered >= self.max_paths:
+            return STOP_PATHS
+        if self.deadline is not None and self.clock() >= self.deadline:
+            return STOP_TIME
+        return None
+
+    def _start(self, prefix: list[int]) -> object:
+        if (why := self._spent()) is not None:
+            raise OutOfRuns(why)
         self.runs += 1
         world: Any = new_world(self.scenario, self.protocol, trace=False)
         digests = self._digests
@@ -206,15 +249,18 @@ class MergingSearch:
             hit = self.memo.get(key)
             if hit is not None and self.check is None:
                 self.merged += 1
+                self.covered += hit.paths
                 world.close()
                 return hit
             if key in self.on_path:
                 world.close()
                 finding = (UNSETTLED, "the run returns to a state it was in: it can cycle for ever")
+                self.covered += 1
                 return Summary(1, 1, 0, 0, {UNSETTLED: 1}, (), (finding,))
         if not enabled or world.steps >= self.max_steps:
             parked = world.parked
             summary = _leaf(world.finish(unsettled=bool(enabled)), parked)
+            self.covered += 1
         else:
             n = len(enabled)
             summary = Summary()
@@ -271,8 +317,8 @@ class MergingSearch:
     def _forked(self, world: object, action: object, prefix: list[int]) -> Summary:
         """The summary below ``action`` taken in ``world`` (after ``prefix``), from a forked copy of
         this process; the child's keyed states and runs are taken over when it ends."""
-        if self.runs >= self.max_runs:
-            raise OutOfRuns
+        if (why := self._spent()) is not None:
+            raise OutOfRuns(why)
         from engine.explore import checks
 
         sys.stdout.flush()
@@ -301,12 +347,12 @@ class MergingSearch:
                     world.perform(action)  # type: ignore[attr-defined]
                     outcome = ("done", self.visit(world, prefix))
                 except OutOfRuns as out:
-                    outcome = ("out", out.partial)
+                    outcome = ("out", (out.partial, out.reason))
                 except BaseException as exc:
                     outcome = ("error", _portable(exc))
                 new = {k: v for k, v in checks._JUDGED.items() if k not in judged}
                 data = pickle.dumps(
-                    (outcome, self._added, self.runs, self.forks, self.merged, new),
+                    (outcome, self._added, self.runs, self.forks, self.merged, self.covered, new),
                     protocol=pickle.HIGHEST_PROTOCOL,
                 )
                 view = memoryview(data)
@@ -327,16 +373,18 @@ class MergingSearch:
             gc.unfreeze()
         if not chunks:
             raise Nondeterminism(f"{self.scenario.name}/{self.protocol}: the forked run at {prefix} died")
-        outcome, added, self.runs, self.forks, self.merged, judged = pickle.loads(b"".join(chunks))
+        outcome, added, self.runs, self.forks, self.merged, self.covered, judged = pickle.loads(
+            b"".join(chunks)
+        )
         for key, summary in added:
             self.memo[key] = summary
         self._added.extend(added)
         checks._JUDGED.update(judged)
         kind, value = outcome
         if kind == "out":
-            assert isinstance(value, Summary)
-            spent = OutOfRuns()
-            spent.partial = value
+            assert isinstance(value, tuple)
+            spent = OutOfRuns(value[1])
+            spent.partial = value[0]
             raise spent
         if kind == "error":
             assert isinstance(value, BaseException)
@@ -345,12 +393,21 @@ class MergingSearch:
         return value
 
     def run(self) -> tuple[Summary, bool]:
-        """(the summary, whether it covers every interleaving)."""
+        """(the summary, whether it covers every interleaving).
+
+        May be called again after raising ``max_runs`` (or ``max_paths``, ``deadline``): the walk
+        starts over from the root with the memo it has, so every subtree it finished is a memo hit
+        (one short run each, for the finished branches on the way back to where it stopped) and
+        the counts are those of one uninterrupted walk.
+        """
         limit = sys.getrecursionlimit()
         sys.setrecursionlimit(max(limit, 20 * self.max_steps + 1000))
+        self.covered = 0
+        self.stopped = None
         try:
             return self.visit(self._start([]), []), True
         except OutOfRuns as out:
+            self.stopped = out.reason
             return out.partial, False
         finally:
             sys.setrecursionlimit(limit)
@@ -416,26 +473,48 @@ def explore_merged(
     max_steps: int = MAX_STEPS,
     fork: bool | None = None,
     probes: int = PROBES,
+    max_paths: int | None = None,
+    deadline: float | None = None,
 ) -> PairResult:
     """Every interleaving of ``scenario`` under ``protocol`` (each distinct state run once), within
-    ``max_runs`` runs; ``explored`` is the interleavings covered, ``runs`` the runs it took,
+    ``max_runs`` runs (and, when given, until ``max_paths`` interleavings are covered or the
+    ``deadline`` passes); ``explored`` is the interleavings covered, ``runs`` the runs it took,
     ``states`` the distinct states keyed, ``space`` the pair's interleavings: the exact count when
-    exhaustive, else ``estimate_paths`` with ``probes`` probes (``space_probes``; runs of their own,
-    not counted in ``runs``).
+    exhaustive, at least ``explored`` when it stopped at ``max_paths``, else ``estimate_paths``
+    with ``probes`` probes (``space_probes``; runs of their own, not counted in ``runs``).
     """
+    search = MergingSearch(
+        scenario,
+        protocol,
+        max_runs=max_runs,
+        max_steps=max_steps,
+        fork=fork,
+        max_paths=max_paths,
+        deadline=deadline,
+    )
+    return search_result(search, probes=probes)
+
+
+def search_result(search: MergingSearch, *, probes: int = PROBES) -> PairResult:
+    """Run ``search`` (again, if it ran before: it goes on where it stopped) and say what it found."""
     started = monotonic_seconds()
-    search = MergingSearch(scenario, protocol, max_runs=max_runs, max_steps=max_steps, fork=fork)
     summary, complete = search.run()
-    result = PairResult(scenario.name, protocol, RULES, 0)
+    result = PairResult(search.scenario.name, search.protocol, RULES, 0)
     result.explored = summary.paths
     result.runs = search.runs
     result.states = len(search.memo)
     result.exhaustive = complete
+    result.stopped = search.stopped
     if complete:
         result.space = float(summary.paths)
+        result.space_kind = SPACE_EXACT
+    elif search.stopped == STOP_PATHS:
+        result.space = float(summary.paths)
+        result.space_kind = SPACE_AT_LEAST
     elif probes:
         result.space = max(float(summary.paths), estimate_paths(search, probes))
         result.space_probes = probes
+        result.space_kind = SPACE_ESTIMATE
     result.divergent = summary.divergent
     result.parked = summary.parked
     result.receipts = summary.receipts
@@ -449,6 +528,9 @@ def explore_merged(
 __all__ = [
     "MAX_STEPS",
     "PROBES",
+    "STOP_PATHS",
+    "STOP_RUNS",
+    "STOP_TIME",
     "MergingSearch",
     "OutOfRuns",
     "Summary",
@@ -456,4 +538,5 @@ __all__ = [
     "estimate_paths",
     "explore_merged",
     "fingerprint",
+    "search_result",
 ]

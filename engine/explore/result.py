@@ -23,6 +23,14 @@ RULES = "engine"
 Broken variants are ``make mutants``' one-line bugs in the shipped code."""
 
 Finding = tuple[str, str]
+SPACE_EXACT = "exact"
+"""``PairResult.space`` is the pair's exact count of interleavings (the search covered them all)."""
+SPACE_AT_LEAST = "at_least"
+"""``space`` is a proven lower bound: the interleavings covered, all distinct, when the search
+stopped at its limit (``finality explore --exhaustive``: the pair has at least that many)."""
+SPACE_ESTIMATE = "estimate"
+"""``space`` is an estimate (Knuth's random probes): neither a bound nor a count."""
+SPACE_KINDS = (SPACE_EXACT, SPACE_AT_LEAST, SPACE_ESTIMATE)
 DUCKDB_SHARE = 8
 """Every this-many-th run of a shipped-code pair writes through the real DuckDB ledger (the others
 through the in-memory one, which keeps the same rules and is much faster)."""
@@ -69,6 +77,11 @@ class PairResult:
     (``space_probes`` random probes, ``engine.explore.prune.estimate_paths``); ``None``: not known."""
     space_probes: int = 0
     """Probes behind an estimated ``space`` (0: exact, or none made)."""
+    space_kind: str | None = None
+    """What ``space`` is (``SPACE_KINDS``: exact, a proven lower bound, an estimate); ``None``: no space."""
+    stopped: str | None = None
+    """Why the merging search stopped before covering every interleaving (``engine.explore.prune``:
+    ``runs``, ``paths``, ``time``); ``None``: it did not stop early, or another strategy ran."""
 
 
 def new_world(scenario: Scenario, protocol: Protocol, *, trace: bool, ledger: str = "memory") -> Any:
@@ -112,6 +125,10 @@ __all__ = [
     "CODES",
     "DUCKDB_SHARE",
     "RULES",
+    "SPACE_AT_LEAST",
+    "SPACE_ESTIMATE",
+    "SPACE_EXACT",
+    "SPACE_KINDS",
     "Failing",
     "Finding",
     "PairResult",

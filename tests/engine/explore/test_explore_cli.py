@@ -6,7 +6,7 @@ import io
 import json
 from pathlib import Path
 
-from engine.explore.cli import EXIT_OK, EXIT_USAGE, main
+from engine.explore.cli import EXIT_CAPPED, EXIT_OK, EXIT_USAGE, main
 from engine.ledger.duckdb import Ledger
 
 
@@ -122,3 +122,115 @@ def test_each_pair_says_the_size_of_its_space_exact_when_exhaustive_estimated_wh
     assert set(doc["small_spaces_sampled"]) == small
     _, table, _ = run("--scenario", "happy", "--permutations", "30")
     assert "sampled though estimated under 1,000,000: happy@mcp-2025-11-25" in table
+
+
+def test_exhaustive_mode_exhausts_a_small_pair_and_reports_its_space_exact() -> None:
+    """--exhaustive searches each pair without a shared budget: small trees are exhausted, their
+    space exact, named in the JSON's ``exhausted``; nothing capped, exit 0."""
+    code, out, err = run("--exhaustive", "--json", "--scenario", "task-id-reused", "--scenario", "happy")
+    doc = json.loads(out)
+    assert code == EXIT_OK
+    assert doc["mode"] == "exhaustive"
+    assert doc["permutations"] is None
+    assert doc["exhaustive_mode"] == {"space_limit": 1_000_000, "pair_runs": 2_000_000, "pair_seconds": None}
+    assert {(p["ending"], p["space_kind"], p["space_estimated"]) for p in doc["pairs"]} == {
+        ("exhaustive", "exact", False)
+    }
+    happy = {p["protocol"]: p for p in doc["pairs"] if p["scenario"] == "happy"}
+    assert (happy["mcp-2025-11-25"]["space"], happy["mcp-2025-11-25"]["explored"]) == (1_116, 1_116)
+    assert len(doc["exhausted"]) == 6
+    assert doc["at_limit"] == doc["capped"] == []
+    assert "happy@mcp-2025-11-25 exhaustive: 1,116 interleavings" in err
+
+
+def test_exhaustive_mode_proves_a_pair_at_its_space_limit_large_and_records_the_bound(tmp_path: Path) -> None:
+    """A pair that covers --space-limit interleavings without exhausting ends ``at-limit``: its space
+    is at least what it covered (a bound, not an estimate), in the table, the JSON and explorer_runs."""
+    path = tmp_path / "explore.duckdb"
+    code, out, _ = run(
+        "--exhaustive", "--json", "--ledger", str(path), "--scenario", "happy", "--space-limit", "300"
+    )
+    doc = json.loads(out)
+    assert code == EXIT_OK
+    ends = {p["protocol"]: (p["ending"], p["space_kind"]) for p in doc["pairs"]}
+    assert ends == dict.fromkeys(("mcp-2025-11-25", "mcp-2026-07-28", "aip-151"), ("at-limit", "at_least"))
+    for p in doc["pairs"]:
+        assert p["space"] == p["explored"] >= 300
+        assert not p["exhaustive"]
+        assert p["space_under_1m"] is None
+    assert len(doc["at_limit"]) == 3
+    with Ledger.open(path, read_only=True) as ledger:
+        rows = ledger.explorer_runs()
+    assert [(r["exhaustive"], r["space_kind"]) for r in rows] == [(False, "at_least")] * 3
+    assert [r["space"] for r in rows] == [float(p["space"]) for p in doc["pairs"]]
+    _, table, _ = run("--exhaustive", "--scenario", "happy", "--space-limit", "300")
+    assert "3 covered 300 interleavings without exhausting (space proven >= 300), 0 capped" in table
+    assert ">=3" in table
+
+
+def test_exhaustive_mode_flags_a_pair_that_hit_its_run_cap_and_exits_3(tmp_path: Path) -> None:
+    """A pair that hits --pair-runs before exhausting or reaching the limit is neither: CAPPED in the
+    table, in the JSON's ``capped``, its space an estimate, and the exit code is 3."""
+    code, out, _ = run("--exhaustive", "--scenario", "happy", "--pair-runs", "20")
+    assert code == EXIT_CAPPED
+    assert "CAPPED" in out
+    assert "3 capped" in out
+    assert "happy@mcp-2025-11-25 (runs," in out
+    code, out, _ = run("--exhaustive", "--json", "--scenario", "happy", "--pair-runs", "20")
+    doc = json.loads(out)
+    assert code == EXIT_CAPPED
+    assert len(doc["capped"]) == 3
+    assert {(p["ending"], p["space_kind"]) for p in doc["pairs"]} == {("capped", "estimate")}
+
+
+def test_exhaustive_mode_takes_no_shared_budget_and_its_caps_need_it() -> None:
+    """--exhaustive with --permutations or another strategy, and its caps without it, are usage errors."""
+    assert run("--exhaustive", "--permutations", "10")[0] == EXIT_USAGE
+    assert run("--exhaustive", "--strategy", "dfs")[0] == EXIT_USAGE
+    assert run("--pair-runs", "10", "--scenario", "happy")[0] == EXIT_USAGE
+    assert run("--pair-seconds", "10", "--scenario", "happy")[0] == EXIT_USAGE
+    assert run("--space-limit", "10", "--scenario", "happy")[0] == EXIT_USAGE
+    assert run("--exhaustive", "--pair-seconds", "0")[0] == EXIT_USAGE
+
+
+def test_the_budget_run_records_each_pairs_space_and_what_kind_of_figure_it_is(tmp_path: Path) -> None:
+    """explorer_runs says per pair its space and whether it is exact (exhausted) or estimated (sampled)."""
+    path = tmp_path / "explore.duckdb"
+    code, out, _ = run(
+        "--json",
+        "--ledger",
+        str(path),
+        "--scenario",
+        "task-id-reused",
+        "--scenario",
+        "happy",
+        "--permutations",
+        "60",
+    )
+    doc = json.loads(out)
+    assert code == EXIT_OK
+    with Ledger.open(path, read_only=True) as ledger:
+        rows = ledger.explorer_runs()
+    assert [(r["exhaustive"], r["space_kind"]) for r in rows] == [
+        (p["exhaustive"], "exact" if p["exhaustive"] else "estimate") for p in doc["pairs"]
+    ]
+    assert {"exact", "estimate"} <= {r["space_kind"] for r in rows}
+    assert [round(float(str(r["space"]))) for r in rows] == [p["space"] for p in doc["pairs"]]
+
+
+def test_pair_selects_one_scenario_under_one_protocol() -> None:
+    """--pair SCENARIO@PROTOCOL runs just that pair (e.g. a capped one again with a larger cap); a
+    protocol the scenario does not list, or no protocol, is a usage error."""
+    code, out, _ = run(
+        "--exhaustive", "--json", "--pair", "happy@aip-151", "--pair", "task-id-reused@aip-151"
+    )
+    doc = json.loads(out)
+    assert code == EXIT_OK
+    assert [(p["scenario"], p["protocol"], p["ending"]) for p in doc["pairs"]] == [
+        ("happy", "aip-151", "exhaustive"),
+        ("task-id-reused", "aip-151", "exhaustive"),
+    ]
+    assert run("--pair", "happy")[0] == EXIT_USAGE
+    assert run("--pair", "happy@mcp-1999")[0] == EXIT_USAGE
+    assert run("--pair", "no-such-race@aip-151")[0] == EXIT_USAGE
+    assert run("--pair", "input-replayed@aip-151")[0] == EXIT_USAGE

@@ -11,7 +11,7 @@ import pytest
 
 from engine.explore.explorer import explore_pair
 from engine.explore.keys import digest
-from engine.explore.prune import MergingSearch, estimate_paths, explore_merged
+from engine.explore.prune import MergingSearch, estimate_paths, explore_merged, search_result
 from engine.explore.result import render_trace
 from engine.explore.scenario import scenario_named
 from engine.model import Protocol
@@ -185,3 +185,48 @@ def test_a_pair_sampled_while_only_quiet_states_were_keyed_is_exhaustive_within_
     result = explore_merged(scenario_named("happy"), P.AIP_151, max_runs=210)
     assert result.exhaustive
     assert result.explored == result.space == 770
+
+
+def test_a_search_stopped_at_its_space_limit_proves_the_pair_has_at_least_what_it_covered() -> None:
+    """With ``max_paths`` the search starts no run once its finished subtrees cover that many
+    interleavings: the pair (MCP 2025-11-25 ``happy``, 1,116 in all) is not exhausted, and what it
+    counts, all distinct and judged, is a lower bound on its space, not an estimate."""
+    result = explore_merged(scenario_named("happy"), P.MCP_2025_11_25, max_runs=10_000, max_paths=300)
+    assert not result.exhaustive
+    assert result.stopped == "paths"
+    assert result.space_kind == "at_least"
+    assert 300 <= result.explored == result.space < 1_116
+    assert result.explored == result.receipts + result.parked + result.divergent
+    assert result.space_probes == 0
+
+
+def test_a_search_run_again_with_more_runs_counts_what_one_uninterrupted_search_counts() -> None:
+    """A search stopped by its run budget goes on where it stopped when run again with a larger one:
+    it finishes with the exact counts of a search that never stopped, in few more runs."""
+    scenario = scenario_named("happy")
+    whole = explore_merged(scenario, P.AIP_151, max_runs=10_000)
+    search = MergingSearch(scenario, P.AIP_151, max_runs=60)
+    summary, complete = search.run()
+    assert not complete
+    assert search.stopped == "runs"
+    assert 0 < summary.paths < whole.explored
+    search.max_runs = 10_000
+    again = search_result(search)
+    assert again.exhaustive
+    assert again.space_kind == "exact"
+    assert _counts(again) == _counts(whole)
+    assert again.runs < whole.runs + 60
+
+
+def test_a_search_past_its_deadline_starts_no_new_run() -> None:
+    """The deadline is read from the injected clock before each run: once it has passed the search
+    stops, says why, and keeps what it finished."""
+    ticks = iter(range(1_000_000))
+    search = MergingSearch(
+        scenario_named("happy"), P.AIP_151, max_runs=10_000, deadline=20.0, clock=lambda: float(next(ticks))
+    )
+    summary, complete = search.run()
+    assert not complete
+    assert search.stopped == "time"
+    assert search.runs == 20
+    assert summary.paths > 0
