@@ -689,15 +689,23 @@ def write_report(
         "DuckDB ledger). "
         "Tests: the mutant's targeted test files, `pytest -x`.",
         "",
-        f"Seed-rule-breaking mutants caught by the explorer alone: {caught_seed} of {total_seed}"
-        + (f"; survivors (gaps to close): {', '.join(seed_survivors)}" if seed_survivors else "")
-        + "."
+        (
+            f"Seed-rule-breaking mutants caught by the explorer alone: {caught_seed} of {total_seed}"
+            + (f"; survivors (gaps to close): {', '.join(seed_survivors)}" if seed_survivors else "")
+            + "."
+            if not args.no_explorer
+            else f"Explorer half not run (--no-explorer): the {total_seed} seed-rule mutants are judged by it alone."
+        )
         + (
             f" Mutants that break no seed rule alone and neither half caught: {', '.join(others)}."
             if others
             else ""
         ),
-        f"Explorer half: {explorer_s:.0f} s in total; test half: "
+        (
+            "Explorer half: not run; test half: "
+            if args.no_explorer
+            else f"Explorer half: {explorer_s:.0f} s in total; test half: "
+        )
         + (f"{tests_s:.0f} s in total." if args.tests else "not run."),
         "",
         "| mutant | area | the bug | breaks a seed rule alone | caught by the explorer (scenario) | caught by the tests (test) |",
@@ -753,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
                 if found["caught"] and kinds
                 else ("yes: " + str(by) if found["caught"] else f"no ({found['runs']} runs)")
             )
-            if mutant.seed_rule and not found["caught"]:
+            if mutant.seed_rule and not found["caught"] and not args.no_explorer:
                 survivors.append(mutant.id)
             tests = "not run"
             if args.tests:

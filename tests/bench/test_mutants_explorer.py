@@ -21,3 +21,16 @@ def test_every_mutant_that_breaks_a_seed_rule_is_caught_by_the_explorer_alone(tm
     report = out.read_text()
     assert "does not apply" not in report, report
     assert code == 0, report
+
+
+def test_a_run_without_the_explorer_half_counts_no_seed_rule_mutant_as_a_survivor(tmp_path: Path) -> None:
+    """``--no-explorer`` (the test half alone, as run on its own for the test column): a seed-rule
+    mutant the explorer did not run against is not reported as a gap, and the run exits 0."""
+    mutants = load("mutants")
+    first = next(m.id for m in mutants.MUTANTS if m.seed_rule)
+    out = tmp_path / "mutants.md"
+    code = mutants.main(["--no-explorer", "--only", first, "--out", str(out)])
+    report = out.read_text()
+    assert "survivors" not in report, report
+    assert "Explorer half not run" in report
+    assert code == 0, report
