@@ -412,21 +412,25 @@ class Ledger(SqlLedger, DuckBulk):
                     _columns(unchanged, _EXPECT_SCHEMA),
                 )
             }
-        if changed:
-            stale_ids |= self._update_states_in(
-                tx, codec.state_changes(befores, changed), "group commit", find_stale=checked, verify=checked
-            )
-        self._append_batch(tx, transitions, first, last, chain_errors, stale_ids)
+        state = codec.state_changes(befores, changed) if changed else None
+        if state is not None:
+            stale_ids |= self._update_states_in(tx, state, "group commit", find_stale=checked, verify=checked)
+        # One transition per operation, each moving its row: the compare-and-swap table's rows are
+        # the transitions' operations in order, and the log takes the columns they share from it.
+        aligned = state if first is last and not unchanged else None
+        self._append_batch(tx, transitions, first, last, chain_errors, stale_ids, aligned)
         if not stale_ids and not chain_errors:
             return Outcomes(list(map(_AFTER, transitions)))
         refused = {k: StaleWrite(k, first[k].before.row_version) for k in stale_ids}
         return outcomes(transitions, chain_errors, refused)
 
-    def _append_log(self, tx: Any, transitions: Sequence[Transition]) -> None:
+    def _append_log(self, tx: Any, transitions: Sequence[Transition], prepared: object = None) -> None:
+        # ``prepared``: the group's compare-and-swap table, when its rows are these transitions'
+        # operations in order (``_apply_batch_in``).
         _over(
             tx,
             "INSERT INTO transitions SELECT nextval('transition_seq'), * FROM arrow_batch",
-            codec.transition_table(transitions),
+            codec.transition_table(transitions, prepared if isinstance(prepared, pa.Table) else None),
         )
 
     def _update_states_in(

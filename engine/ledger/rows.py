@@ -407,12 +407,14 @@ def _micros(value: datetime) -> int:
     return (aware - _UNIX) // _MICROSECOND
 
 
-def arrow_columns(columns: Sequence[Sequence[object] | pa.Array], schema: pa.Schema) -> pa.Table:
+def arrow_columns(
+    columns: Sequence[Sequence[object] | pa.Array | pa.ChunkedArray], schema: pa.Schema
+) -> pa.Table:
     """An Arrow table of ``schema`` from its columns (timestamps through ``instants``; a column that is
-    an Arrow array already is taken as it is)."""
+    Arrow already is taken as it is)."""
     return pa.Table.from_arrays(
         [
-            c if isinstance(c, pa.Array) else _arrow_column(c, f.type)
+            c if isinstance(c, pa.Array | pa.ChunkedArray) else _arrow_column(c, f.type)
             for c, f in zip(columns, schema, strict=True)
         ],
         schema=schema,
@@ -502,24 +504,37 @@ _TRANSITION_GETTERS: Final = (
 )
 
 
-def transition_table(transitions: Sequence[Transition]) -> pa.Table:
-    """``_transition_row``'s rows as an Arrow table, built by column (C-level maps, as ``state_changes``)."""
+def transition_table(transitions: Sequence[Transition], state: pa.Table | None = None) -> pa.Table:
+    """``_transition_row``'s rows as an Arrow table, built by column (C-level maps, as ``state_changes``).
+
+    ``state``: the group's compare-and-swap table (``state_changes``) when its rows are these very
+    transitions' operations in the same order (one transition per operation, each moving its row).
+    The columns both tables hold (operation ids, row versions, and the new states and epochs where
+    some moved) are then taken from it rather than read from every operation and converted again;
+    where no state moved, the log's old and new states are one column.
+    """
     if not transitions:
         return arrow_rows([], _TRANSITION_SCHEMA)
     afters = list(map(_AFTER, transitions))
-    befores = list(map(_BEFORE, transitions))
+    shared = set(state.column_names) if state is not None else set()
+
+    def column(name: str, get: Callable[[object], object]) -> Sequence[object] | pa.ChunkedArray:
+        return state.column(name) if state is not None and name in shared else list(map(get, afters))
+
+    from_state = list(map(_STATE_GETTERS[1], map(_BEFORE, transitions)))
+    to_state = column("state", _STATE_GETTERS[1]) if state is None or "state" in shared else from_state
     event, reason, accepted, at = (list(map(g, transitions)) for g in _TRANSITION_GETTERS)
-    columns: list[Sequence[object] | pa.Array] = [
-        list(map(_STATE_GETTERS[0], afters)),
+    columns: list[Sequence[object] | pa.Array | pa.ChunkedArray] = [
+        column("operation_id", _STATE_GETTERS[0]),
         list(map(_CALL_NODE, afters)),
-        list(map(_STATE_GETTERS[1], befores)),
-        list(map(_STATE_GETTERS[1], afters)),
+        from_state,
+        to_state,
         event,
         event_detail_array(transitions),
         reason,
         accepted,
-        list(map(_STATE_GETTERS[_STATE_COLUMNS.index("epoch")], afters)),
-        list(map(_STATE_GETTERS[_VERSION_AT], afters)),
+        column("epoch", _STATE_GETTERS[_STATE_COLUMNS.index("epoch")]),
+        column("row_version", _STATE_GETTERS[_VERSION_AT]),
         at,
     ]
     return arrow_columns(columns, _TRANSITION_SCHEMA)

@@ -300,8 +300,12 @@ class GroupWrites(Receipts, EngineReads):
         last: Mapping[str, Transition],
         chain_errors: Mapping[int, LedgerError],
         refused: set[str],
+        prepared: object = None,
     ) -> None:
-        """A batch's new task bindings and log rows, for every operation not ``refused``."""
+        """A batch's new task bindings and log rows, for every operation not ``refused``.
+
+        ``prepared``: what the driver already built from the whole batch, for its log rows
+        (``_append_log``) where every transition is logged."""
         # A group of polls binds nothing: its task ids compared as two lists at C speed first, so
         # that only a group where some operation got a new task id is walked in Python.
         bound = (
@@ -331,10 +335,10 @@ class GroupWrites(Receipts, EngineReads):
             else transitions
         )
         if logged:
-            self._append_log(tx, logged)
+            self._append_log(tx, logged, prepared if logged is transitions else None)
 
-    def _append_log(self, tx: Any, transitions: Sequence[Transition]) -> None:
-        """Append the transitions' log rows (a driver may build them by column)."""
+    def _append_log(self, tx: Any, transitions: Sequence[Transition], prepared: object = None) -> None:
+        """Append the transitions' log rows (a driver may build them by column, from ``prepared``)."""
         self._insert_many(tx, "transitions", [_transition_row(t) for t in transitions])
 
     def record_polls(self, rows: Sequence[PollRecord]) -> None:

@@ -200,3 +200,13 @@ def test_a_groups_event_detail_column_is_each_events_orjson_spelling_in_the_grou
         assert column.to_pylist() == [
             orjson.dumps(t.event, option=orjson.OPT_SORT_KEYS).decode() for t in group
         ]
+
+
+def test_a_log_table_built_beside_its_groups_compare_and_swap_table_holds_the_same_rows() -> None:
+    """Where the log takes its shared columns from the group's compare-and-swap table, it holds what
+    it holds built alone: for polls (no state moves) and for submissions (states and task ids move)."""
+    ts = _transitions()
+    for group in (ts[:3], ts[3:6]):
+        state = rows.state_changes([t.before for t in group], [t.after for t in group])
+        assert rows.transition_table(group, state).equals(rows.transition_table(group))
+    assert "state" in rows.state_changes([t.before for t in ts[:3]], [t.after for t in ts[:3]]).column_names
