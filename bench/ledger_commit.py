@@ -10,7 +10,8 @@ builds the Arrow tables, DuckDB's statements, its BEGIN and COMMIT, and the rest
 (chaining, checks, outcomes), by timing those calls in this process: a split for reading where the
 time goes, not a rate (its timers cost a little of their own).
 
-    python bench/ledger_commit.py [--runs 5] [--ops 20000] [--batch 5000] [--single 600] [--phases] [--json]
+    python bench/ledger_commit.py [--runs 5] [--ops 20000] [--batch 5000] [--single 600] [--phases]
+        [--duckdb-threads N] [--json]
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def verify(ledger: Ledger, ts: list[Transition]) -> None:
     assert ledger.count("transitions") == 3 * len(ts), "the log does not hold one row per transition"
 
 
-def per_transition(path: Path, n: int) -> float:
-    with Ledger.open(path) as ledger:
+def per_transition(path: Path, n: int, threads: int | None = None) -> float:
+    with Ledger.open(path, threads=threads) as ledger:
         ops = prepare(ledger, n, "single")
         ts = poll_transitions(ops, 1)
         start = time.perf_counter()
@@ -82,9 +83,9 @@ def commit_groups(ledger: Ledger, ts: list[Transition], batch: int) -> None:
         assert not list(refusals(ledger.apply_many(ts[i : i + batch])))
 
 
-def group(path: Path, n: int, batch: int) -> tuple[float, float]:
+def group(path: Path, n: int, batch: int, threads: int | None = None) -> tuple[float, float]:
     """(durable transitions per second, CPU seconds of this process per 1,000 transitions)."""
-    with Ledger.open(path) as ledger:
+    with Ledger.open(path, threads=threads) as ledger:
         ops = prepare(ledger, n, "group")
         ts = poll_transitions(ops, 1)
         start, cpu = time.perf_counter(), time.process_time()
@@ -137,7 +138,7 @@ class _PhaseLedger(Ledger):
             _PHASES["DuckDB COMMIT"] += time.process_time() - start
 
 
-def phases(path: Path, n: int, batch: int) -> dict[str, float]:
+def phases(path: Path, n: int, batch: int, threads: int | None = None) -> dict[str, float]:
     """CPU-us per transition of each phase of one group-committed run (see the module docstring)."""
     patched = {
         (rows, "state_changes"): _timed("Python: compare-and-swap table", rows.state_changes),
@@ -149,7 +150,7 @@ def phases(path: Path, n: int, batch: int) -> dict[str, float]:
     for (module, name), fn in patched.items():
         setattr(module, name, fn)
     try:
-        with _PhaseLedger.open(path) as ledger:
+        with _PhaseLedger.open(path, threads=threads) as ledger:
             ts = poll_transitions(prepare(ledger, n, "phases"), 1)
             _TIMING[0] = True
             start = time.process_time()
@@ -174,6 +175,12 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=5000)
     parser.add_argument("--single", type=int, default=600)
     parser.add_argument("--phases", action="store_true")
+    parser.add_argument(
+        "--duckdb-threads",
+        type=int,
+        default=None,
+        help="DuckDB worker threads (default: DuckDB's own, one per core; finality serve opens it with 1)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     singles: list[float] = []
@@ -181,19 +188,23 @@ def main() -> int:
     cpus: list[float] = []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory() as tmp:
-            singles.append(per_transition(Path(tmp) / f"single{run}.duckdb", args.single))
+            singles.append(
+                per_transition(Path(tmp) / f"single{run}.duckdb", args.single, args.duckdb_threads)
+            )
         with tempfile.TemporaryDirectory() as tmp:
-            rate, cpu = group(Path(tmp) / f"group{run}.duckdb", args.ops, args.batch)
+            rate, cpu = group(Path(tmp) / f"group{run}.duckdb", args.ops, args.batch, args.duckdb_threads)
             groups.append(rate)
             cpus.append(cpu)
     split: dict[str, float] = {}
     if args.phases:
         with tempfile.TemporaryDirectory() as tmp:
-            split = phases(Path(tmp) / "phases.duckdb", args.ops, args.batch)
+            split = phases(Path(tmp) / "phases.duckdb", args.ops, args.batch, args.duckdb_threads)
     report = Report(
         "ledger_commit",
         f"python bench/ledger_commit.py --runs {args.runs} --ops {args.ops} --batch {args.batch} "
-        f"--single {args.single}" + (" --phases" if args.phases else ""),
+        f"--single {args.single}"
+        + (" --phases" if args.phases else "")
+        + (f" --duckdb-threads {args.duckdb_threads}" if args.duckdb_threads is not None else ""),
     )
     single = report.add("per-transition commit", "transitions/s", singles)
     grouped = report.add(f"group commit (batch {args.batch})", "transitions/s", groups, baseline=single.name)
@@ -211,11 +222,12 @@ def main() -> int:
     report.notes.append(
         "CPU per 1,000 transitions counts every thread of the process (DuckDB's too) while the group "
         "commits run: on a machine shared with other work it moves less than the wall-clock rate. "
-        "What bounds the rate (a phase split, bench/results/latest.md): the Python that reads the "
-        "transitions into Arrow columns (rows.state_changes, transition_table with event_details: about "
-        "8.5 of some 16 CPU-us per transition on this shared machine), then DuckDB's set-based UPDATE, "
-        "log INSERT and COMMIT (about 6 us of CPU, and the WAL's fsync in wall time), then the chaining, "
-        "checks and outcomes (about 2 us); on a loaded machine, the CPU share the process gets."
+        "What bounds the rate (a phase split, --phases; bench/results/latest.md): about 6.5 CPU-us per "
+        "transition on this 2-core machine, the Python that reads the transitions into Arrow columns "
+        "(rows.state_changes about 1.2, rows.transition_table about 1.3, its event details 0.6 of that), "
+        "chaining, checks and outcomes (about 1.3), then DuckDB's UPDATE and log INSERT (about 1.8; 1.4 "
+        "with one DuckDB thread, as finality serve opens it) and its BEGIN and COMMIT (about 0.9), the "
+        "WAL's fsync in wall time; on a loaded machine, the CPU share the process gets."
     )
     if split:
         report.notes.append(
