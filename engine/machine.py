@@ -30,6 +30,7 @@ after CANCELLED_ACCEPTED only raises the effect-reconciliation flag.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime
 from typing import assert_never
@@ -97,12 +98,31 @@ def _ok(
     )
 
 
+def _moved(
+    op: Operation,
+    event: Event,
+    now: datetime,
+    changes: Mapping[str, object],
+    effects: tuple[Effect, ...] = (),
+    reason: str = "",
+) -> Transition:
+    """``_ok`` for an ``after`` given as the fields it changes: the new value is made in one copy,
+    stamped as it is made (the copies were three quarters of ``step``'s time, two or three a change).
+    No copy at all when every field already holds its value."""
+    if any(getattr(op, name) != value for name, value in changes.items()):
+        after = replace(op, **changes, updated_at=now, row_version=op.row_version + 1)  # type: ignore[arg-type]
+        return Transition(
+            before=op, after=after, event=event, effects=effects, accepted=True, reason=reason, at=now
+        )
+    return Transition(before=op, after=op, event=event, effects=effects, accepted=True, reason=reason, at=now)
+
+
 def _reject(op: Operation, event: Event, now: datetime, reason: str) -> Transition:
     return Transition(before=op, after=op, event=event, effects=(), accepted=False, reason=reason, at=now)
 
 
 def _still(op: Operation, event: StatusObserved, now: datetime) -> Transition:
-    """The server says again what ``op`` holds (``_observe`` changed nothing): poll on, unlogged.
+    """The server says again what ``op`` holds (``_observed`` finds nothing new): poll on, unlogged.
 
     Accepted against ``op`` only: the ledger still compares it with the row, so a reply that is late
     for a row another writer moved is refused, and the retry against that row decides it afresh."""
@@ -177,27 +197,33 @@ def _not_found(op: Operation, event: NotFound, now: datetime) -> Transition:
     return _ok(op, event, now, replace(op, state=S.UNKNOWN), (OpenReconciliation(reason),), reason=reason)
 
 
+def _observed(op: Operation, ev: StatusObserved) -> dict[str, object]:
+    """The fields a status report changes in ``op``; none when it says nothing new."""
+    news: dict[str, object] = {}
+    if ev.status is not op.server_status:
+        news["server_status"] = ev.status
+    if ev.poll_cursor is not None and ev.poll_cursor != op.poll_cursor:
+        news["poll_cursor"] = ev.poll_cursor
+    if ev.expires_at is not None and ev.expires_at != op.expires_at:
+        news["expires_at"] = ev.expires_at
+    if ev.status.terminal and ev.result_held != op.result_held:
+        news["result_held"] = ev.result_held
+    return news
+
+
 def _observe(op: Operation, ev: StatusObserved) -> Operation:
     """``op`` with what the status report says; ``op`` itself when it says nothing new."""
-    cursor = ev.poll_cursor if ev.poll_cursor is not None else op.poll_cursor
-    expires_at = ev.expires_at if ev.expires_at is not None else op.expires_at
-    held = ev.result_held if ev.status.terminal else op.result_held
-    if (
-        ev.status is op.server_status
-        and cursor == op.poll_cursor
-        and expires_at == op.expires_at
-        and held == op.result_held
-    ):
-        return op
-    return replace(op, server_status=ev.status, poll_cursor=cursor, expires_at=expires_at, result_held=held)
+    news = _observed(op, ev)
+    return replace(op, **news) if news else op  # type: ignore[arg-type]
 
 
 def _status_while_running(op: Operation, ev: StatusObserved, now: datetime) -> Transition:
     """WORKING or INPUT_REQUIRED (or UNKNOWN with a server id) meets a status report."""
-    seen = _observe(op, ev)
+    news = _observed(op, ev)
     if ev.status.terminal:
-        return _ok(op, ev, now, replace(seen, state=S.TERMINAL_OBSERVED), (FetchResult(),))
+        return _moved(op, ev, now, {"state": S.TERMINAL_OBSERVED, **news}, (FetchResult(),))
     if ev.status is ServerStatus.INPUT_REQUIRED:
+        seen = _observe(op, ev)
         replay = (
             ev.input_request_key is not None
             and ev.input_request_key == op.input_request_key
@@ -214,9 +240,9 @@ def _status_while_running(op: Operation, ev: StatusObserved, now: datetime) -> T
             seen, state=S.INPUT_REQUIRED, input_round=round_, input_request_key=ev.input_request_key
         )
         return _ok(op, ev, now, after, (AwaitApproval(round_, ev.input_request_key),))
-    if seen is op and op.state is S.WORKING:
+    if not news and op.state is S.WORKING:
         return _still(op, ev, now)
-    return _ok(op, ev, now, replace(seen, state=S.WORKING), (Poll(),))
+    return _moved(op, ev, now, {"state": S.WORKING, **news}, (Poll(),))
 
 
 def step(op: Operation, event: Event, now: datetime) -> Transition:
@@ -266,8 +292,8 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
         case Submitted():
             if state is not S.SUBMITTING:
                 return _reject(op, event, now, "a server id can only arrive while submitting")
-            after = replace(op, state=S.WORKING, task_id=event.task_id, expires_at=event.expires_at)
-            return _ok(op, event, now, after, (Poll(),))
+            changes = {"state": S.WORKING, "task_id": event.task_id, "expires_at": event.expires_at}
+            return _moved(op, event, now, changes, (Poll(),))
 
         case SubmissionLost():
             if state is not S.SUBMITTING:
@@ -316,19 +342,19 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
             if state is S.CANCEL_REQUESTED:
                 if event.status is ServerStatus.CANCELLED:
                     return _accept_cancel(op, event, now, "server reports the task cancelled")
-                seen = _observe(op, event)
+                news = _observed(op, event)
                 if event.status.terminal:
-                    return _ok(
+                    return _moved(
                         op,
                         event,
                         now,
-                        replace(seen, state=S.TERMINAL_OBSERVED),
+                        {"state": S.TERMINAL_OBSERVED, **news},
                         (FetchResult(),),
                         reason="the task ended before the cancel took effect",
                     )
-                if seen is op:
+                if not news:
                     return _still(op, event, now)
-                return _ok(op, event, now, seen, (Poll(),))
+                return _moved(op, event, now, news, (Poll(),))
             if state in (S.TERMINAL_OBSERVED, S.FETCHING_RESULT, S.EXPIRED_WITH_RECEIPT):
                 if event.status is op.server_status:
                     return _ok(op, event, now, op, reason="terminal status repeated")
@@ -422,7 +448,7 @@ def step(op: Operation, event: Event, now: datetime) -> Transition:
         case FetchStarted():
             if state not in (S.TERMINAL_OBSERVED, S.EXPIRED_WITH_RECEIPT):
                 return _reject(op, event, now, "nothing terminal to fetch")
-            return _ok(op, event, now, replace(op, state=S.FETCHING_RESULT))
+            return _moved(op, event, now, {"state": S.FETCHING_RESULT})
 
         case ResultVerified():
             if state is not S.FETCHING_RESULT:
