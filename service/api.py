@@ -292,6 +292,21 @@ def build_api(
         "finality_protocol_requests", "Protocol requests by outcome", ["outcome"], registry=registry
     )
     ticks = Gauge("finality_executor_ticks", "Executor ticks since start", registry=registry)
+    group_commits = Gauge(
+        "finality_executor_group_commits",
+        "Group commits on the executor's writer thread since start",
+        registry=registry,
+    )
+    group_writes = Gauge(
+        "finality_executor_group_writes",
+        "Writes (transitions, acceptances, poll rows, held outcomes) those group commits carried",
+        registry=registry,
+    )
+    write_transactions = Gauge(
+        "finality_executor_write_transactions",
+        "Write transactions through the executor's store since start (group commits, flushes, immediate writes)",
+        registry=registry,
+    )
     denials = Gauge(
         "finality_access_refusals",
         "Control-API requests refused with 401/403 since start (recorded or not), by status",
@@ -582,6 +597,9 @@ def build_api(
         for kind, count in open_entries:
             unknown.labels(kind=kind).set(count)
         ticks.set(executor.stats["ticks"])
+        group_commits.set(executor.stats["commits"])
+        group_writes.set(executor.stats["committed_writes"])
+        write_transactions.set(executor.write_transactions)
         denials.clear()
         for status, count in access.refused.items():
             denials.labels(status=str(status)).set(count)

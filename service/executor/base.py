@@ -104,6 +104,9 @@ FLUSH_DELAY = timedelta(milliseconds=50)
 
 A DuckDB commit costs milliseconds whatever it carries, so commits are paced, not per write;
 the delay is small against any poll interval, and person actions never wait for it."""
+FLUSH_PATIENCE = timedelta(milliseconds=250)
+"""How long finished advances whose next request is at least twice this far off wait for company
+(``commit_deadline``): a status read a poll interval away is not sent any sooner for an earlier commit."""
 
 ROUNDS_EVERY = timedelta(seconds=1)
 """How often pending approval rounds are checked for a passed deadline or an operation that moved
@@ -186,7 +189,8 @@ class ExecutorState(abc.ABC):
     """Operations on the cancel path: launched when due even while MAX_RUNNING advances run."""
     _running: dict[str, asyncio.Future[Wake]] = field(default_factory=dict)
     _finished: list[Wake] = field(default_factory=list)
-    _finished_since: datetime = NEVER
+    _commit_by: datetime = NEVER
+    """When the finished advances' group commit is due (``commit_deadline``; NEVER: none waits)."""
     _committing: asyncio.Future[None] | None = None
     """The group commit running on the writer thread while the loop goes on launching due
     operations (None: none running)."""

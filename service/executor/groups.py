@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import datetime
 from typing import TypeVar
 
 from engine.clock import monotonic_seconds
@@ -27,6 +28,7 @@ from engine.runtime.epochs import Refusal, refusal
 from service.executor.base import (
     FLUSH_BATCH,
     FLUSH_DELAY,
+    FLUSH_PATIENCE,
     ExecutorState,
 )
 
@@ -35,8 +37,30 @@ T = TypeVar("T")
 S = LocalState
 
 
+def commit_deadline(wake: Wake, now: datetime) -> datetime:
+    """When the group commit holding the writes of an advance that finished ``now`` is due.
+
+    A group's BEGIN/COMMIT, its fsync and its statements cost the same for 2 writes as for 200, so
+    an advance waits for company as long as that delays nothing: ``FLUSH_DELAY`` when its operation
+    is parked or done (someone may be waiting for its receipt) or its next request is due within
+    twice ``FLUSH_PATIENCE``; ``FLUSH_PATIENCE`` when that request is further off (a status read a
+    poll interval away), which leaves the commit at least ``FLUSH_PATIENCE`` before the request is
+    due. Person actions, submissions and cancels never wait for any of it: the loop commits the
+    buffer before them.
+    """
+    if wake.at is None or wake.at < now + 2 * FLUSH_PATIENCE:
+        return now + FLUSH_DELAY
+    return now + FLUSH_PATIENCE
+
+
 class WriteGroups(ExecutorState):
     """Group commit and what follows a refused write."""
+
+    @property
+    def write_transactions(self) -> int:
+        """Write transactions issued through the executor's store since start (group commits, the
+        loop's flushes and immediate writes alike): with ``stats["commits"]``, what a group costs."""
+        return self._store.flushes
 
     async def settled(self) -> None:
         """Until the group commit started by a tick (if any) is durable and its advances followed."""
@@ -75,10 +99,11 @@ class WriteGroups(ExecutorState):
         self._committing = asyncio.ensure_future(commit())
 
     def _commit_due(self) -> bool:
-        """Whether finished advances have waited long enough for company (or there is a lot to write)."""
+        """Whether finished advances have waited long enough for company (``commit_deadline``; or
+        there is a lot to write)."""
         if self._store.pending >= FLUSH_BATCH or self._stopping:
             return bool(self._finished or self._store.pending)
-        return bool(self._finished) and self.clock.now() >= self._finished_since + FLUSH_DELAY
+        return bool(self._finished) and self.clock.now() >= self._commit_by
 
     async def _commit(self) -> None:
         """Group commit on the writer thread, then release the advances that finished before it.

@@ -38,13 +38,13 @@ from rollout.route import Router, ToolPaths
 from service.config import ServerConfig
 from service.executor.base import (
     FLUSH_BATCH,
-    FLUSH_DELAY,
     MAX_IN_FLIGHT_REQUESTS,
     MAX_RUNNING,
     ROUNDS_EVERY,
     ExecutorState,
     Server,
 )
+from service.executor.groups import commit_deadline
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -238,7 +238,7 @@ class Loop(ExecutorState):
             wake_at = min(wake_at, self._heap[0][0])
         if not committing:
             if self._finished:
-                wake_at = min(wake_at, self._finished_since + FLUSH_DELAY)
+                wake_at = min(wake_at, self._commit_by)
             wake_at = min(wake_at, self._tenancy.lease_due)
             if self._tenancy.follow_every is not None:
                 wake_at = min(wake_at, self._rollout_due)
@@ -264,7 +264,7 @@ class Loop(ExecutorState):
         1. when a person action waits, commit everything buffered first (waited for here), then
            run leases, rounds, cancels, submissions and person actions; none of this while a
            group commit is in flight;
-        2. when finished advances have waited ``FLUSH_DELAY`` (or much is buffered), start the
+        2. when the finished advances' commit is due (``commit_deadline``, or much is buffered), start the
            group commit of everything buffered on the writer thread (``_start_commit``); it hands
            those finished advances back to the heap once durable: an operation's next request is
            only ever sent after its last change is durable. Advances still running keep
@@ -352,11 +352,14 @@ class Loop(ExecutorState):
     def _done(self, op_id: str, task: asyncio.Future[Wake]) -> None:
         self._running.pop(op_id, None)
         if not task.cancelled():
-            if not self._finished:
-                self._finished_since = self.clock.now()
-            self._finished.append(task.result())
+            wake = task.result()
+            due = commit_deadline(wake, self.clock.now())
+            if not self._finished or due < self._commit_by:
+                self._commit_by = due
+                self._wake.set()  # the loop's next wake-up moved earlier
+            self._finished.append(wake)
             self._awaiting_group.add(op_id)
-            if len(self._finished) == 1 or self._store.pending >= FLUSH_BATCH:
+            if self._store.pending >= FLUSH_BATCH:
                 self._wake.set()
         else:
             self._wake.set()
