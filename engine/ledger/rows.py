@@ -148,10 +148,11 @@ def _detail_array_of(cls: type, events: Sequence[object]) -> pa.Array:
     if not pieces:
         return pa.repeat(pa.scalar(text, pa.string()), len(events))
     pieces.append(pa.scalar(text, pa.string()))
-    return pc.binary_join_element_wise(*pieces, _NO_SEPARATOR)
+    # Made here, not at import: a pyarrow scalar built at import would have pyarrow look for pandas
+    # before the service's skip_pandas_probe (engine.arrow) runs, and import it.
+    return pc.binary_join_element_wise(*pieces, pa.scalar("", pa.string()))
 
 
-_NO_SEPARATOR: Final = pa.scalar("", pa.string())
 _EVENT: Final = attrgetter("event")
 
 
