@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="finality explore",
         description="Explore the interleavings of caller, executor, server and network for each race "
         "scenario and protocol, and report every run whose terminal diverges from the server's truth.",
+        epilog=f"exit {EXIT_OK}: no divergence; {EXIT_DIVERGENT}: a divergent interleaving (the shortest "
+        f"printed, with the command that replays it); {EXIT_USAGE}: usage; {EXIT_CAPPED}: --exhaustive, "
+        "nothing diverged, but a pair was capped (neither exhausted nor proven at least --space-limit)",
     )
     parser.add_argument(
         "--code",
@@ -102,14 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--space-limit",
         type=_positive,
-        default=SPACE_LIMIT,
+        default=None,
         metavar="N",
         help=f"with --exhaustive: interleavings covered that prove a pair large (default {SPACE_LIMIT:,})",
     )
     parser.add_argument(
         "--pair-runs",
         type=_positive,
-        default=PAIR_RUNS,
+        default=None,
         metavar="N",
         help=f"with --exhaustive: runs one pair may take (default {PAIR_RUNS:,})",
     )
@@ -390,11 +393,11 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
             )
             return EXIT_USAGE
         exhaustive = {
-            "space_limit": args.space_limit,
-            "pair_runs": args.pair_runs,
+            "space_limit": SPACE_LIMIT if args.space_limit is None else args.space_limit,
+            "pair_runs": PAIR_RUNS if args.pair_runs is None else args.pair_runs,
             "pair_seconds": args.pair_seconds,
         }
-    elif args.pair_seconds is not None or "--pair-runs" in argv or "--space-limit" in argv:
+    elif (args.space_limit, args.pair_runs, args.pair_seconds) != (None, None, None):
         print(
             "finality explore: --space-limit, --pair-runs and --pair-seconds go with --exhaustive", file=err
         )
@@ -403,7 +406,7 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
     clock = SystemClock()
     started_at = clock.now()
     started = monotonic_seconds()
-    if args.exhaustive:
+    if exhaustive is not None:
 
         def progress(r: PairResult) -> None:
             print(
@@ -415,8 +418,8 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
 
         results = explore_exhaustive(
             pairs,
-            limit=args.space_limit,
-            pair_runs=args.pair_runs,
+            limit=int(str(exhaustive["space_limit"])),
+            pair_runs=int(str(exhaustive["pair_runs"])),
             pair_seconds=args.pair_seconds,
             seed=args.seed,
             max_steps=args.max_steps,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.explore.explorer import explore_pair
+from engine.explore.explorer import explore, explore_pair
 from engine.explore.keys import digest
 from engine.explore.prune import MergingSearch, estimate_paths, explore_merged, search_result
 from engine.explore.result import render_trace
@@ -230,3 +230,21 @@ def test_a_search_past_its_deadline_starts_no_new_run() -> None:
     assert search.stopped == "time"
     assert search.runs == 20
     assert summary.paths > 0
+
+
+def test_a_budget_run_gives_what_small_pairs_leave_over_to_a_pair_just_over_its_share() -> None:
+    """The budget is not stopped at an equal share per pair: what the small trees leave over is
+    poured into the pairs still open, so a pair first in the catalogue that needs a few times its
+    share (MCP 2025-11-25 ``happy``: 224 runs; its share of 300 runs over four pairs is 75) is
+    exhausted too, and the runs stay within the budget."""
+    tiny = scenario_named("task-id-reused")
+    pairs = [(scenario_named("happy"), P.MCP_2025_11_25), *((tiny, p) for p in tiny.protocols)]
+    results = explore(pairs, permutations=300)
+    assert [(r.scenario, r.exhaustive) for r in results] == [
+        ("happy", True),
+        ("task-id-reused", True),
+        ("task-id-reused", True),
+        ("task-id-reused", True),
+    ]
+    assert results[0].explored == results[0].space == 1_116
+    assert sum(r.runs for r in results) <= 300
