@@ -10,7 +10,9 @@ lock with the loop that sends polls and cancels, and niceness orders threads on 
 that lock: a reader at nice 19 that the kernel preempts while it holds the lock (parsing, attaching,
 converting rows) makes the loop wait for it at nice 19's share of a core. A child holds a lock of
 its own. The child runs at the readers' niceness, in the service's session (its scheduling group:
-a session of its own would be a group of its own and get a core's fair share beside the service).
+a session of its own would be a group of its own and get a core's fair share beside the service);
+at 19, the lowest, also in the idle scheduling class, which any other wakeup preempts at once (a
+nice-19 task that holds a core keeps it to the end of its slice, and cancels waited for that).
 
 ``ReaderProcesses`` is a small fixed pool, one child per reader worker thread, each started on its
 first query (a service nobody queries starts none) and started afresh after it dies: a child that
@@ -42,6 +44,9 @@ from typing import IO
 from engine.clock import monotonic_seconds
 from engine.errors import SqlRefused
 from service.readers import ReadersBusy
+
+LOWEST_NICE = 19
+"""The lowest niceness; a reader process lowered to it also runs in the idle scheduling class."""
 
 _LENGTH = struct.Struct(">I")
 _GRACE_S = 60.0
@@ -248,6 +253,11 @@ def _child(nice: int, read: Callable[[int], bytes], write: Callable[[bytes], obj
     # priority (health says so).
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
+    if nice >= LOWEST_NICE:
+        # As a PostgreSQL analyst backend (engine.ledger.analyst): any other wakeup preempts an
+        # idle-class task at once, where a nice-19 one keeps the core to the end of its slice.
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     import engine.ledger.sandbox  # noqa: F401
 
     # Ctrl-C in a terminal reaches the whole process group: the service ends its readers itself.

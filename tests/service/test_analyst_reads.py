@@ -209,8 +209,9 @@ def _parent(pid: int) -> int:
 def test_a_slow_query_runs_in_a_niced_reader_process_and_one_killed_mid_query_fails_only_that_query(
     svc: ServiceProcess,
 ) -> None:
-    """The query burns CPU in a child of the service at nice 19 while health and calls answer; kill -9
-    of that child answers its caller 503 naming the signal, and the next query runs in a new child."""
+    """The query burns CPU in a child of the service at nice 19 in the idle scheduling class while
+    health and calls answer; kill -9 of that child answers its caller 503 naming the signal, and the
+    next query runs in a new child."""
     slow = _SlowQuery(svc)
     with svc.client() as client:
         process = slow.process(client)
@@ -218,6 +219,8 @@ def test_a_slow_query_runs_in_a_niced_reader_process_and_one_killed_mid_query_fa
         assert svc.pid is not None
         assert _parent(pid) == svc.pid
         assert process["nice"] == os.getpriority(os.PRIO_PROCESS, pid) == 19
+        # Idle class: any other wakeup preempts it at once, where a nice-19 task keeps its slice.
+        assert os.sched_getscheduler(pid) == os.SCHED_IDLE
         # The query's CPU is the reader process's, not the service's.
         spent = _cpu_ticks(pid)
         wait_until(lambda: _cpu_ticks(pid) > spent, what="the reader process burning CPU")
