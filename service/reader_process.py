@@ -43,10 +43,8 @@ from typing import IO
 
 from engine.clock import monotonic_seconds
 from engine.errors import SqlRefused
+from engine.priority import lower
 from service.readers import ReadersBusy
-
-LOWEST_NICE = 19
-"""The lowest niceness; a reader process lowered to it also runs in the idle scheduling class."""
 
 _LENGTH = struct.Struct(">I")
 _GRACE_S = 60.0
@@ -251,13 +249,7 @@ def _child(nice: int, read: Callable[[int], bytes], write: Callable[[bytes], obj
     # Lowered before the imports: a reader's start (about a CPU-second of imports) is a reader's
     # cost too, not the executor's. Where the platform refuses, the reader runs at the service's
     # priority (health says so).
-    with contextlib.suppress(OSError):
-        os.setpriority(os.PRIO_PROCESS, 0, max(nice, os.getpriority(os.PRIO_PROCESS, 0)))
-    if nice >= LOWEST_NICE:
-        # As a PostgreSQL analyst backend (engine.ledger.analyst): any other wakeup preempts an
-        # idle-class task at once, where a nice-19 one keeps the core to the end of its slice.
-        with contextlib.suppress(OSError):
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    lower(0, nice)
     import engine.ledger.sandbox  # noqa: F401
 
     # Ctrl-C in a terminal reaches the whole process group: the service ends its readers itself.

@@ -39,6 +39,7 @@ from engine.ledger import pg_client as pg
 from engine.ledger.pg_client import TupleRow, sql
 from engine.ledger.pg_client import errors as pg_errors
 from engine.ledger.sandbox import QueryResult, query_text
+from engine.priority import lower
 
 
 class AnalystSource(Protocol):
@@ -50,9 +51,6 @@ class AnalystSource(Protocol):
 
     def connection(self) -> AbstractContextManager[pg.Connection[TupleRow]]: ...
 
-
-LOWEST_NICE: Final = 19
-"""The lowest CPU priority by niceness; an analyst backend lowered to it also runs in the idle class."""
 
 _ALLOWED: Final = frozenset({"select", "with", "values", "table", "explain"})
 _WHAT: Final = {
@@ -242,7 +240,7 @@ def _local(host: str) -> bool:
 
 def lower_backend_priority(conn: pg.Connection[TupleRow], nice: int) -> int | None:
     """Lower the connection's backend process to niceness ``nice`` if it is a local PostgreSQL process
-    (at ``LOWEST_NICE``, also to the idle scheduling class); return its niceness then, or None when it
+    (at ``engine.priority.LOWEST_NICE``, also to the idle scheduling class); return its niceness then, or None when it
     is not ours to change (a remote server, or the platform refuses: another user's process without
     the privilege). Never raises a priority."""
     if not _local(conn.info.host):
@@ -254,14 +252,11 @@ def lower_backend_priority(conn: pg.Connection[TupleRow], nice: int) -> int | No
         with open(f"{proc}/comm") as comm:
             if not comm.read().startswith("postgres"):
                 return None
-        if os.getpriority(os.PRIO_PROCESS, pid) < nice:
-            os.setpriority(os.PRIO_PROCESS, pid, nice)
-        reached = os.getpriority(os.PRIO_PROCESS, pid)
     except OSError:
         return None
-    if nice >= LOWEST_NICE:
-        with suppress(OSError):
-            os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+    reached = lower(pid, nice)
+    if reached is None:
+        return None
     with suppress(OSError):
         # PostgreSQL starts every backend in a session of its own, and with Linux's autogroup
         # scheduling a session is a group of its own, weighed against the other groups by the
@@ -281,7 +276,6 @@ def _first_line(exc: BaseException) -> str:
 
 
 __all__ = [
-    "LOWEST_NICE",
     "AnalystSource",
     "check_query",
     "first_keyword",
