@@ -239,10 +239,10 @@ def _local(host: str) -> bool:
 
 
 def lower_backend_priority(conn: pg.Connection[TupleRow], nice: int) -> int | None:
-    """Lower the connection's backend process to niceness ``nice`` if it is a local PostgreSQL process
-    (at ``engine.priority.LOWEST_NICE``, also to the idle scheduling class); return its niceness then, or None when it
-    is not ours to change (a remote server, or the platform refuses: another user's process without
-    the privilege). Never raises a priority."""
+    """Lower the connection's backend process by ``engine.priority.lower`` (niceness ``nice``, at the
+    lowest also the idle scheduling class) if it is a local PostgreSQL process, and its autogroup with
+    it; return its niceness then, or None when it is not ours to change (a remote server, or the
+    platform refuses: another user's process without the privilege). Never raises a priority."""
     if not _local(conn.info.host):
         return None
     pid = conn.info.backend_pid
