@@ -422,28 +422,41 @@ def operator(shared: Shared, unknown_after_s: float, effects_after_s: float) -> 
 
     For an UNKNOWN operation they look for the task on the server the call went to, by the call's
     arguments (the server's execution log), and bind it; if the server never ran it, they declare
-    it absent. A leftover-effect entry (a cancelled batch change) they check and close.
+    it absent. A result the engine could not verify for its epoch they do not bind again (the
+    server would hand back the same result): they close it without a receipt. A leftover-effect
+    entry (a cancelled batch change) they check and close.
     """
     first_seen: dict[int, float] = {}
+    refused: dict[int, str] = {}
     with ServiceClient(shared.url, timeout=15, token=shared.token("operator")) as client:
         while not shared.stop.wait(0.5):
             entries = _quietly(shared, "operator", client.reconciliation)
             if not isinstance(entries, list):
                 continue
             now = monotonic_seconds()
-            for entry in entries:
+            due = [
+                entry
+                for entry in entries
+                if now - first_seen.setdefault(int(str(entry["entry_id"])), now)
+                >= (unknown_after_s if entry["kind"] == "unknown" else effects_after_s)
+            ]
+            # One look at the evidence a pass (the bindings, each server's executions), however many
+            # entries are due: read per entry, a busy demo's operator fell behind its own queue.
+            evidence = Evidence(shared, client)
+            for entry in due:
                 entry_id = int(str(entry["entry_id"]))
-                after_s = unknown_after_s if entry["kind"] == "unknown" else effects_after_s
-                if now - first_seen.setdefault(entry_id, now) < after_s:
-                    continue
                 task_id: str | None = None
                 if entry["kind"] != "unknown":
                     reason = "checked the batch: the partial change was rolled back by hand"
                 elif entry.get("task_id") and "not found" in str(entry["reason"]):
                     # Bound to a task the server no longer has: nothing to bind again; absent.
                     reason = f"the server no longer has task {entry['task_id']}"
+                elif entry.get("task_id") and "echoed by the result" in str(entry["reason"]):
+                    # The server answers this task with another epoch's result every time: binding
+                    # it again fetched the same result and reopened the entry, round after round.
+                    reason = f"task {entry['task_id']}'s result is not this epoch's; closed without a receipt"
                 else:
-                    task_id = find_task(shared, client, str(entry["operation_id"]))
+                    task_id = evidence.find_task(str(entry["operation_id"]))
                     reason = (
                         f"found task {task_id} on the server by the call's arguments"
                         if task_id
@@ -452,71 +465,107 @@ def operator(shared: Shared, unknown_after_s: float, effects_after_s: float) -> 
                 # One resolve for every case. (The "no longer has the task" case used to set its
                 # answer and send nothing, then count the previous entry's success again: the
                 # demo logged hundreds of resolutions while those entries stayed open for good.)
-                done = _quietly(
-                    shared,
-                    "operator",
-                    client.resolve,
-                    entry_id,
-                    actor=ACTOR_OPERATOR,
-                    reason=reason,
-                    task_id=task_id,
-                    absent=entry["kind"] == "unknown" and task_id is None,
-                )
+                try:
+                    done = client.resolve(
+                        entry_id,
+                        actor=ACTOR_OPERATOR,
+                        reason=reason,
+                        task_id=task_id,
+                        absent=entry["kind"] == "unknown" and task_id is None,
+                    )
+                except ServiceRefused as exc:
+                    # Said once per entry and answer, a conflict (409) too: an entry the service
+                    # keeps refusing stays open, and the person says why instead of retrying unheard.
+                    if refused.get(entry_id) != exc.message:
+                        refused[entry_id] = exc.message
+                        shared.say(
+                            "operator", f"entry {entry_id} ({entry['reason']}): refused: {exc.message}"
+                        )
+                    continue
+                except ServiceUnavailable:
+                    shared.unreachable.set()
+                    continue
                 if done:
                     shared.count(f"resolved {entry['kind']}")
+                    if task_id is not None:
+                        evidence.bound[task_id] = str(entry["operation_id"])
 
 
-def find_task(shared: Shared, client: ServiceClient, operation_id: str) -> str | None:
-    """The server task that ran this operation's call, found as a careful person would: a run of the
-    same arguments on the server the call went to, started at or after the call was recorded, whose
-    task no other operation is bound to; the earliest such.
+class Evidence:
+    """What the operator looks at in one pass: which tasks are bound, and what each server ran.
 
-    (Taking the first run with equal arguments, as before, bound calls that repeat arguments to
-    another call's task: one already bound elsewhere, so the resolve was refused and the entry
-    stayed open past 15 minutes, or one the server had already deleted, so the operation went
-    straight back to UNKNOWN, for the whole run.)
+    Each is read once a pass, when first needed, and kept up to date with the pass's own bindings.
     """
-    quoted = "'" + operation_id.replace("'", "''") + "'"
-    rows = _quietly(
-        shared,
-        "operator",
-        client.sql,
-        f"SELECT call_node_id, server, tool_name, created_at FROM op_identity WHERE operation_id = {quoted}",
-    )
-    if not isinstance(rows, dict) or not rows.get("rows"):
-        return None
-    call_node, server_url, tool, created_raw = (str(v) for v in rows["rows"][0])
-    bound_rows = _quietly(
-        shared,
-        "operator",
-        client.sql,
-        f"SELECT task_id FROM task_bindings WHERE operation_id <> {quoted}",
-        max_rows=100_000,
-    )
-    if not isinstance(bound_rows, dict):
-        return None
-    bound = {str(r[0]).removeprefix("operations/") for r in bound_rows.get("rows", [])}
-    with shared.lock:
-        arguments = shared.arguments.get(call_node.removesuffix(SHADOW_SUFFIX))
-    if arguments is None:
-        return None
-    created_at = datetime.fromisoformat(created_raw) - timedelta(seconds=1)
-    echo = {k: v for k, v in arguments.items() if k != "_sim"}
-    for server in shared.servers.values():
-        if endpoint(server) != server_url:
-            continue
+
+    def __init__(self, shared: Shared, client: ServiceClient) -> None:
+        self.shared = shared
+        self.client = client
+        self._bound: dict[str, str] | None = None
+        self._executions: dict[str, dict[str, list[dict[str, object]]]] = {}
+
+    @property
+    def bound(self) -> dict[str, str]:
+        """Task id (bare, without AIP-151's ``operations/``) -> the operation bound to it."""
+        if self._bound is None:
+            rows = _quietly(
+                self.shared,
+                "operator",
+                self.client.sql,
+                "SELECT task_id, operation_id FROM task_bindings",
+                max_rows=100_000,
+            )
+            found = rows.get("rows", []) if isinstance(rows, dict) else []
+            self._bound = {str(r[0]).removeprefix("operations/"): str(r[1]) for r in found}
+        return self._bound
+
+    def executions(self, server_url: str) -> dict[str, list[dict[str, object]]]:
+        """Tool -> the runs the server at ``server_url`` recorded (none for an unknown server)."""
+        if server_url not in self._executions:
+            runs: dict[str, list[dict[str, object]]] = {}
+            for server in self.shared.servers.values():
+                if endpoint(server) == server_url:
+                    runs = server.stats()["executions"]
+                    break
+            self._executions[server_url] = runs
+        return self._executions[server_url]
+
+    def find_task(self, operation_id: str) -> str | None:
+        """The server task that ran this operation's call, found as a careful person would: a run of
+        the same arguments on the server the call went to, started at or after the call was
+        recorded, whose task no other operation is bound to; the earliest such.
+
+        (Taking the first run with equal arguments, as before, bound calls that repeat arguments to
+        another call's task: one already bound elsewhere, so the resolve was refused and the entry
+        stayed open past 15 minutes, or one the server had already deleted, so the operation went
+        straight back to UNKNOWN, for the whole run.)
+        """
+        quoted = "'" + operation_id.replace("'", "''") + "'"
+        rows = _quietly(
+            self.shared,
+            "operator",
+            self.client.sql,
+            f"SELECT call_node_id, server, tool_name, created_at FROM op_identity WHERE operation_id = {quoted}",
+        )
+        if not isinstance(rows, dict) or not rows.get("rows"):
+            return None
+        call_node, server_url, tool, created_raw = (str(v) for v in rows["rows"][0])
+        with self.shared.lock:
+            arguments = self.shared.arguments.get(call_node.removesuffix(SHADOW_SUFFIX))
+        if arguments is None:
+            return None
+        created_at = datetime.fromisoformat(created_raw) - timedelta(seconds=1)
+        echo = {k: v for k, v in arguments.items() if k != "_sim"}
+        bound = self.bound
         runs = [
             run
-            for run in server.stats()["executions"].get(tool, [])
+            for run in self.executions(server_url).get(tool, [])
             if run["arguments"] == echo
             and run["task_id"]
-            and str(run["task_id"]) not in bound
+            and bound.get(str(run["task_id"]), operation_id) == operation_id
             and datetime.fromisoformat(str(run["at"])) >= created_at
         ]
         runs.sort(key=lambda run: datetime.fromisoformat(str(run["at"])))
-        if runs:
-            return str(runs[0]["task_id"])
-    return None
+        return str(runs[0]["task_id"]) if runs else None
 
 
 def release_manager(shared: Shared, min_compared: int, override_after_s: float) -> None:
@@ -878,12 +927,12 @@ __all__ = [
     "FIRST_CALLS",
     "ROOT",
     "SHADOW_SUFFIX",
+    "Evidence",
     "Shared",
     "approver",
     "endpoint",
     "explore_into",
     "fault_plan",
-    "find_task",
     "main",
     "operator",
     "plan_call",

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -437,7 +438,30 @@ def test_a_short_living_demo_passes_every_gate_the_engine_controls(start_demo):
         if e["status"] == "open"
         and (stamp - datetime.fromisoformat(str(e["opened_at"]))).total_seconds() > OPERATOR_AFTER_S + 15
     ]
-    assert not overdue, overdue
+    assert not overdue, _overdue_report(overdue, demo)
     assert any(e["actor"] == ACTOR_OPERATOR for e in unknown), "the operator resolved nothing"
+    # A result that echoes another epoch is refused every time it is fetched: binding its task again
+    # only reopened the entry (the demo's operator did so every 12 s, for good). Closed once.
+    echoed = Counter(str(e["operation_id"]) for e in unknown if "echoed by the result" in str(e["reason"]))
+    assert all(n == 1 for n in echoed.values()), echoed
     os.killpg(demo.process.pid, signal.SIGINT)
     assert demo.process.wait(timeout=STOP_WITHIN_S) == 0
+
+
+def _overdue_report(overdue: list[dict[str, Any]], demo: Demo) -> str:
+    """Each overdue entry whole, and what the demo printed about it (the operator says each refusal)."""
+    while True:
+        try:
+            demo.seen.append(demo.lines.get_nowait())
+        except queue.Empty:
+            break
+    seen = demo.seen
+    lines = []
+    for entry in overdue:
+        lines.append(json.dumps(entry, default=str))
+        marks = (f"entry {entry['entry_id']} ", str(entry["operation_id"]))
+        lines += [f"    {line.rstrip()}" for _, line in seen if any(m in line for m in marks)]
+    tail = [line.rstrip() for _, line in seen[-40:]]
+    return "\n".join(
+        ["open UNKNOWN entries past the operator's time:", *lines, "the demo's last lines:", *tail]
+    )
