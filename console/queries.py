@@ -360,11 +360,25 @@ ORDER BY run_id, gate""",
             "explorer_coverage",
             "Race explorer coverage",
             """
-SELECT rules, code, count(*) AS runs, count(DISTINCT scenario) AS scenarios, count(DISTINCT protocol) AS protocols,
+WITH pair AS (
+    SELECT rules, code, scenario, protocol,
+           bool_or(coalesce(space_kind = 'exact', false)) AS exact,
+           bool_or(coalesce(space_kind = 'at_least', false)) AS at_least
+    FROM explorer_runs GROUP BY rules, code, scenario, protocol
+), pairs AS (
+    -- a pair any run exhausted is exact; else proven large if any run reached its limit
+    SELECT rules, code, count(*) AS pairs, count(*) FILTER (WHERE exact) AS pairs_exact,
+           count(*) FILTER (WHERE at_least AND NOT exact) AS pairs_at_least
+    FROM pair GROUP BY rules, code
+)
+SELECT r.rules, r.code, count(*) AS runs, count(DISTINCT scenario) AS scenarios,
+       count(DISTINCT protocol) AS protocols,
        CAST(sum(explored) AS BIGINT) AS explored, CAST(sum(distinct_interleavings) AS BIGINT) AS interleavings,
        CAST(sum(divergent) AS BIGINT) AS divergent, bool_and(exhaustive) AS exhaustive,
+       min(p.pairs) AS pairs, min(p.pairs_exact) AS pairs_exact, min(p.pairs_at_least) AS pairs_at_least,
        max(finished_at) AS last_finished_at
-FROM explorer_runs GROUP BY rules, code ORDER BY rules <> 'engine', code <> 'shipped', rules, code""",
+FROM explorer_runs r JOIN pairs p ON p.rules = r.rules AND p.code = r.code
+GROUP BY r.rules, r.code ORDER BY r.rules <> 'engine', r.code <> 'shipped', r.rules, r.code""",
             times=("last_finished_at",),
         ),
         NamedQuery(
@@ -372,7 +386,7 @@ FROM explorer_runs GROUP BY rules, code ORDER BY rules <> 'engine', code <> 'shi
             "Race explorer runs",
             """
 SELECT run_id, scenario, protocol, rules, code, revision, explored, distinct_interleavings, divergent,
-       exhaustive, shortest_trace, finished_at
+       exhaustive, space, space_kind, shortest_trace, finished_at
 FROM explorer_runs ORDER BY run_id DESC LIMIT {limit}""",
             times=("finished_at",),
         ),

@@ -394,6 +394,19 @@ def _seconds_label(value: float) -> str:
     return f"{value:.3g} s"
 
 
+def space_summary(coverage: Any) -> str:
+    """How well the explored pairs' spaces are known, from an ``explorer_coverage`` row: exhausted
+    (space exact), proven at least their limit, or only sampled (an estimate, or not recorded)."""
+    pairs = int(coverage.get("pairs", 0) or 0)
+    exact = int(coverage.get("pairs_exact", 0) or 0)
+    at_least = int(coverage.get("pairs_at_least", 0) or 0)
+    sampled = max(pairs - exact - at_least, 0)
+    return (
+        f"{exact:,} of {pairs:,} pairs exhausted (space exact), {at_least:,} proven at least their limit, "
+        f"{sampled:,} sampled only"
+    )
+
+
 __all__ = [
     "ActionMark",
     "AnswerField",
@@ -416,4 +429,5 @@ __all__ = [
     "next_step",
     "parse_rollout_status",
     "seconds_ticks",
+    "space_summary",
 ]

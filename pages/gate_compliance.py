@@ -8,7 +8,7 @@ import streamlit as st
 
 from console.frame import WRAP_ROW_PX, console_insights, gate_stamp, live_section, wrapped_height
 from console.insights import Insights
-from console.views import MARK_LEVELS, action_marks, gate_threshold, gate_value
+from console.views import MARK_LEVELS, action_marks, gate_threshold, gate_value, space_summary
 from rollout.gates import HOW_TO_EXPLORE, Thresholds
 
 
@@ -48,8 +48,24 @@ def live() -> None:
             f"covered by {int(row['explored']):,} runs of the shipped code in {int(row['runs'])} explorations "
             f"over {int(row['scenarios'])} scenarios and {int(row['protocols'])} protocols"
             + (", every one exhaustive" if bool(row["exhaustive"]) else "")
+            + f"; {space_summary(row)}"
         )
-    st.dataframe(coverage, hide_index=True, key="gates_coverage")
+    st.dataframe(
+        coverage,
+        hide_index=True,
+        key="gates_coverage",
+        # Short headings, so that the last run's time fits at 1440 px beside the pair counts.
+        column_config={
+            "pairs_exact": st.column_config.NumberColumn("exact", help="pairs exhausted: space exact"),
+            "pairs_at_least": st.column_config.NumberColumn(
+                "≥ limit", help="pairs proven at least their limit (not exhausted)"
+            ),
+            "exhaustive": st.column_config.CheckboxColumn("all exact", help="every run exhausted its pair"),
+            "last_finished_at": st.column_config.DatetimeColumn(
+                "last finished", format="YYYY-MM-DD HH:mm:ss"
+            ),
+        },
+    )
 
     st.subheader("History of gate runs")
     history = insights.gate_history()

@@ -272,6 +272,62 @@ def test_gate_compliance_counts_merged_interleavings_apart_from_the_runs_that_co
     assert "covered by 10,300 runs of the shipped code" in texts(at)
 
 
+def test_gate_compliance_says_how_many_pairs_were_exhausted_proven_large_or_only_sampled(
+    seeded_ledger: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pair any run exhausted counts as exact (another run's estimate of it does not count it
+    twice), a pair that reached its limit as proven large, the rest as sampled only."""
+    import shutil
+
+    from engine import open_ledger
+    from engine.ledger.port import ExplorerRun
+    from engine.revision import running_revision
+
+    ledger_path = tmp_path / "spaces.duckdb"
+    shutil.copy(seeded_ledger, ledger_path)
+    at_ = SystemClock().now()
+    writer = open_ledger(str(ledger_path))
+    runs = [
+        ("happy", True, 120.0, "exact"),
+        ("happy", False, 90.0, "estimate"),
+        ("stale-epoch", False, 1_000_000.0, "at_least"),
+        ("input-replayed", False, 5e6, "estimate"),
+    ]
+    try:
+        for scenario, exhaustive, space, kind in runs:
+            writer.record_explorer_run(
+                ExplorerRun(
+                    scenario,
+                    "mcp-2025-11-25",
+                    0,
+                    10,
+                    10,
+                    0,
+                    exhaustive,
+                    "engine",
+                    None,
+                    at_,
+                    at_,
+                    "shipped",
+                    running_revision(),
+                    space,
+                    kind,
+                )
+            )
+    finally:
+        writer.close()
+    monkeypatch.delenv("FINALITY_SERVICE_URL", raising=False)
+    monkeypatch.setenv("FINALITY_LEDGER", str(ledger_path))
+    monkeypatch.setenv("FINALITY_ACTOR", "tester")
+    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=30)
+    at.switch_page("pages/gate_compliance.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "1 of 3 pairs exhausted (space exact), 1 proven at least their limit, 1 sampled only" in texts(
+        at
+    ), texts(at)
+
+
 def test_an_emptied_name_falls_back_to_the_consoles_configured_actor(console: Open) -> None:
     """FINALITY_ACTOR is the console's default actor: emptying the sidebar's name box brings it back,
     instead of leaving the console with no name and every action disabled."""
