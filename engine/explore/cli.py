@@ -13,9 +13,12 @@ Presentation only: the rules live in ``engine.machine`` and the explorer in ``en
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import sys
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from typing import TextIO
 
@@ -354,6 +357,31 @@ def _record(path: str, results: Sequence[PairResult], started: datetime, finishe
             )
 
 
+DRIVER_LOGGER = "engine.runtime.driver"
+"""The shipped driver's logger: every explored run is a whole operation's life, so what it logs is
+counted while the explorer runs and summed up once at the end, not printed run after run."""
+
+
+@contextlib.contextmanager
+def _driver_log_counted(err: TextIO) -> Iterator[None]:
+    """While exploring, count the driver's log records by message template instead of printing each;
+    then print one line per template with its count (an exhaustive pair logged ~900 identical lines)."""
+    counts: Counter[tuple[str, str]] = Counter()
+
+    def count(record: logging.LogRecord) -> bool:
+        counts[(record.levelname, str(record.msg))] += 1
+        return False
+
+    driver = logging.getLogger(DRIVER_LOGGER)
+    driver.addFilter(count)
+    try:
+        yield
+    finally:
+        driver.removeFilter(count)
+        for (level, template), n in sorted(counts.items(), key=lambda kv: -kv[1]):
+            print(f"finality explore: the shipped driver logged {n:,} x {level}: {template!r}", file=err)
+
+
 def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``finality explore`` with ``argv`` (the words after ``explore``); return the exit code."""
     out = out or sys.stdout
@@ -406,34 +434,35 @@ def main(argv: list[str], *, out: TextIO | None = None, err: TextIO | None = Non
     clock = SystemClock()
     started_at = clock.now()
     started = monotonic_seconds()
-    if exhaustive is not None:
+    with _driver_log_counted(err):
+        if exhaustive is not None:
 
-        def progress(r: PairResult) -> None:
-            print(
-                f"finality explore: {r.scenario}@{r.protocol} {ending(r, True)}: {r.explored:,} "
-                f"interleavings, {r.runs:,} runs, space {_space(r)}, {r.seconds:.1f} s",
-                file=err,
-                flush=True,
+            def progress(r: PairResult) -> None:
+                print(
+                    f"finality explore: {r.scenario}@{r.protocol} {ending(r, True)}: {r.explored:,} "
+                    f"interleavings, {r.runs:,} runs, space {_space(r)}, {r.seconds:.1f} s",
+                    file=err,
+                    flush=True,
+                )
+
+            results = explore_exhaustive(
+                pairs,
+                limit=int(str(exhaustive["space_limit"])),
+                pair_runs=int(str(exhaustive["pair_runs"])),
+                pair_seconds=args.pair_seconds,
+                seed=args.seed,
+                max_steps=args.max_steps,
+                progress=progress,
             )
-
-        results = explore_exhaustive(
-            pairs,
-            limit=int(str(exhaustive["space_limit"])),
-            pair_runs=int(str(exhaustive["pair_runs"])),
-            pair_seconds=args.pair_seconds,
-            seed=args.seed,
-            max_steps=args.max_steps,
-            progress=progress,
-        )
-    else:
-        results = explore(
-            pairs,
-            permutations=permutations,
-            seed=args.seed,
-            strategy=args.strategy,
-            max_steps=args.max_steps,
-            code=args.code,
-        )
+        else:
+            results = explore(
+                pairs,
+                permutations=permutations,
+                seed=args.seed,
+                strategy=args.strategy,
+                max_steps=args.max_steps,
+                code=args.code,
+            )
     seconds = monotonic_seconds() - started
     finished_at = clock.now()
     if args.ledger:

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import re
 from pathlib import Path
+
+import pytest
 
 from engine.explore.cli import EXIT_CAPPED, EXIT_OK, EXIT_USAGE, main
 from engine.ledger.duckdb import Ledger
@@ -234,3 +238,18 @@ def test_pair_selects_one_scenario_under_one_protocol() -> None:
     assert run("--pair", "happy@mcp-1999")[0] == EXIT_USAGE
     assert run("--pair", "no-such-race@aip-151")[0] == EXIT_USAGE
     assert run("--pair", "input-replayed@aip-151")[0] == EXIT_USAGE
+
+
+def test_the_shipped_drivers_log_is_counted_once_per_message_not_printed_run_after_run(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every explored run is a whole operation's life: the driver's warnings come out as one line per
+    message with its count on stderr, and none of them reaches the log handlers one by one."""
+    with caplog.at_level(logging.WARNING, logger="engine.runtime.driver"):
+        code, _, err = run("--pair", "input-replayed@mcp-2025-11-25", "--permutations", "40")
+    assert code == EXIT_OK
+    assert not [r for r in caplog.records if r.name == "engine.runtime.driver"]
+    (line,) = [line for line in err.splitlines() if "input_required without a request yet" in line]
+    assert re.fullmatch(r"finality explore: the shipped driver logged [\d,]+ x WARNING: '.*'", line), line
+    # The filter is gone with the run: the driver logs as before outside the explorer.
+    assert not logging.getLogger("engine.runtime.driver").filters
