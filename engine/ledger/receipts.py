@@ -1,9 +1,10 @@
 """The shared SQL ledger's acceptances (receipts, results, outbox rows) and the outbox's consumers.
 
 Every acceptance is decided by ``engine.acceptance.check_acceptance`` against the row the
-transaction reads; this module writes the rows an allowed one produces (``rows.acceptance_rows``)
-and serves the outbox (ready entries, acknowledgements, lag). The driver's ``accept_terminal``
-and ``_accept_batch`` say how the rows are locked and read.
+transaction reads (or, in DuckDB's group commit, the row its compare-and-swap proves unchanged:
+``duckdb._unread_rows``); this module writes the rows an allowed one produces
+(``rows.acceptance_rows``) and serves the outbox (ready entries, acknowledgements, lag). The
+driver's ``accept_terminal`` and ``_accept_batch`` say how the rows are locked and read.
 
 It must not import a database driver, write a receipt any other way, or decide states.
 """
@@ -151,15 +152,27 @@ class Receipts(SqlCore):
             accepted.append(acceptance_rows(now, t, payload, receipt))
         return accepted
 
-    def _update_states(self, tx: Any, state_rows: Sequence[Sequence[object]]) -> None:
-        """Compare-and-swap many ``rows._state_row`` rows whose operations the transaction holds."""
+    def _update_states(
+        self, tx: Any, state_rows: Sequence[Sequence[object]], *, unread: bool = False
+    ) -> None:
+        """Compare-and-swap many ``rows._state_row`` rows whose operations the transaction holds.
+
+        ``unread``: the acceptances were matched against their transitions' own ``before``, not
+        against rows read here; only a backend whose compare-and-swap then proves those rows
+        unchanged (DuckDB's group commit) takes it. This one relies on the rows it read and locked.
+        """
+        if unread:
+            raise LedgerError("this backend matches acceptances only against the rows it reads")
         tx.executemany(self._q(sql.STATE_UPDATE), [cas_params(r) for r in state_rows])
 
-    def _write_acceptances(self, tx: Any, accepted: Sequence[AcceptanceRows]) -> None:
-        """Write the state, transition, receipt, result and outbox rows of checked acceptances."""
+    def _write_acceptances(
+        self, tx: Any, accepted: Sequence[AcceptanceRows], *, unread: bool = False
+    ) -> None:
+        """Write the state, transition, receipt, result and outbox rows of checked acceptances
+        (``unread``: see ``_update_states``)."""
         if not accepted:
             return
-        self._update_states(tx, [a.state for a in accepted])
+        self._update_states(tx, [a.state for a in accepted], unread=unread)
         self._insert_many(tx, "transitions", [a.transition for a in accepted])
         self._insert_many(tx, "receipts", [a.receipt for a in accepted])
         results = [a.result for a in accepted if a.result is not None]
