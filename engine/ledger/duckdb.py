@@ -379,7 +379,7 @@ class Ledger(SqlLedger, DuckBulk):
 
     def _apply_batch_in(
         self, tx: duck.Connection, transitions: Sequence[Transition], *, checked: bool = False
-    ) -> Sequence[BatchOutcome]:
+    ) -> Outcomes:
         """The batch's compare-and-swaps in ``tx``: one set-based UPDATE whose count is verified.
 
         Unless ``checked``, the UPDATE runs unguarded by a read: if it wrote fewer rows than the batch
@@ -478,13 +478,9 @@ class Ledger(SqlLedger, DuckBulk):
             raise duck.TransactionException(f"concurrent writer moved rows during {what}")
         return stale
 
-    def _update_states(
-        self, tx: Any, state_rows: Sequence[Sequence[object]], *, unread: bool = False
-    ) -> None:
-        # Unread acceptances were matched against their transitions' ``before``: a shortfall here
-        # says some row is not that one, and ``_Moved`` retries the group reading the rows.
+    def _update_states(self, tx: Any, state_rows: Sequence[Sequence[object]]) -> None:
         self._update_states_in(
-            tx, _columns(state_rows, _STATE_SCHEMA), "batched acceptance", find_stale=False, verify=not unread
+            tx, _columns(state_rows, _STATE_SCHEMA), "batched acceptance", find_stale=False
         )
 
     def accept_terminal(self, transition: Transition, payload: Json | None) -> Receipt:
@@ -517,18 +513,9 @@ class Ledger(SqlLedger, DuckBulk):
             return self._accept_batch_in(tx, items)
 
     def _accept_batch_in(
-        self,
-        tx: duck.Connection,
-        items: Sequence[tuple[Transition, Json | None]],
-        *,
-        written: Mapping[str, Operation] | None = None,
+        self, tx: duck.Connection, items: Sequence[tuple[Transition, Json | None]]
     ) -> Sequence[BatchOutcome]:
-        """Match and write ``items``: against the rows read here, or, given ``written`` (a group
-        commit's first try: the rows the group's own transitions leave behind, by operation id),
-        against each transition's own ``before`` (``_accept_unread``)."""
         errors, seen = repeated_acceptances(items)
-        if written is not None:
-            return self._accept_unread(tx, items, errors, written)
         records = _records_over(
             tx,
             f"{sql.OPERATION_SELECT} WHERE operation_id IN (SELECT operation_id FROM arrow_batch)",
@@ -538,20 +525,23 @@ class Ledger(SqlLedger, DuckBulk):
         self._write_acceptances(tx, self._acceptances(items, current, errors))
         return acceptance_outcomes(items, errors)
 
-    def _accept_unread(
-        self,
-        tx: duck.Connection,
-        items: Sequence[tuple[Transition, Json | None]],
-        errors: dict[int, LedgerError],
-        written: Mapping[str, Operation],
-    ) -> Sequence[BatchOutcome]:
-        """A group's acceptances matched against their transitions' ``before`` (``_unread_rows``)."""
+    def _apply_and_accept_unread(self, tx: duck.Connection, group: WriteGroup) -> GroupOutcome:
+        """A group's first try: its acceptances matched unread (``_unread_rows``) and written with
+        its transitions, one compare-and-swap and one log insert for both; ``_Moved`` when an
+        acceptance is refused or its row is not the one it was matched against."""
+        items = group.acceptances
+        errors, _ = repeated_acceptances(items)
         refused = len(errors)
-        accepted = self._acceptances(items, _unread_rows(items, errors, written), errors)
+        accepted = self._acceptances(items, _unread_rows(items, errors, group.transitions), errors)
         if len(errors) != refused:
             raise _Moved  # the checked retry names the refusal against the row as read
-        self._write_acceptances(tx, accepted, unread=True)
-        return acceptance_outcomes(items, errors)
+        n = len(group.transitions)
+        riding = [t for i, (t, _) in enumerate(items) if i not in errors]
+        applied = self._apply_batch_in(tx, [*group.transitions, *riding])
+        if any(i >= n for i in applied.errors):
+            raise _Moved
+        self._write_receipt_rows(tx, accepted)
+        return GroupOutcome(applied.head(n), acceptance_outcomes(items, errors))
 
     def _commit_group_once(self, group: WriteGroup) -> GroupOutcome:
         try:
@@ -561,16 +551,14 @@ class Ledger(SqlLedger, DuckBulk):
 
     def _commit_group_in(self, group: WriteGroup, *, checked: bool) -> GroupOutcome:
         with self._tx() as tx:
-            applied = (
-                self._apply_batch_in(tx, group.transitions, checked=checked) if group.transitions else []
-            )
-            accepted = (
-                self._accept_batch_in(
-                    tx, group.acceptances, written=None if checked else _left_behind(group.transitions)
+            if group.acceptances and not checked:
+                first_try = self._apply_and_accept_unread(tx, group)
+                applied, accepted = first_try.transitions, first_try.acceptances
+            else:
+                applied = (
+                    self._apply_batch_in(tx, group.transitions, checked=checked) if group.transitions else []
                 )
-                if group.acceptances
-                else []
-            )
+                accepted = self._accept_batch_in(tx, group.acceptances) if group.acceptances else []
             held = _still_held(group, accepted)
             if held:
                 self._insert_held(tx, held)
@@ -582,7 +570,7 @@ class Ledger(SqlLedger, DuckBulk):
 def _unread_rows(
     items: Sequence[tuple[Transition, Json | None]],
     errors: Mapping[int, LedgerError],
-    written: Mapping[str, Operation],
+    transitions: Sequence[Transition],
 ) -> dict[OperationId, Operation]:
     """The rows a group's acceptances are matched against without reading them: each transition's
     own ``before``; ``_Moved`` where that cannot stand in for the row.
@@ -591,10 +579,11 @@ def _unread_rows(
     numbers each change), so a row still at the version and cancel generation a transition was
     computed from IS its ``before``: ``check_acceptance`` against it decides as it would against the
     row read, and the compare-and-swap that writes the acceptance proves the row is still at that
-    version (a shortfall raises ``_Moved``). Where the group's own transitions write the row
-    (``written``: what they leave behind), ``before`` must be that. The read this saves was a fifth
-    of the CPU of a group that carries receipts (bench/results/latest.md, fastmcp, session 11).
+    version (a shortfall raises ``_Moved``). Where the group's own ``transitions`` write the row,
+    ``before`` must be what the last of them leaves behind. The read this saves was a fifth of the
+    CPU of a group that carries receipts (bench/results/latest.md, fastmcp, session 11).
     """
+    written = {t.after.operation_id: t.after for t in transitions}
     current: dict[OperationId, Operation] = {}
     for i, (t, _) in enumerate(items):
         if i in errors:
@@ -604,11 +593,6 @@ def _unread_rows(
             raise _Moved
         current[t.after.operation_id] = t.before
     return current
-
-
-def _left_behind(transitions: Sequence[Transition]) -> dict[str, Operation]:
-    """The row each operation's last transition of a group leaves behind, by operation id."""
-    return {t.after.operation_id: t.after for t in transitions}
 
 
 def _still_held(group: WriteGroup, accepted: Sequence[BatchOutcome]) -> Sequence[tuple[str, HeldOutcome]]:

@@ -152,28 +152,23 @@ class Receipts(SqlCore):
             accepted.append(acceptance_rows(now, t, payload, receipt))
         return accepted
 
-    def _update_states(
-        self, tx: Any, state_rows: Sequence[Sequence[object]], *, unread: bool = False
-    ) -> None:
-        """Compare-and-swap many ``rows._state_row`` rows whose operations the transaction holds.
-
-        ``unread``: the acceptances were matched against their transitions' own ``before``, not
-        against rows read here; only a backend whose compare-and-swap then proves those rows
-        unchanged (DuckDB's group commit) takes it. This one relies on the rows it read and locked.
-        """
-        if unread:
-            raise LedgerError("this backend matches acceptances only against the rows it reads")
+    def _update_states(self, tx: Any, state_rows: Sequence[Sequence[object]]) -> None:
+        """Compare-and-swap many ``rows._state_row`` rows whose operations the transaction holds."""
         tx.executemany(self._q(sql.STATE_UPDATE), [cas_params(r) for r in state_rows])
 
-    def _write_acceptances(
-        self, tx: Any, accepted: Sequence[AcceptanceRows], *, unread: bool = False
-    ) -> None:
-        """Write the state, transition, receipt, result and outbox rows of checked acceptances
-        (``unread``: see ``_update_states``)."""
+    def _write_acceptances(self, tx: Any, accepted: Sequence[AcceptanceRows]) -> None:
+        """Write the state, transition, receipt, result and outbox rows of checked acceptances."""
         if not accepted:
             return
-        self._update_states(tx, [a.state for a in accepted], unread=unread)
+        self._update_states(tx, [a.state for a in accepted])
         self._insert_many(tx, "transitions", [a.transition for a in accepted])
+        self._write_receipt_rows(tx, accepted)
+
+    def _write_receipt_rows(self, tx: Any, accepted: Sequence[AcceptanceRows]) -> None:
+        """The receipt, result and outbox rows of checked acceptances whose state and transition
+        rows are written (``_write_acceptances``, or with the rest of a group: DuckDB)."""
+        if not accepted:
+            return
         self._insert_many(tx, "receipts", [a.receipt for a in accepted])
         results = [a.result for a in accepted if a.result is not None]
         if results:

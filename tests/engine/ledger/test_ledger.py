@@ -611,32 +611,38 @@ def test_a_group_that_accepts_a_held_outcome_writes_no_held_row_and_a_refused_on
     assert ledger.held_outcome(refused.operation_id) == held(refused)[1]
 
 
-def counted_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The queries the DuckDB ledger runs to read operation rows by a batch of ids, as they run."""
-    reads: list[str] = []
-    real = duckdb_ledger._records_over
+def counted_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The first words of each statement the DuckDB ledger runs over an Arrow batch, as they run."""
+    statements: list[str] = []
+    over, records_over = duckdb_ledger._over, duckdb_ledger._records_over
 
-    def counting(tx: object, query: str, arrow_batch: object) -> list[dict[str, object]]:
-        reads.append(query)
-        return real(tx, query, arrow_batch)  # type: ignore[arg-type]
+    def counting_over(tx: object, query: str, arrow_batch: object) -> list[tuple[object, ...]]:
+        statements.append(" ".join(query.split()[:3]))
+        return over(tx, query, arrow_batch)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(duckdb_ledger, "_records_over", counting)
-    return reads
+    def counting_records(tx: object, query: str, arrow_batch: object) -> list[dict[str, object]]:
+        statements.append(" ".join(query.split()[:3]))
+        return records_over(tx, query, arrow_batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(duckdb_ledger, "_over", counting_over)
+    monkeypatch.setattr(duckdb_ledger, "_records_over", counting_records)
+    return statements
 
 
-def test_a_group_commit_accepts_without_reading_the_rows_when_nothing_moved(
+def test_a_group_commit_writes_its_acceptances_with_its_transitions_unread(
     ledger: Ledger, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A group's acceptances (one after the group's own transitions of its operation, one alone) are
-    matched against their transitions' ``before``, which the compare-and-swap proves current: no
-    row is read, and both receipts are written."""
+    matched against their transitions' ``before``, which the compare-and-swap proves current, and
+    written with the group's transitions: no row is read, one UPDATE and one log INSERT for all,
+    the log in order, both receipts written."""
     working = advance(
         ledger, ledger.create_operation(make_operation("w"), {})[0], Submitted(TaskId("t-w"), E)
     )
     seen = step(working, StatusObserved(TaskId("t-w"), ServerStatus.COMPLETED, E), NOW)
     fetching = step(seen.after, FetchStarted(E), NOW)
     alone = to_fetching(ledger, "alone")
-    reads = counted_reads(monkeypatch)
+    statements = counted_statements(monkeypatch)
     outcome = ledger.commit_group(
         WriteGroup(
             transitions=[seen, fetching],
@@ -644,8 +650,13 @@ def test_a_group_commit_accepts_without_reading_the_rows_when_nothing_moved(
         )
     )
     assert [o.error for o in [*outcome.transitions, *outcome.acceptances]] == [None] * 4
-    assert reads == []
+    assert [q for q in statements if q.startswith(("SELECT", "UPDATE", "INSERT INTO transitions"))] == [
+        "UPDATE op_state SET",
+        "INSERT INTO transitions",
+    ]
     assert (ledger.count("receipts"), ledger.count("outbox")) == (2, 2)
+    log = [str(r["to_state"]) for r in ledger.transitions(working.operation_id)]
+    assert log[-3:] == ["TERMINAL_OBSERVED", "FETCHING_RESULT", "ACCEPTED"]
     for op in (working, alone):
         stored = ledger.get(op.operation_id)
         assert stored is not None
@@ -661,11 +672,11 @@ def test_a_group_commit_refuses_an_acceptance_whose_row_moved_after_reading_it(
     moved, fine = to_fetching(ledger, "moved"), to_fetching(ledger, "fine")
     late = verified(moved)
     advance(ledger, moved, EpochRaised(Epoch(2), "rollback"))
-    reads = counted_reads(monkeypatch)
+    statements = counted_statements(monkeypatch)
     outcome = ledger.commit_group(WriteGroup(acceptances=[(late, PAYLOAD), (verified(fine), PAYLOAD)]))
     assert isinstance(outcome.acceptances[0].error, StaleWrite)
     assert outcome.acceptances[1].error is None
-    assert len(reads) == 1
+    assert statements.count("SELECT * FROM") == 1
     assert ledger.receipt(moved.call_node_id) is None
     assert (ledger.count("receipts"), ledger.count("outbox")) == (1, 1)
 
