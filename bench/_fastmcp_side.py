@@ -5,8 +5,10 @@ Two roles, each its own process:
 * ``server``: a FastMCP 2026-07-28 server with the fastmcp-tasks extension (in-memory Docket
   backend, worker concurrency above the load) and one ``task=True`` tool, ``slow_report``, that
   sleeps ``--duration-s`` and advises ``pollIntervalMs`` of ``--poll-s``. An ASGI wrapper counts
-  every JSON-RPC method it receives and every execution of the tool per ``key`` argument, served
-  as JSON at ``/bench/stats`` (the benchmark's server-side check: one operation per call node).
+  every JSON-RPC method it receives and every execution of the tool per ``key`` argument (the
+  benchmark's server-side check: one operation per call node) and keeps each task's timeline: when
+  its create was answered and when each ``tasks/get`` of it arrived and was answered (from which
+  the benchmark tells how late each client read). All served as JSON at ``/bench/stats``.
 * ``client``: the real fastmcp ``Client`` with ``fastmcp_tasks.call_tool_task`` driving
   ``--calls`` concurrent calls to completion; prints one JSON line with each call's submit and
   result instants (wall clock) and this process's CPU seconds over the calls.
@@ -45,10 +47,13 @@ class Counting:
         self.app = app
         self.methods: Counter[str] = Counter()
         self.executions = executions
+        self.timelines: dict[str, list[list[float]]] = {}
+        """Per task id: ``[[created], [read arrived, read answered], ...]`` (wall-clock seconds)."""
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/bench/stats":
-            body = json.dumps({"methods": self.methods, "executions": self.executions}).encode()
+            stats = {"methods": self.methods, "executions": self.executions, "timelines": self.timelines}
+            body = json.dumps(stats).encode()
             await send(
                 {
                     "type": "http.response.start",
@@ -68,12 +73,16 @@ class Counting:
             chunks.append(message.get("body", b""))
             more = message.get("more_body", False)
         body = b"".join(chunks)
+        arrived = time.time()
         try:
-            method = json.loads(body).get("method", "?")
+            message = json.loads(body)
+            method = message.get("method", "?")
+            task_id = (message.get("params") or {}).get("taskId") if method == "tasks/get" else None
         except (ValueError, AttributeError):
-            method = "?"
+            method, task_id = "?", None
         self.methods[str(method)] += 1
         sent = False
+        reply: list[bytes] = []
 
         async def replay() -> dict[str, Any]:
             nonlocal sent
@@ -82,7 +91,26 @@ class Counting:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        async def timed(message: dict[str, Any]) -> None:
+            if method in ("tools/call", "tasks/get") and message["type"] == "http.response.body":
+                reply.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    self._answered(str(method), task_id, arrived, b"".join(reply))
+            await send(message)
+
+        await self.app(scope, replay, timed)
+
+    def _answered(self, method: str, task_id: str | None, arrived: float, reply: bytes) -> None:
+        answered = time.time()
+        if method == "tasks/get" and task_id is not None:
+            self.timelines.setdefault(str(task_id), []).append([arrived, answered])
+            return
+        try:
+            created = json.loads(reply).get("result", {}).get("taskId")
+        except (ValueError, AttributeError):
+            return
+        if created is not None:
+            self.timelines.setdefault(str(created), []).insert(0, [answered])
 
 
 def serve(args: argparse.Namespace) -> None:

@@ -20,7 +20,8 @@ the fastmcp server and client run in it (bench/_fastmcp_side.py). Everything els
 project's environment.
 
 Per client and server: server-counted status reads (``tasks/get`` / ``GetOperation``) per task,
-all server-counted requests per task, CPU ms per completed task (the client's process; for
+all server-counted requests per task, on fastmcp-tasks how late each status read came after the
+advised interval (the server's timeline of each task: ``read_lateness``), CPU ms per completed task (the client's process; for
 Finality the serve process, from before the first submission until its last receipt), detection
 delay (observed duration - the tool's duration: from just before the client asked to the instant it
 held the outcome; for Finality the receipt's ``accepted_at`` in the ledger, after the group commit)
@@ -185,6 +186,9 @@ class Measured:
     post_p50_ms: float = math.nan
     """Finality only: POST /api/v1/calls, request to reply (after the durable SUBMITTING record)."""
     post_p99_ms: float = math.nan
+    read_late_median_s: float = math.nan
+    """fastmcp-tasks only: how long after the advised interval the status reads arrived (``read_lateness``)."""
+    read_late_p95_s: float = math.nan
 
 
 def p95(values: list[float]) -> float:
@@ -206,6 +210,26 @@ def check_server(keys: list[str], executions: Counter[str], created: int, proble
         problems.append(
             f"{len(wrong)} call nodes did not execute exactly once, e.g. {wrong[0]}: {executions.get(wrong[0], 0)}"
         )
+
+
+def read_lateness(timelines: dict[str, list[list[float]]], advised_s: float) -> list[float]:
+    """How long after the advised interval each status read reached the server, in seconds.
+
+    ``timelines`` (the fastmcp server's, per task): ``[[created], [arrived, answered], ...]``, the
+    create's reply and each ``tasks/get``'s arrival and reply. A read's lateness is its arrival
+    minus the previous reply of its task (the create's or the last read's) minus ``advised_s``:
+    negative when a client read sooner than advised. A client that reads late reads fewer times
+    per task, and sees the result later: the figure that tells the two apart.
+    """
+    late: list[float] = []
+    for timeline in timelines.values():
+        if not timeline or len(timeline[0]) != 1:
+            continue  # no create answered for it (not this benchmark's task)
+        previous = timeline[0][0]
+        for arrived, answered in timeline[1:]:
+            late.append(arrived - previous - advised_s)
+            previous = answered
+    return late
 
 
 def measured_from(
@@ -238,6 +262,14 @@ def measured_from(
         completed=len(done),
         problems=problems,
     )
+
+
+def with_lateness(measured: Measured, lateness: list[float]) -> Measured:
+    """``measured`` with the median and p95 of its status reads' lateness (when the server told)."""
+    if lateness:
+        measured.read_late_median_s = statistics.median(lateness)
+        measured.read_late_p95_s = p95(lateness)
+    return measured
 
 
 def run_client_process(command: list[str], timeout: float) -> dict[str, Any]:
@@ -292,6 +324,8 @@ class Fresh:
 
     def __init__(self, workload: Workload, python: Path) -> None:
         self.workload = workload
+        self.lateness: list[float] = []
+        """fastmcp-tasks only, after ``counts``: each status read's ``read_lateness``."""
         self.fastmcp: FastmcpServer | None = None
         self.ref: RefServer | None = None
         if workload.server == SERVERS[0]:
@@ -307,6 +341,7 @@ class Fresh:
         """(status reads, all requests) the server counted; checks one operation per call node."""
         if self.fastmcp is not None:
             stats = self.fastmcp.stats()
+            self.lateness = read_lateness(stats["timelines"], self.workload.poll_s)
             methods = Counter(stats["methods"])
             check_server(keys, Counter(stats["executions"]), methods["tools/call"], problems)
             return methods["tasks/get"], sum(methods.values())
@@ -348,8 +383,11 @@ def measure_fastmcp(workload: Workload, python: Path) -> Measured:
         reads, requests = server.counts(keys, problems)
     finally:
         server.close()
-    return measured_from(
-        out["calls"], keys, workload.duration_s, out["cpu_s"], out["wall_s"], reads, requests, problems
+    return with_lateness(
+        measured_from(
+            out["calls"], keys, workload.duration_s, out["cpu_s"], out["wall_s"], reads, requests, problems
+        ),
+        server.lateness,
     )
 
 
@@ -382,8 +420,11 @@ def measure_raw(workload: Workload, python: Path) -> Measured:
         reads, requests = server.counts(keys, problems)
     finally:
         server.close()
-    return measured_from(
-        out["calls"], keys, workload.duration_s, out["cpu_s"], out["wall_s"], reads, requests, problems
+    return with_lateness(
+        measured_from(
+            out["calls"], keys, workload.duration_s, out["cpu_s"], out["wall_s"], reads, requests, problems
+        ),
+        server.lateness,
     )
 
 
@@ -518,6 +559,7 @@ def measure_finality(workload: Workload, python: Path, folder: Path) -> Measured
     measured = measured_from(
         records, keys, workload.duration_s, cpu, finished - started, reads, requests, problems
     )
+    with_lateness(measured, server.lateness)
     posts = sorted(r["post_s"] * 1000 for r in records if "post_s" in r)
     if posts:
         measured.post_p50_ms = statistics.median(posts)
@@ -546,6 +588,11 @@ def one_run(
                 f"run {run + 1} {server} / {client}: {m.status_reads_per_task:.2f} reads/task, "
                 f"{m.cpu_ms_per_task:.1f} CPU ms/task, delay {m.delay_median_s:.2f}/{m.delay_p95_s:.2f} s, "
                 f"wall {m.wall_s:.1f} s, {m.completed}/{args.calls}"
+                + (
+                    f", reads late {m.read_late_median_s:.2f}/{m.read_late_p95_s:.2f} s"
+                    if not math.isnan(m.read_late_median_s)
+                    else ""
+                )
                 + (f" PROBLEMS: {m.problems}" if m.problems else ""),
                 file=sys.stderr,
                 flush=True,
@@ -619,6 +666,19 @@ def main() -> int:
                 baseline=None if client == RAW_POLLER else f"{server}: {RAW_POLLER}: detection delay p95",
                 better="lower",
             )
+            if server == SERVERS[0]:
+                report.add(
+                    f"{label}: status-read lateness median",
+                    "s",
+                    [m.read_late_median_s for m in rows],
+                    better="lower",
+                )
+                report.add(
+                    f"{label}: status-read lateness p95",
+                    "s",
+                    [m.read_late_p95_s for m in rows],
+                    better="lower",
+                )
             report.add(f"{label}: wall for all calls", "s", [m.wall_s for m in rows], better="lower")
             if client == FINALITY:
                 report.add(
@@ -648,6 +708,9 @@ def main() -> int:
         "Detection delay = observed duration - the tool's duration; observed from just before the call was sent "
         "(for Finality: before its POST /api/v1/calls) to the result in hand (for Finality: the receipt's "
         "accepted_at, recorded after the group commit). Status reads and requests are counted by the servers.",
+        "Status-read lateness (fastmcp-tasks only, from the server's own timeline of each task): when a tasks/get "
+        "arrived, minus the previous reply for its task (the create's or the last read's), minus the advised "
+        "interval. A client that reads late reads fewer times per task and sees results later; 0 is on time.",
         f"POST /api/v1/calls p50/p99: {args.calls} concurrent HTTP callers, from just before the request to its "
         "201 reply, which the service sends after the SUBMITTING record is committed.",
         "Checks every run: exactly one receipt (one completed result) per call node, exactly one server operation "

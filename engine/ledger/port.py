@@ -154,6 +154,10 @@ class Outcomes(Sequence[BatchOutcome]):
             raise IndexError(index)
         return BatchOutcome(self._operations[i], self._errors.get(i))
 
+    def head(self, n: int) -> Outcomes:
+        """The first ``n`` outcomes, still as two arrays."""
+        return Outcomes(self._operations[:n], {i: e for i, e in self._errors.items() if i < n})
+
     def __iter__(self) -> Iterator[BatchOutcome]:
         if not self._errors:
             return map(BatchOutcome, self._operations, repeat(None))

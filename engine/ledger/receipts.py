@@ -1,9 +1,10 @@
 """The shared SQL ledger's acceptances (receipts, results, outbox rows) and the outbox's consumers.
 
 Every acceptance is decided by ``engine.acceptance.check_acceptance`` against the row the
-transaction reads; this module writes the rows an allowed one produces (``rows.acceptance_rows``)
-and serves the outbox (ready entries, acknowledgements, lag). The driver's ``accept_terminal``
-and ``_accept_batch`` say how the rows are locked and read.
+transaction reads (or, in DuckDB's group commit, the row its compare-and-swap proves unchanged:
+``duckdb._unread_rows``); this module writes the rows an allowed one produces
+(``rows.acceptance_rows``) and serves the outbox (ready entries, acknowledgements, lag). The
+driver's ``accept_terminal`` and ``_accept_batch`` say how the rows are locked and read.
 
 It must not import a database driver, write a receipt any other way, or decide states.
 """
@@ -161,6 +162,13 @@ class Receipts(SqlCore):
             return
         self._update_states(tx, [a.state for a in accepted])
         self._insert_many(tx, "transitions", [a.transition for a in accepted])
+        self._write_receipt_rows(tx, accepted)
+
+    def _write_receipt_rows(self, tx: Any, accepted: Sequence[AcceptanceRows]) -> None:
+        """The receipt, result and outbox rows of checked acceptances whose state and transition
+        rows are written (``_write_acceptances``, or with the rest of a group: DuckDB)."""
+        if not accepted:
+            return
         self._insert_many(tx, "receipts", [a.receipt for a in accepted])
         results = [a.result for a in accepted if a.result is not None]
         if results:

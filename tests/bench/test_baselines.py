@@ -71,3 +71,17 @@ def test_the_comparison_run_fails_when_a_call_node_has_no_result_or_two():
     assert measured.cpu_ms_per_task == 200.0
     assert measured.status_reads_per_task == 2.0
     assert any("without exactly one result" in p for p in measured.problems)
+
+
+def test_status_read_lateness_counts_from_the_previous_reply_of_the_same_task():
+    """Each read: its arrival minus the previous reply for its task (the create's, then the last
+    read's) minus the advised interval; a read sooner than advised is negative, a task without an
+    answered create is left out."""
+    timelines = {
+        "on-time": [[10.0], [11.0, 11.25], [12.25, 12.5]],
+        "late": [[10.0], [15.5, 16.0]],
+        "early": [[10.0], [10.5, 10.5]],
+        "no-create": [[20.0, 20.1]],
+    }
+    late = fastmcp_compare.read_lateness(timelines, 1.0)
+    assert sorted(round(x, 6) for x in late) == [-0.5, 0.0, 0.0, 4.5]

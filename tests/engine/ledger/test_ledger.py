@@ -25,6 +25,7 @@ from engine.errors import (
     SchemaTooNew,
     StaleWrite,
 )
+from engine.ledger import duckdb as duckdb_ledger
 from engine.ledger import duckdb_client
 from engine.ledger.duckdb import Ledger
 from engine.ledger.port import HeldOutcome, WriteGroup
@@ -608,6 +609,76 @@ def test_a_group_that_accepts_a_held_outcome_writes_no_held_row_and_a_refused_on
     assert ledger.result_payload(ok.operation_id) == PAYLOAD
     assert ledger.held_outcome(ok.operation_id) is None
     assert ledger.held_outcome(refused.operation_id) == held(refused)[1]
+
+
+def counted_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The first words of each statement the DuckDB ledger runs over an Arrow batch, as they run."""
+    statements: list[str] = []
+    over, records_over = duckdb_ledger._over, duckdb_ledger._records_over
+
+    def counting_over(tx: object, query: str, arrow_batch: object) -> list[tuple[object, ...]]:
+        statements.append(" ".join(query.split()[:3]))
+        return over(tx, query, arrow_batch)  # type: ignore[arg-type]
+
+    def counting_records(tx: object, query: str, arrow_batch: object) -> list[dict[str, object]]:
+        statements.append(" ".join(query.split()[:3]))
+        return records_over(tx, query, arrow_batch)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(duckdb_ledger, "_over", counting_over)
+    monkeypatch.setattr(duckdb_ledger, "_records_over", counting_records)
+    return statements
+
+
+def test_a_group_commit_writes_its_acceptances_with_its_transitions_unread(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group's acceptances (one after the group's own transitions of its operation, one alone) are
+    matched against their transitions' ``before``, which the compare-and-swap proves current, and
+    written with the group's transitions: no row is read, one UPDATE and one log INSERT for all,
+    the log in order, both receipts written."""
+    working = advance(
+        ledger, ledger.create_operation(make_operation("w"), {})[0], Submitted(TaskId("t-w"), E)
+    )
+    seen = step(working, StatusObserved(TaskId("t-w"), ServerStatus.COMPLETED, E), NOW)
+    fetching = step(seen.after, FetchStarted(E), NOW)
+    alone = to_fetching(ledger, "alone")
+    statements = counted_statements(monkeypatch)
+    outcome = ledger.commit_group(
+        WriteGroup(
+            transitions=[seen, fetching],
+            acceptances=[(verified(fetching.after), PAYLOAD), (verified(alone), PAYLOAD)],
+        )
+    )
+    assert [o.error for o in [*outcome.transitions, *outcome.acceptances]] == [None] * 4
+    assert [q for q in statements if q.startswith(("SELECT", "UPDATE", "INSERT INTO transitions"))] == [
+        "UPDATE op_state SET",
+        "INSERT INTO transitions",
+    ]
+    assert (ledger.count("receipts"), ledger.count("outbox")) == (2, 2)
+    log = [str(r["to_state"]) for r in ledger.transitions(working.operation_id)]
+    assert log[-3:] == ["TERMINAL_OBSERVED", "FETCHING_RESULT", "ACCEPTED"]
+    for op in (working, alone):
+        stored = ledger.get(op.operation_id)
+        assert stored is not None
+        assert stored.state is S.ACCEPTED
+
+
+def test_a_group_commit_refuses_an_acceptance_whose_row_moved_after_reading_it(
+    ledger: Ledger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An acceptance computed from a row that moved since (a rollback adopted it) is refused as stale,
+    as one matched against the row read: the compare-and-swap's shortfall sends the group to its
+    checked retry, which reads the rows; the group's other acceptance commits."""
+    moved, fine = to_fetching(ledger, "moved"), to_fetching(ledger, "fine")
+    late = verified(moved)
+    advance(ledger, moved, EpochRaised(Epoch(2), "rollback"))
+    statements = counted_statements(monkeypatch)
+    outcome = ledger.commit_group(WriteGroup(acceptances=[(late, PAYLOAD), (verified(fine), PAYLOAD)]))
+    assert isinstance(outcome.acceptances[0].error, StaleWrite)
+    assert outcome.acceptances[1].error is None
+    assert statements.count("SELECT * FROM") == 1
+    assert ledger.receipt(moved.call_node_id) is None
+    assert (ledger.count("receipts"), ledger.count("outbox")) == (1, 1)
 
 
 def test_batched_acceptance_refuses_an_operation_accepted_twice_in_one_batch(ledger: Ledger) -> None:
