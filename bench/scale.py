@@ -43,6 +43,7 @@ from bench.figures import Report
 from engine import RECEIPT_STATES, Ledger, LocalState, SystemClock, run_query
 from engine.schedule import busiest_window
 from refserver.testing import RefServer
+from service import event_loop
 from service.config import parse_config
 from service.executor import Executor
 
@@ -290,7 +291,7 @@ def one_run(args: argparse.Namespace, keep: Path | None) -> dict[str, object]:
         path = keep or Path(tmp) / "scale.duckdb"
         if args.memory_census:
             tracemalloc.start()
-        result = asyncio.run(drive(args, url, path))
+        result = event_loop.run(drive(args, url, path))  # the loop `finality serve` runs on
         result["server_rss_mib"] = server_peak_rss_mib(server.pid)
         created = int(server.counts()["operations_created"]["total"])
         result["server_operations_created"] = created
