@@ -112,8 +112,8 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
     )
     # Opened as `finality serve` opens its ledger (service.serve.open_service_ledger: one DuckDB
     # thread), so that the process measured is the one shipped. With DuckDB's default (a thread per
-    # core) its second thread took 1.9-2.2 CPU-s of a 10,000-operation run (9 % of the process's
-    # CPU) beside the group commits' small statements, and the writer thread spent no less.
+    # core) a second DuckDB thread ran beside the writer thread (1.9-2.2 CPU-s of a 10,000-operation
+    # run); with one, the group commits take longer (bench/results/latest.md, scale, session 11).
     ledger = Ledger.open(ledger_path, threads=1)
     executor = Executor(ledger=ledger, config=config, clock=SystemClock())
     await executor.start()
