@@ -11,8 +11,9 @@
 For each it writes the collapsed stacks (``<name>-<label>.collapsed.txt.gz``, gzipped, the input
 of any flame graph tool) and a summary (``<name>-<label>.md``: the functions with the most samples, by own time
 and by time including callees). py-spy samples from outside the process, so the profiled code runs
-unchanged (no tracing overhead on the figures); it lives in the benchmark's own virtualenv
-(bench/.venv-fastmcp, installed here on first use) because nothing in the project needs it.
+unchanged (no tracing overhead on the figures). One installed beside the running interpreter is used;
+else it lives in the benchmark's own virtualenv (bench/.venv-fastmcp, installed there on first use),
+because nothing in the project needs it.
 
     python bench/_profile.py --label before [--only scale,fastmcp,ledger] [--ops 10000] [--calls 200]
 """
@@ -46,6 +47,10 @@ PY_SPY_SPEC = "py-spy>=0.4,<0.5"
 
 
 def py_spy() -> Path:
+    # One installed beside the running interpreter (the project's own virtualenv) is used as it is.
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.exists():
+        return beside
     python = cmp.venv_python()
     binary = python.parent / "py-spy"
     if not binary.exists():

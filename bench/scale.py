@@ -43,6 +43,7 @@ from bench.figures import Report
 from engine import RECEIPT_STATES, Ledger, LocalState, SystemClock, run_query
 from engine.schedule import busiest_window
 from refserver.testing import RefServer
+from service import event_loop
 from service.config import parse_config
 from service.executor import Executor
 
@@ -109,7 +110,11 @@ async def drive(args: argparse.Namespace, url: str, ledger_path: Path) -> dict[s
             "tools": {"generate_report": {"server": "ref", "side_effect_free": True, "wait_budget_s": 3600}},
         }
     )
-    ledger = Ledger.open(ledger_path)
+    # Opened as `finality serve` opens its ledger (service.serve.open_service_ledger: one DuckDB
+    # thread), so that the process measured is the one shipped. With DuckDB's default (a thread per
+    # core) a second DuckDB thread ran beside the writer thread (1.9-2.2 CPU-s of a 10,000-operation
+    # run); with one, the group commits take longer (bench/results/latest.md, scale, session 11).
+    ledger = Ledger.open(ledger_path, threads=1)
     executor = Executor(ledger=ledger, config=config, clock=SystemClock())
     await executor.start()
     runner = asyncio.create_task(executor.run())
@@ -286,7 +291,7 @@ def one_run(args: argparse.Namespace, keep: Path | None) -> dict[str, object]:
         path = keep or Path(tmp) / "scale.duckdb"
         if args.memory_census:
             tracemalloc.start()
-        result = asyncio.run(drive(args, url, path))
+        result = event_loop.run(drive(args, url, path))  # the loop `finality serve` runs on
         result["server_rss_mib"] = server_peak_rss_mib(server.pid)
         created = int(server.counts()["operations_created"]["total"])
         result["server_operations_created"] = created

@@ -757,6 +757,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
+    from service import event_loop
     from service.config import load_config
     from service.serve import serve
 
@@ -767,7 +768,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     ledger = args.ledger or config.ledger
     if ledger is None:
         raise ConfigError("--ledger", "no ledger given (and the config names none)")
-    asyncio.run(
+    event_loop.run(
         serve(
             config,
             ledger,
