@@ -184,7 +184,11 @@ class ExecutorState(abc.ABC):
     )
     _cancels: list[tuple[str, str, str, asyncio.Future[Operation]]] = field(default_factory=list)
     _submits: list[tuple[Submission, asyncio.Future[Operation]]] = field(default_factory=list)
-    """``submit`` calls waiting for the next tick, recorded together in one transaction."""
+    """``submit`` calls waiting for the next recording, recorded together in one transaction."""
+    _recording: asyncio.Future[None] | None = None
+    """The recording of queued submissions in flight (``PersonActions._record_soon``; None: none)."""
+    _exclusive: bool = False
+    """The tick's exclusive steps run or wait for the recording in flight: no recording starts meanwhile."""
     _urgent: set[str] = field(default_factory=set)
     """Operations on the cancel path: launched when due even while MAX_RUNNING advances run."""
     _running: dict[str, asyncio.Future[Wake]] = field(default_factory=dict)
@@ -314,6 +318,14 @@ class ExecutorState(abc.ABC):
     @abc.abstractmethod
     async def _create_queued(self) -> None:
         """(person actions) Record the queued submissions together."""
+
+    @abc.abstractmethod
+    def _record_soon(self) -> None:
+        """(person actions) Start recording the queued submissions unless a recording runs."""
+
+    @abc.abstractmethod
+    async def _recorded(self) -> None:
+        """(person actions) Until the recording of submissions in flight (if any) has ended."""
 
     @abc.abstractmethod
     def _cancel_queued(self) -> None:

@@ -41,10 +41,9 @@ class CountingLedger(Ledger):
         items: Sequence[tuple[Operation, Json]],
         *,
         arms: Sequence[dict[str, object]] = (),
-        looked_up: bool = False,
     ) -> list[tuple[Operation, bool]]:
         self.creations.append(len(items))
-        return super().create_many(items, arms=arms, looked_up=looked_up)
+        return super().create_many(items, arms=arms)
 
     def record_assignments(self, rows: Sequence[dict[str, object]]) -> None:
         self.arm_writes += 1
@@ -233,6 +232,38 @@ async def test_due_polls_go_out_while_a_group_commit_is_still_running(
             lambda: executor.stats["advances"] > polls, within=20, what="a poll sent during the commit"
         )
         assert not ledger.release.is_set()
+    finally:
+        ledger.release.set()
+        await stopped(executor, ledger, runner)
+
+
+async def test_a_submission_is_recorded_and_answered_while_a_group_commit_is_held(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """A new call touches no row a group commit writes: it is recorded durably and answered while the
+    executor's group commit is still held on the writer thread (it used to wait for that commit, then
+    for the loop's commit of everything buffered, then for its own)."""
+    config = parse_config(tomllib.loads(config_text(servers, global_qps=200)))
+    ledger = HeldCommitLedger.open(tmp_path / "held.duckdb")
+    ledger.hold, ledger.entered, ledger.release = threading.Event(), threading.Event(), threading.Event()
+    executor = Executor(ledger=ledger, config=config, clock=SystemClock(), rng=random.Random(3))
+    await executor.start()
+    runner = asyncio.create_task(executor.run())
+    try:
+        ledger.hold.set()
+        # Its advance (the submission upstream) ends in a group commit, which is held.
+        await executor.submit(call_node="first", tool="generate_report", arguments={"n": 1, "_sim": LONG})
+        await wait_until_async(ledger.entered.is_set, within=30, what="a group commit to be held")
+        second = asyncio.ensure_future(
+            executor.submit(call_node="second", tool="generate_report", arguments={"n": 2, "_sim": LONG})
+        )
+        await wait_until_async(second.done, within=30, what="the second submission answered")
+        assert not ledger.release.is_set()
+        answer = second.result()
+        # Durable: another connection of the same database reads the committed row.
+        found = await asyncio.to_thread(ledger.get, answer.operation_id)
+        assert found is not None
+        assert found.call_node_id == "second"
     finally:
         ledger.release.set()
         await stopped(executor, ledger, runner)
