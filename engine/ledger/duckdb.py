@@ -77,6 +77,9 @@ __all__ = ["SUPPORTED_SCHEMA", "Ledger"]
 # recorded in schema_migrations. Never edit a released migration: add a new one.
 
 _STATE_VERSION: Final = "SELECT row_version, cancel_generation FROM op_state WHERE operation_id = ?"
+# A parameter list, not a join with the batch: looked up in the call node's index, where a join
+# scans every row of op_identity (1.8 ms for one call node at 100,000 operations against 0.55).
+_HELD_CALL_NODES: Final = "SELECT call_node_id FROM op_identity WHERE call_node_id IN "
 _DUCKDB_MAGIC: Final = b"DUCK"
 _HEADER_BYTES: Final = 3 * 4096
 
@@ -325,19 +328,23 @@ class Ledger(SqlLedger, DuckBulk):
         return None
 
     def _bulk_insert_new(self, tx: duck.Connection, fresh: Sequence[tuple[Operation, Json]]) -> set[str]:
-        """Insert the operations whose call node, key and id are all new; their ids. A committed
-        operation's call node or key is skipped (the caller reads those), so that no read has to
-        come first; a creator that has not committed yet still conflicts (the caller goes one by one)."""
-        rows = _over(
+        """Insert the operations whose call node is new; their ids. A call node the ledger holds is
+        skipped (the caller reads those), looked up by its index inside this transaction, so that no
+        read has to come first; a creator that has not committed yet still conflicts (the caller
+        then goes one by one). DuckDB's ``ON CONFLICT DO NOTHING`` would skip them too, at 2-3x the
+        INSERT's cost for a batch of 1-50 (measured): the lookup costs less."""
+        nodes = [op.call_node_id for op, _ in fresh]
+        held = tx.execute(_HELD_CALL_NODES + f"({sql.placeholders(len(nodes))})", nodes).fetchall()
+        if held:
+            skip = {str(r[0]) for r in held}
+            fresh = [(op, args) for op, args in fresh if op.call_node_id not in skip]
+            if not fresh:
+                return set()
+        _over(
             tx,
-            "INSERT INTO op_identity SELECT * FROM arrow_batch ON CONFLICT DO NOTHING RETURNING operation_id",
+            "INSERT INTO op_identity SELECT * FROM arrow_batch",
             _columns([codec.identity_row(op, args) for op, args in fresh], _IDENTITY_SCHEMA),
         )
-        inserted = {str(r[0]) for r in rows}
-        if len(inserted) < len(fresh):
-            fresh = [(op, args) for op, args in fresh if op.operation_id in inserted]
-            if not fresh:
-                return inserted
         # By column (C-level maps), not a row per operation: a burst of 200 submissions spent more
         # CPU on the rows' per-value conversions than on this INSERT.
         _over(
@@ -350,7 +357,7 @@ class Ledger(SqlLedger, DuckBulk):
             "INSERT INTO transitions SELECT nextval('transition_seq'), * FROM arrow_batch",
             _columns([codec.created_row(op) for op, _ in fresh], _TRANSITION_SCHEMA),
         )
-        return inserted
+        return {op.operation_id for op, _ in fresh}
 
     def _apply_one(self, t: Transition) -> BatchOutcome:
         # The common single write: plain parameterised statements beat registering Arrow tables.

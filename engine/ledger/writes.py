@@ -156,8 +156,8 @@ class GroupWrites(Receipts, EngineReads):
         that won the race) is resolved on its own, as ``create_operation`` would, so that the
         offender is named.
 
-        Nothing is read first: the insert skips the call nodes the database already holds (its
-        uniqueness is the lookup), and only those skipped are read afterwards, in one query. A
+        Nothing is read first: the insert's own transaction skips the call nodes the ledger already
+        holds (``_insert_fresh``), and only those skipped are read afterwards, in one query. A
         submission of new call nodes thus costs its one transaction and no read.
 
         ``arms`` are rollout assignment rows (``record_assignments``'): the arm of each operation
