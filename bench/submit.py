@@ -419,6 +419,8 @@ def main() -> int:
         "checked per run: every call answered 201 and the ledger holds exactly one operation per call node"
         + (f"; PROBLEMS: {problems[:5]}" if problems else " (no problems)"),
     ]
+    for problem in problems:
+        print(f"PROBLEM: {problem}", file=sys.stderr)
     if args.json:
         report.emit()
     return 1 if problems else 0
