@@ -309,7 +309,7 @@ class Ledger(SqlLedger, DuckBulk):
         try:
             with self._tx() as tx:
                 inserted = self._bulk_insert_new(tx, fresh)
-                self._insert_arms(tx, [r for r in arms if r["operation_id"] in inserted])
+                self._insert_arms(tx, [r for r in arms if r["operation_id"] in inserted], fresh=True)
         except duck.Error as exc:
             if not self._conflict(exc):  # a CHECK refusal raises InvalidRecord there
                 raise
