@@ -267,3 +267,28 @@ async def test_a_submission_is_recorded_and_answered_while_a_group_commit_is_hel
     finally:
         ledger.release.set()
         await stopped(executor, ledger, runner)
+
+
+async def test_each_principal_s_in_flight_count_follows_its_operations_to_their_receipts(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """The count the API's per-principal limit reads is kept as operations come and go, not counted
+    over every held operation per submission: it matches the held operations, and is 0 at the end."""
+    executor, ledger, runner = await started(tmp_path, servers)
+    try:
+        for i, principal in enumerate(["alice", "alice", "alice", "bob", "bob"]):
+            await executor.submit(
+                call_node=f"p{i}",
+                tool="generate_report",
+                arguments={"n": i, "_sim": LONG},
+                principal=principal,
+            )
+        assert executor.in_flight_by_principal() == {"alice": 3, "bob": 2}
+        assert (executor.in_flight_of("alice"), executor.in_flight_of("carol")) == (3, 0)
+        for i in range(5):
+            await executor.cancel(f"p{i}", actor="test", reason="the count is checked")
+        await wait_until_async(lambda: executor.in_flight == 0, within=120, what="every call terminal")
+        assert executor.in_flight_by_principal() == {}
+        assert executor.in_flight_of("alice") == 0
+    finally:
+        await stopped(executor, ledger, runner)
