@@ -16,7 +16,7 @@ import asyncio
 import functools
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sized
 from typing import TypeVar
 
 from engine.adapters import CallMode, plan_call
@@ -57,7 +57,24 @@ from service.executor.base import (
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+ARRIVAL_ROUNDS = 20
+"""Loop rounds a recording waits at most for submissions still being read (no timer: an idle
+service records a lone submission after one round)."""
 S = LocalState
+
+
+async def arrivals_read(queue: Sized) -> None:
+    """Let the loop come round until a round adds nothing to ``queue`` (at most ARRIVAL_ROUNDS): the
+    submissions it has read but not yet handled join the batch. Started at the first of 200 callers,
+    a batch of one cost the other 199 its whole commit (a burst's p50 181 -> 267 ms, measured)."""
+    loop = asyncio.get_running_loop()
+    for _ in range(ARRIVAL_ROUNDS):
+        seen = len(queue)
+        round_: asyncio.Future[None] = loop.create_future()
+        loop.call_soon(round_.set_result, None)
+        await round_
+        if len(queue) == seen:
+            return
 
 
 class PersonActions(ExecutorState):
@@ -120,6 +137,7 @@ class PersonActions(ExecutorState):
         """Record batch after batch until the queue is empty or the tick's exclusive steps wait."""
         try:
             while self._submits and not self._exclusive:
+                await arrivals_read(self._submits)
                 await self._create_queued()
         finally:
             self._recording = None

@@ -292,3 +292,34 @@ async def test_each_principal_s_in_flight_count_follows_its_operations_to_their_
         assert executor.in_flight_of("alice") == 0
     finally:
         await stopped(executor, ledger, runner)
+
+
+async def one_round() -> None:
+    """Let the event loop come round once (as an HTTP request's reading does between its steps)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    loop.call_soon(done.set_result, None)
+    await done
+
+
+async def test_submissions_read_a_few_loop_rounds_apart_are_recorded_in_one_transaction(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """Callers whose requests are read a loop round or a few apart, as an HTTP burst is, share one
+    create_many: the recording waits for the rounds that still bring submissions (no timer), where
+    starting at the first caller made a batch of a few and kept the rest waiting for its commit."""
+    executor, ledger, runner = await started(tmp_path, servers)
+    try:
+
+        async def caller(i: int) -> Operation:
+            for _ in range(i % 4):
+                await one_round()
+            return await executor.submit(
+                call_node=f"r{i}", tool="analyze_upload", arguments={"n": i, "_sim": LONG}
+            )
+
+        answers = await asyncio.gather(*(caller(i) for i in range(60)))
+        assert len({a.operation_id for a in answers}) == 60
+        assert ledger.creations == [60]
+    finally:
+        await stopped(executor, ledger, runner)
