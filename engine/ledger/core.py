@@ -76,15 +76,18 @@ class SqlCore(ABC):
     def _operations_in(self, column: str, values: Sequence[str]) -> list[Operation]:
         """The operations whose ``column`` is one of ``values``."""
 
-    def _insert_arms(self, tx: Any, rows: Sequence[Mapping[str, object]]) -> None:
+    def _insert_arms(self, tx: Any, rows: Sequence[Mapping[str, object]], *, fresh: bool = False) -> None:
         """Append rollout assignment rows (``ASSIGNMENT_COLUMNS``) in ``tx``; a second row for an
-        operation is ignored. The one writer of ``rollout_assignments``."""
+        operation is ignored. The one writer of ``rollout_assignments``.
+
+        ``fresh``: the arms of operations ``tx`` itself inserted, which no row can hold yet; written
+        without the conflict clause, which doubles DuckDB's INSERT (3.7 -> 7.7 ms for 1-20 rows)."""
         if rows:
             self._insert_many(
                 tx,
                 "rollout_assignments",
                 [[r.get(c) for c in ASSIGNMENT_COLUMNS] for r in rows],
-                sql.IGNORE_DUPLICATE,
+                "" if fresh else sql.IGNORE_DUPLICATE,
             )
 
     def _retrying(self, action: Callable[[], T]) -> T:

@@ -78,6 +78,9 @@ __all__ = ["SUPPORTED_SCHEMA", "Ledger"]
 # recorded in schema_migrations. Never edit a released migration: add a new one.
 
 _STATE_VERSION: Final = "SELECT row_version, cancel_generation FROM op_state WHERE operation_id = ?"
+# A parameter list, not a join with the batch: looked up in the call node's index, where a join
+# scans every row of op_identity (1.8 ms for one call node at 100,000 operations against 0.55).
+_HELD_CALL_NODES: Final = "SELECT call_node_id FROM op_identity WHERE call_node_id IN "
 _DUCKDB_MAGIC: Final = b"DUCK"
 _HEADER_BYTES: Final = 3 * 4096
 
@@ -306,13 +309,13 @@ class Ledger(SqlLedger, DuckBulk):
     ) -> set[str] | None:
         try:
             with self._tx() as tx:
-                self._bulk_insert_new(tx, fresh)
-                self._insert_arms(tx, arms)  # all or none inserted: every arm is an inserted one's
+                inserted = self._bulk_insert_new(tx, fresh)
+                self._insert_arms(tx, [r for r in arms if r["operation_id"] in inserted], fresh=True)
         except duck.Error as exc:
             if not self._conflict(exc):  # a CHECK refusal raises InvalidRecord there
                 raise
             return None
-        return {op.operation_id for op, _ in fresh}
+        return inserted
 
     def _created_by_another(self, op: Operation) -> Operation | None:
         # The conflicting row may belong to a creator whose transaction has not committed yet;
@@ -325,7 +328,19 @@ class Ledger(SqlLedger, DuckBulk):
             pause.wait(0.005)
         return None
 
-    def _bulk_insert_new(self, tx: duck.Connection, fresh: Sequence[tuple[Operation, Json]]) -> None:
+    def _bulk_insert_new(self, tx: duck.Connection, fresh: Sequence[tuple[Operation, Json]]) -> set[str]:
+        """Insert the operations whose call node is new; their ids. A call node the ledger holds is
+        skipped (the caller reads those), looked up by its index inside this transaction, so that no
+        read has to come first; a creator that has not committed yet still conflicts (the caller
+        then goes one by one). DuckDB's ``ON CONFLICT DO NOTHING`` would skip them too, at 2-3x the
+        INSERT's cost for a batch of 1-50 (measured): the lookup costs less."""
+        nodes = [op.call_node_id for op, _ in fresh]
+        held = tx.execute(_HELD_CALL_NODES + f"({sql.placeholders(len(nodes))})", nodes).fetchall()
+        if held:
+            skip = {str(r[0]) for r in held}
+            fresh = [(op, args) for op, args in fresh if op.call_node_id not in skip]
+            if not fresh:
+                return set()
         _over(
             tx,
             "INSERT INTO op_identity SELECT * FROM arrow_batch",
@@ -343,6 +358,7 @@ class Ledger(SqlLedger, DuckBulk):
             "INSERT INTO transitions SELECT nextval('transition_seq'), * FROM arrow_batch",
             _columns([codec.created_row(op) for op, _ in fresh], _TRANSITION_SCHEMA),
         )
+        return {op.operation_id for op, _ in fresh}
 
     def _apply_one(self, t: Transition) -> BatchOutcome:
         # The common single write: plain parameterised statements beat registering Arrow tables.

@@ -347,10 +347,9 @@ class MemoryPort:
         items: Sequence[tuple[Operation, Json]],
         *,
         arms: Sequence[dict[str, object]] = (),
-        looked_up: bool = False,
     ) -> list[tuple[Operation, bool]]:
         # The explorer's port keeps no rollout arms (it has no ``record_assignments``): ``arms`` is
-        # accepted for the port's signature and left out, and there is no lookup to skip.
+        # accepted for the port's signature and left out.
         return [self.create_operation(op, arguments) for op, arguments in items]
 
     def _logged(self, t: Transition) -> None:

@@ -148,20 +148,22 @@ class GroupWrites(Receipts, EngineReads):
         items: Sequence[tuple[Operation, Json]],
         *,
         arms: Sequence[dict[str, object]] = (),
-        looked_up: bool = False,
     ) -> list[tuple[Operation, bool]]:
         """Group-committed ``create_operation``: one transaction for many new operations.
 
         Call nodes that already have an operation get it back (``created`` False). An item that
-        conflicts otherwise (another creator won the race since the lookup) is resolved on its own,
-        as ``create_operation`` would, so that the offender is named.
+        conflicts otherwise (a different request under an existing call node, or another creator
+        that won the race) is resolved on its own, as ``create_operation`` would, so that the
+        offender is named.
+
+        Nothing is read first: the insert's own transaction skips the call nodes the ledger already
+        holds (``_insert_fresh``), and only those skipped are read afterwards, in one query. A
+        submission of new call nodes thus costs its one transaction and no read.
 
         ``arms`` are rollout assignment rows (``record_assignments``'): the arm of each operation
         created here is written in the same transaction as the operation itself, so that a new
         call's record and its arm cost one durable commit (an item resolved on its own gets its arm
-        written right after). ``looked_up``: the caller has just read that none of the call nodes
-        has an operation, so that read is not made again; a creator that raced in since is still
-        refused by the database's uniqueness and resolved on its own.
+        written right after).
         """
         if not items:
             return []
@@ -169,24 +171,18 @@ class GroupWrites(Receipts, EngineReads):
         nodes = [op.call_node_id for op, _ in items]
         if len(set(nodes)) != len(nodes):
             return self._created_alone(items, arm_of, set())
-        existing = {} if looked_up else self.by_call_nodes(nodes)
-        fresh = [(op, args) for op, args in items if op.call_node_id not in existing]
-        for op, _ in fresh:
+        for op, _ in items:
             require_new(op)
-        inserted = (
-            self._insert_fresh(
-                fresh, [arm_of[op.operation_id] for op, _ in fresh if op.operation_id in arm_of]
-            )
-            if fresh
-            else set()
-        )
+        inserted = self._insert_fresh(items, [r for op, _ in items if (r := arm_of.get(op.operation_id))])
         if inserted is None:
             return self._created_alone(items, arm_of, set())
+        skipped = [op.call_node_id for op, _ in items if op.operation_id not in inserted]
+        existing = self.by_call_nodes(skipped) if skipped else {}
         out: list[tuple[Operation, bool]] = []
         alone: list[int] = []
         for op, args in items:
             have = existing.get(op.call_node_id)
-            if have is None and op.operation_id in inserted:
+            if op.operation_id in inserted:
                 out.append((op, True))
             elif have is not None and have.request_digest == op.request_digest:
                 out.append((have, False))

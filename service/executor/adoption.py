@@ -47,13 +47,10 @@ class RolloutAdoption(ExecutorState):
 
     def in_flight_of(self, principal: str) -> int:
         """Operations without a receipt that ``principal`` submitted (the API's per-principal limit)."""
-        return sum(1 for op in self._ops.values() if op.principal == principal)
+        return self._ops.by_principal[principal]
 
     def in_flight_by_principal(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for op in self._ops.values():
-            counts[op.principal] = counts.get(op.principal, 0) + 1
-        return counts
+        return {principal: n for principal, n in self._ops.by_principal.items() if n}
 
     def servers(self) -> dict[str, Protocol]:
         return {name: s.protocol for name, s in self._servers.items()}

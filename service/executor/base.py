@@ -15,6 +15,7 @@ import os
 import random
 import socket
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -129,6 +130,37 @@ def owner_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+class HeldOperations(dict[str, Operation]):
+    """The operations an executor holds, by id, counted by principal as they come and go.
+
+    The API's per-principal limit asks for a principal's count on every submission; counted over
+    every held operation, each submission cost a pass over all of them (10,000 at the default
+    limit, more than the rest of a submission's CPU). Only ``[]=``, ``del`` and ``pop`` may change it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.by_principal: Counter[str] = Counter()
+
+    def __setitem__(self, key: str, value: Operation) -> None:
+        old = super().get(key)
+        if old is not None:
+            self.by_principal[old.principal] -= 1
+        self.by_principal[value.principal] += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self.by_principal[self[key].principal] -= 1
+        super().__delitem__(key)
+
+    def pop(self, key: str, default: Operation | None = None) -> Operation | None:  # type: ignore[override]
+        found = super().pop(key, None)
+        if found is None:
+            return default
+        self.by_principal[found.principal] -= 1
+        return found
+
+
 @dataclass(frozen=True)
 class Submission:
     """One ``submit`` call waiting for the loop (see ``PersonActions._create_queued``)."""
@@ -176,7 +208,7 @@ class ExecutorState(abc.ABC):
     _servers: dict[str, Server] = field(default_factory=dict)
     _heap: list[tuple[datetime, int, str]] = field(default_factory=list)
     _due_at: dict[str, datetime] = field(default_factory=dict)
-    _ops: dict[str, Operation] = field(default_factory=dict)
+    _ops: HeldOperations = field(default_factory=HeldOperations)
     _seq: itertools.count[int] = field(default_factory=itertools.count)
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
     _actions: list[tuple[Callable[[], Awaitable[object]], asyncio.Future[object]]] = field(
@@ -184,7 +216,11 @@ class ExecutorState(abc.ABC):
     )
     _cancels: list[tuple[str, str, str, asyncio.Future[Operation]]] = field(default_factory=list)
     _submits: list[tuple[Submission, asyncio.Future[Operation]]] = field(default_factory=list)
-    """``submit`` calls waiting for the next tick, recorded together in one transaction."""
+    """``submit`` calls waiting for the next recording, recorded together in one transaction."""
+    _recording: asyncio.Future[None] | None = None
+    """The recording of queued submissions in flight (``PersonActions._record_soon``; None: none)."""
+    _exclusive: bool = False
+    """The tick's exclusive steps run or wait for the recording in flight: no recording starts meanwhile."""
     _urgent: set[str] = field(default_factory=set)
     """Operations on the cancel path: launched when due even while MAX_RUNNING advances run."""
     _running: dict[str, asyncio.Future[Wake]] = field(default_factory=dict)
@@ -316,6 +352,14 @@ class ExecutorState(abc.ABC):
         """(person actions) Record the queued submissions together."""
 
     @abc.abstractmethod
+    def _record_soon(self) -> None:
+        """(person actions) Start recording the queued submissions unless a recording runs."""
+
+    @abc.abstractmethod
+    async def _recorded(self) -> None:
+        """(person actions) Until the recording of submissions in flight (if any) has ended."""
+
+    @abc.abstractmethod
     def _cancel_queued(self) -> None:
         """(forwarding) Record the queued cancels, one group commit."""
 
@@ -379,6 +423,7 @@ __all__ = [
     "NEVER",
     "ROLLOUT_FOLLOW",
     "ExecutorState",
+    "HeldOperations",
     "Server",
     "Submission",
     "owner_name",

@@ -174,6 +174,7 @@ class Loop(ExecutorState):
     async def aclose(self) -> None:
         self._stopping = True
         self._wake.set()
+        await self._recorded()
         await self.settled()
         self._store.flush()
         self._tenancy.release()
@@ -208,14 +209,16 @@ class Loop(ExecutorState):
             await self._idle()
         if self._running:
             await asyncio.wait(self._running.values(), timeout=30)
+        await self._recorded()
         await self.settled()
         self._flush()
 
     def _exclusive_due(self) -> bool:
         """Whether work is waiting that runs only when no group commit is in flight (person
-        actions, submissions, cancels, leases, the rollout's follow-up): each of them commits on
-        the loop's thread or reads rows the running commit may still change."""
-        if self._actions or self._submits or self._cancels:
+        actions, cancels, leases, the rollout's follow-up): each of them commits on the loop's
+        thread or reads rows the running commit may still change. Submissions are not: they write
+        only new rows, and are recorded as they arrive (``PersonActions._record_soon``)."""
+        if self._actions or self._cancels:
             return True
         now = self.clock.now()
         if now >= self._tenancy.lease_due:
@@ -262,8 +265,8 @@ class Loop(ExecutorState):
         """One round; returns how many operations were launched.
 
         1. when a person action waits, commit everything buffered first (waited for here), then
-           run leases, rounds, cancels, submissions and person actions; none of this while a
-           group commit is in flight;
+           run leases, rounds, cancels and person actions; none of this while a group commit is in
+           flight or submissions are being recorded (those are recorded as they arrive, not here);
         2. when the finished advances' commit is due (``commit_deadline``, or much is buffered), start the
            group commit of everything buffered on the writer thread (``_start_commit``); it hands
            those finished advances back to the heap once durable: an operation's next request is
@@ -274,12 +277,7 @@ class Loop(ExecutorState):
         """
         self.stats["ticks"] += 1
         if not self._commit_in_flight():
-            if (
-                self._actions
-                or self._submits
-                or self._cancels
-                or (self._commit_due() and self._exclusive_due())
-            ):
+            if self._actions or self._cancels or (self._commit_due() and self._exclusive_due()):
                 # Person actions (and leases) act on durable rows: this commit is waited for here.
                 await self._commit()
             await self._exclusive_steps()
@@ -288,8 +286,28 @@ class Loop(ExecutorState):
         return self._launch_due()
 
     async def _exclusive_steps(self) -> None:
-        """Tick steps 2-4 (leases, rounds, the rollout's follow-up, cancels, submissions, person
-        actions): only while no group commit is in flight."""
+        """Tick steps 2-4 (leases, rounds, the rollout's follow-up, cancels, person actions): only
+        while no group commit is in flight, and never beside a recording of submissions, which
+        routes by the rollout state and writes at the epoch these steps may change (a rollback
+        adopts only what is recorded)."""
+        now = self.clock.now()
+        if not (
+            self._actions
+            or self._cancels
+            or now >= self._tenancy.lease_due
+            or now >= self._rounds_due
+            or (self._tenancy.follow_every is not None and now >= self._rollout_due)
+        ):
+            return
+        self._exclusive = True
+        try:
+            await self._recorded()
+            await self._exclusive_work()
+        finally:
+            self._exclusive = False
+            self._record_soon()
+
+    async def _exclusive_work(self) -> None:
         if self.clock.now() >= self._tenancy.lease_due:
             self._maintain_leases()
         if self.clock.now() >= self._rounds_due:
@@ -301,8 +319,6 @@ class Loop(ExecutorState):
             self._follow_person_actions()
         if self._cancels:
             self._cancel_queued()
-        if self._submits:
-            await self._create_queued()
         actions, self._actions = self._actions, []
         for action, future in actions:
             try:

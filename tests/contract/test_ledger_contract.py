@@ -222,13 +222,12 @@ def test_create_many_writes_the_arms_of_the_operations_it_creates_and_no_other(l
     out = ledger.create_many(items, arms=arms)  # type: ignore[arg-type]
     assert [made for _, made in out] == [False, True, True]
     assert sorted(str(a["call_node_id"]) for a in ledger.assignments()) == ["new-1", "new-2"]
-    # Told that none exists: the database's uniqueness still finds the one that does.
+    # A fresh operation id for the existing call node: the database's uniqueness finds the one it holds.
     retry = replace(make_operation("old"), operation_id=OperationId("op-old-again"))
     more = [(retry, {"report": "old"}), (make_operation("new-3"), {"report": "new-3"})]
     again = ledger.create_many(
         more,  # type: ignore[arg-type]
         arms=[_arm(op.operation_id, op.call_node_id) for op, _ in more],
-        looked_up=True,
     )
     assert [(op.operation_id, made) for op, made in again] == [
         (existing.operation_id, False),

@@ -41,10 +41,9 @@ class CountingLedger(Ledger):
         items: Sequence[tuple[Operation, Json]],
         *,
         arms: Sequence[dict[str, object]] = (),
-        looked_up: bool = False,
     ) -> list[tuple[Operation, bool]]:
         self.creations.append(len(items))
-        return super().create_many(items, arms=arms, looked_up=looked_up)
+        return super().create_many(items, arms=arms)
 
     def record_assignments(self, rows: Sequence[dict[str, object]]) -> None:
         self.arm_writes += 1
@@ -235,4 +234,92 @@ async def test_due_polls_go_out_while_a_group_commit_is_still_running(
         assert not ledger.release.is_set()
     finally:
         ledger.release.set()
+        await stopped(executor, ledger, runner)
+
+
+async def test_a_submission_is_recorded_and_answered_while_a_group_commit_is_held(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """A new call touches no row a group commit writes: it is recorded durably and answered while the
+    executor's group commit is still held on the writer thread (it used to wait for that commit, then
+    for the loop's commit of everything buffered, then for its own)."""
+    config = parse_config(tomllib.loads(config_text(servers, global_qps=200)))
+    ledger = HeldCommitLedger.open(tmp_path / "held.duckdb")
+    ledger.hold, ledger.entered, ledger.release = threading.Event(), threading.Event(), threading.Event()
+    executor = Executor(ledger=ledger, config=config, clock=SystemClock(), rng=random.Random(3))
+    await executor.start()
+    runner = asyncio.create_task(executor.run())
+    try:
+        ledger.hold.set()
+        # Its advance (the submission upstream) ends in a group commit, which is held.
+        await executor.submit(call_node="first", tool="generate_report", arguments={"n": 1, "_sim": LONG})
+        await wait_until_async(ledger.entered.is_set, within=30, what="a group commit to be held")
+        second = asyncio.ensure_future(
+            executor.submit(call_node="second", tool="generate_report", arguments={"n": 2, "_sim": LONG})
+        )
+        await wait_until_async(second.done, within=30, what="the second submission answered")
+        assert not ledger.release.is_set()
+        answer = second.result()
+        # Durable: another connection of the same database reads the committed row.
+        found = await asyncio.to_thread(ledger.get, answer.operation_id)
+        assert found is not None
+        assert found.call_node_id == "second"
+    finally:
+        ledger.release.set()
+        await stopped(executor, ledger, runner)
+
+
+async def test_each_principal_s_in_flight_count_follows_its_operations_to_their_receipts(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """The count the API's per-principal limit reads is kept as operations come and go, not counted
+    over every held operation per submission: it matches the held operations, and is 0 at the end."""
+    executor, ledger, runner = await started(tmp_path, servers)
+    try:
+        for i, principal in enumerate(["alice", "alice", "alice", "bob", "bob"]):
+            await executor.submit(
+                call_node=f"p{i}",
+                tool="generate_report",
+                arguments={"n": i, "_sim": LONG},
+                principal=principal,
+            )
+        assert executor.in_flight_by_principal() == {"alice": 3, "bob": 2}
+        assert (executor.in_flight_of("alice"), executor.in_flight_of("carol")) == (3, 0)
+        for i in range(5):
+            await executor.cancel(f"p{i}", actor="test", reason="the count is checked")
+        await wait_until_async(lambda: executor.in_flight == 0, within=120, what="every call terminal")
+        assert executor.in_flight_by_principal() == {}
+        assert executor.in_flight_of("alice") == 0
+    finally:
+        await stopped(executor, ledger, runner)
+
+
+async def one_round() -> None:
+    """Let the event loop come round once (as an HTTP request's reading does between its steps)."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+    loop.call_soon(done.set_result, None)
+    await done
+
+
+async def test_submissions_read_a_few_loop_rounds_apart_are_recorded_in_one_transaction(
+    tmp_path: Path, servers: dict[str, RefServer]
+) -> None:
+    """Callers whose requests are read a loop round or a few apart, as an HTTP burst is, share one
+    create_many: the recording waits for the rounds that still bring submissions (no timer), where
+    starting at the first caller made a batch of a few and kept the rest waiting for its commit."""
+    executor, ledger, runner = await started(tmp_path, servers)
+    try:
+
+        async def caller(i: int) -> Operation:
+            for _ in range(i % 4):
+                await one_round()
+            return await executor.submit(
+                call_node=f"r{i}", tool="analyze_upload", arguments={"n": i, "_sim": LONG}
+            )
+
+        answers = await asyncio.gather(*(caller(i) for i in range(60)))
+        assert len({a.operation_id for a in answers}) == 60
+        assert ledger.creations == [60]
+    finally:
         await stopped(executor, ledger, runner)

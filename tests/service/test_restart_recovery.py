@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from bench.crashtrial import run_trial
+from engine.ledger.duckdb import Ledger
 from refserver.testing import RefServer
+from service.testing import ServiceProcess
 
 # Two kill points per protocol with key lookup (each trial starts the service twice, about 7 CPU-s;
 # the suite's time allows six).
@@ -36,3 +39,28 @@ def test_kill_minus_nine_loses_nothing_and_doubles_nothing(
     )
     assert result.clean, result
     assert result.unfinished == 0, result
+
+
+def test_every_answered_submission_of_a_burst_is_in_the_ledger_after_a_kill_minus_nine(
+    tmp_path: Path, write_config: Callable[..., Path], servers: dict[str, RefServer]
+) -> None:
+    """Forty callers at once, the service killed (-9) as soon as the last is answered: the ledger holds
+    each answered call node's operation under the id and submission key its answer named."""
+    nodes = [f"burst-{i}" for i in range(40)]
+    long = {"duration_ms": 600_000, "ttl_ms": 3_600_000}
+    with ServiceProcess(tmp_path / "burst.duckdb", write_config()) as service:
+
+        def submit(node: str) -> dict[str, object]:
+            with service.client() as client:
+                return client.submit(
+                    call_node=node, tool="analyze_upload", arguments={"n": node, "_sim": long}
+                )
+
+        with ThreadPoolExecutor(len(nodes)) as pool:
+            answers = list(pool.map(submit, nodes))
+        service.kill()
+    with Ledger.open(tmp_path / "burst.duckdb", read_only=True) as ledger:
+        found = ledger.by_call_nodes(nodes)
+    assert {str(a["call_node"]): (a["operation_id"], a["idempotency_key"]) for a in answers} == {
+        node: (op.operation_id, op.idempotency_key) for node, op in found.items()
+    }

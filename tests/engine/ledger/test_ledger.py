@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +29,7 @@ from engine.errors import (
 from engine.ledger import duckdb as duckdb_ledger
 from engine.ledger import duckdb_client
 from engine.ledger.duckdb import Ledger
-from engine.ledger.port import HeldOutcome, WriteGroup
+from engine.ledger.port import HeldOutcome, Json, WriteGroup
 from engine.ledger.rows import operation_from_record, operation_to_record
 from engine.ledger.schema import SUPPORTED_SCHEMA
 from engine.machine import step
@@ -256,6 +257,70 @@ def test_concurrent_creation_of_one_call_node_yields_one_operation(tmp_path: Pat
         t.join(timeout=30)
     assert results.count(True) == 1
     assert ledger.count("operations") == 1
+
+
+class ReadCountingLedger(Ledger):
+    """A real DuckDB ledger that records each read of operations by call node and each write transaction."""
+
+    reads: list[list[str]]
+    transactions: int
+
+    def by_call_nodes(self, call_node_ids: Sequence[str]) -> dict[str, Operation]:
+        self.reads.append(list(call_node_ids))
+        return super().by_call_nodes(call_node_ids)
+
+    def by_call_node(self, call_node_id: str) -> Operation | None:
+        self.reads.append([call_node_id])
+        return super().by_call_node(call_node_id)
+
+    def _insert_fresh(
+        self, fresh: Sequence[tuple[Operation, Json]], arms: Sequence[dict[str, object]] = ()
+    ) -> set[str] | None:
+        self.transactions += 1
+        return super()._insert_fresh(fresh, arms)
+
+
+def counting(path: Path) -> ReadCountingLedger:
+    ledger = ReadCountingLedger.open(path)
+    ledger.reads, ledger.transactions = [], 0
+    return ledger
+
+
+def test_creating_new_call_nodes_reads_nothing_before_the_one_transaction(tmp_path: Path) -> None:
+    """A batch of new call nodes is one insert transaction and no read: the database's uniqueness is the
+    lookup (the durable SUBMITTING records of a burst of submissions cost their commit alone)."""
+    with counting(tmp_path / "l.duckdb") as ledger:
+        out = ledger.create_many([(make_operation(f"new-{i}"), {"i": i}) for i in range(3)])  # type: ignore[arg-type]
+        assert [made for _, made in out] == [True, True, True]
+        assert ledger.reads == []
+        assert ledger.transactions == 1
+        assert ledger.count("operations") == 3
+
+
+def test_a_batch_with_existing_call_nodes_creates_the_rest_in_one_transaction_and_reads_only_those(
+    tmp_path: Path,
+) -> None:
+    """Existing call nodes in a batch are skipped by the insert and read back in one query, the new ones
+    created in the same single transaction; a different request under an existing call node is refused."""
+    with counting(tmp_path / "l.duckdb") as ledger:
+        old, _ = ledger.create_operation(make_operation("old"), {"report": "old"})
+        ledger.reads.clear()
+        ledger.transactions = 0
+        again = replace(make_operation("old"), operation_id="op-old-again")  # type: ignore[arg-type]
+        out = ledger.create_many(
+            [(again, {"report": "old"}), (make_operation("fresh"), {"report": "fresh"})]  # type: ignore[arg-type]
+        )
+        assert [(op.operation_id, made) for op, made in out] == [
+            (old.operation_id, False),
+            ("op-fresh", True),
+        ]
+        assert ledger.reads == [["old"]]
+        assert ledger.transactions == 1
+        other = replace(make_operation("old", arguments={"report": "else"}), operation_id="op-x")  # type: ignore[arg-type]
+        with pytest.raises(DuplicateOperation, match="different request"):
+            ledger.create_many([(other, {"report": "else"})])
+        assert ledger.count("operations") == 2
+        assert ledger.count("transitions") == 2  # one Created line each
 
 
 def test_stale_write_fails_cleanly_and_changes_nothing(ledger: Ledger) -> None:
