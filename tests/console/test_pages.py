@@ -225,83 +225,33 @@ def test_the_duplicate_gates_link_opens_operations_filtered_to_the_duplicated_on
     assert len(at.dataframe(key="operations_table").value) > 0
 
 
-def test_gate_compliance_counts_merged_interleavings_apart_from_the_runs_that_covered_them(
-    seeded_ledger: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A shipped-code exploration that merged equal states covers more interleavings than it ran:
-    the page says so ("19,049 distinct interleavings ... covered by 10,300 runs"), never "19,049 of 10,300"."""
+def _gate_compliance_with(
+    runs: list[tuple[str, int, int, bool, float | None, str | None]],
+    seeded_ledger: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AppTest:
+    """The Gate compliance page on a copy of the seeded ledger holding these shipped-code explorer
+    runs of the current revision: (scenario, runs, interleavings, exhaustive, space, space kind)."""
     import shutil
 
     from engine import open_ledger
     from engine.ledger.port import ExplorerRun
     from engine.revision import running_revision
 
-    ledger_path = tmp_path / "merged.duckdb"
+    ledger_path = tmp_path / "explored.duckdb"
     shutil.copy(seeded_ledger, ledger_path)
     at_ = SystemClock().now()
     writer = open_ledger(str(ledger_path))
     try:
-        writer.record_explorer_run(
-            ExplorerRun(
-                "happy",
-                "mcp-2025-11-25",
-                0,
-                10_300,
-                19_049,
-                0,
-                False,
-                "engine",
-                None,
-                at_,
-                at_,
-                "shipped",
-                running_revision(),
-            )
-        )
-    finally:
-        writer.close()
-    monkeypatch.delenv("FINALITY_SERVICE_URL", raising=False)
-    monkeypatch.setenv("FINALITY_LEDGER", str(ledger_path))
-    monkeypatch.setenv("FINALITY_ACTOR", "tester")
-    at = AppTest.from_file(str(Path(__file__).resolve().parents[2] / "app.py"), default_timeout=30)
-    at.switch_page("pages/gate_compliance.py")
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    (explored,) = [m for m in at.metric if m.label == "Explored"]
-    assert explored.value == "19,049 distinct interleavings, 0 divergent"
-    assert "covered by 10,300 runs of the shipped code" in texts(at)
-
-
-def test_gate_compliance_says_how_many_pairs_were_exhausted_proven_large_or_only_sampled(
-    seeded_ledger: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A pair any run exhausted counts as exact (another run's estimate of it does not count it
-    twice), a pair that reached its limit as proven large, the rest as sampled only."""
-    import shutil
-
-    from engine import open_ledger
-    from engine.ledger.port import ExplorerRun
-    from engine.revision import running_revision
-
-    ledger_path = tmp_path / "spaces.duckdb"
-    shutil.copy(seeded_ledger, ledger_path)
-    at_ = SystemClock().now()
-    writer = open_ledger(str(ledger_path))
-    runs = [
-        ("happy", True, 120.0, "exact"),
-        ("happy", False, 90.0, "estimate"),
-        ("stale-epoch", False, 1_000_000.0, "at_least"),
-        ("input-replayed", False, 5e6, "estimate"),
-    ]
-    try:
-        for scenario, exhaustive, space, kind in runs:
+        for scenario, explored, interleavings, exhaustive, space, kind in runs:
             writer.record_explorer_run(
                 ExplorerRun(
                     scenario,
                     "mcp-2025-11-25",
                     0,
-                    10,
-                    10,
+                    explored,
+                    interleavings,
                     0,
                     exhaustive,
                     "engine",
@@ -323,9 +273,36 @@ def test_gate_compliance_says_how_many_pairs_were_exhausted_proven_large_or_only
     at.switch_page("pages/gate_compliance.py")
     at.run()
     assert not at.exception, [e.value for e in at.exception]
-    assert "1 of 3 pairs exhausted (space exact), 1 proven at least their limit, 1 sampled only" in texts(
-        at
-    ), texts(at)
+    return at
+
+
+def test_gate_compliance_counts_merged_interleavings_apart_from_the_runs_that_covered_them(
+    seeded_ledger: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shipped-code exploration that merged equal states covers more interleavings than it ran:
+    the page says so ("19,049 distinct interleavings ... covered by 10,300 runs"), never "19,049 of 10,300"."""
+    at = _gate_compliance_with(
+        [("happy", 10_300, 19_049, False, None, None)], seeded_ledger, tmp_path, monkeypatch
+    )
+    (explored,) = [m for m in at.metric if m.label == "Explored"]
+    assert explored.value == "19,049 distinct interleavings, 0 divergent"
+    assert "covered by 10,300 runs of the shipped code" in texts(at)
+
+
+def test_gate_compliance_says_how_many_pairs_were_exhausted_proven_large_or_only_sampled(
+    seeded_ledger: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pair any run exhausted counts as exact (another run's estimate of it does not count it
+    twice), a pair that reached its limit as proven large, the rest as sampled only."""
+    runs = [
+        ("happy", 10, 10, True, 120.0, "exact"),
+        ("happy", 10, 10, False, 90.0, "estimate"),
+        ("stale-epoch", 10, 10, False, 1_000_000.0, "at_least"),
+        ("input-replayed", 10, 10, False, 5e6, "estimate"),
+    ]
+    at = _gate_compliance_with(runs, seeded_ledger, tmp_path, monkeypatch)
+    summary = "1 of 3 pairs exhausted (space exact), 1 proven at least their limit, 1 sampled only"
+    assert summary in texts(at), texts(at)
 
 
 def test_an_emptied_name_falls_back_to_the_consoles_configured_actor(console: Open) -> None:
